@@ -1,0 +1,70 @@
+# fleetops — developer entry points. Everything builds from nothing: a Python >= 3.12 is found
+# on PATH or under pyenv, .venv is created, the lab rootfs is built on first use (root needed).
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+export ANSIBLE_CONFIG := $(abspath ansible.cfg)
+
+# A Python >= 3.12: 3.12 first (on PATH, then pyenv), then newer ones, then python3 if it is new enough.
+PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12*/bin/python3 2>/dev/null | sort -rV) \
+	python3.13 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[3-9]*/bin/python3 2>/dev/null | sort -rV) python3; do \
+	p=$$(command -v $$c 2>/dev/null) || continue; \
+	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
+
+.PHONY: help venv demo test lint sanity unit integration molecule bench clean lab-down
+
+help:
+	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
+	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and lab, molecule (root)"
+	@echo "make lint   - ruff, mypy, ansible-lint"
+	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
+
+$(STAMP): pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then \
+		echo "error: no Python >= 3.12 found on PATH or under pyenv (~/.pyenv/versions); install one or set PYTHON=/path/to/python3.12" >&2; exit 2; fi
+	@echo "== building $(VENV) with $(PYTHON)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m fleetops.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench plugins
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
+
+sanity: $(STAMP)
+	bash tests/sanity.sh
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+molecule: $(STAMP)
+	bash tests/molecule/run.sh
+
+test: lint sanity
+	$(BIN)/pytest -q tests/unit tests/integration
+	$(MAKE) --no-print-directory molecule
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lab-down: $(STAMP)
+	$(BIN)/fleetops lab down
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/output .ansible

@@ -1,0 +1,225 @@
+# -*- coding: utf-8 -*-
+
+# Copyright: (c) 2025, fleetops maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+"""The crashloop_unit detector, and culprit attribution for zombie memory cgroup growth.
+
+One ``systemctl show`` for every service (never one call per unit). ``NRestarts`` (systemd >= 235)
+resets on a manual start and at boot, so a rate needs two samples (``sample_seconds``) or, with
+one sample, the journal's "Scheduled restart job" entries (MESSAGE_ID
+5eb03494b6584870a536b337290809b3) in a window: one ``journalctl`` call for all units.
+
+Stdlib only; importable on Python >= 3.9.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import time
+
+from ansible_collections.fleetops.node.plugins.module_utils.findings import (
+    DetectorError,
+    fmt_int,
+    make_finding,
+)
+from ansible_collections.fleetops.node.plugins.module_utils.systemd import is_systemd_host, parse_show
+
+CHECK = "crashloop_unit"
+RESTART_MESSAGE_ID = "5eb03494b6584870a536b337290809b3"
+SHOW_PROPS = (
+    "Id,LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,ExecMainCode,UnitFileState,"
+    "UnitFilePreset,FragmentPath,Restart,ActiveEnterTimestampMonotonic,InactiveEnterTimestampMonotonic"
+)
+VENDOR_DIRS = ("/lib/systemd/", "/usr/lib/systemd/", "/usr/local/lib/systemd/")
+FAILED_RESULTS = ("exit-code", "signal", "core-dump", "watchdog", "timeout", "start-limit-hit", "oom-kill")
+
+DEFAULT_THRESHOLDS = {
+    "crashloop_warning_per_min": 0.5,
+    "crashloop_critical_per_min": 5.0,
+    "crashloop_min_restarts": 3,
+    "journal_window_seconds": 600,
+}
+
+
+class CrashloopError(DetectorError):
+    pass
+
+
+def parse_units(text):
+    """Service facts from ``systemctl show`` text: {unit: {...}} for units that have restarted or failed."""
+    try:
+        blocks = parse_show(text)
+    except ValueError as exc:
+        raise CrashloopError("parse", "systemctl show output", str(exc))
+    units = {}
+    for props in blocks:
+        unit = props.get("Id", "")
+        if not unit.endswith(".service"):
+            continue
+        restarts = props.get("NRestarts", "")
+        n_restarts = int(restarts) if restarts.isdigit() else 0
+        sub_state = props.get("SubState", "")
+        result = props.get("Result", "")
+        if not (n_restarts or sub_state == "auto-restart" or result in FAILED_RESULTS):
+            continue
+        fragment = props.get("FragmentPath", "")
+        status = props.get("ExecMainStatus", "")
+        units[unit] = {
+            "unit": unit,
+            "active_state": props.get("ActiveState", ""),
+            "sub_state": sub_state,
+            "result": result,
+            "n_restarts": n_restarts,
+            "exec_main_status": int(status) if status.lstrip("-").isdigit() else None,
+            "restart": props.get("Restart", ""),
+            "unit_file_state": props.get("UnitFileState", ""),
+            "unit_file_preset": props.get("UnitFilePreset", ""),
+            "fragment_path": fragment,
+            # A unit file shipped in a vendor directory and enabled: the image (a package) turned it on.
+            "vendor_unit": fragment.startswith(VENDOR_DIRS),
+        }
+    return units, len(blocks)
+
+
+def parse_journal_restarts(text):
+    """{unit: count} of "Scheduled restart job" entries from ``journalctl -o json`` lines."""
+    counts = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            raise CrashloopError("parse", "journalctl output", "line %d is not JSON" % lineno)
+        unit = entry.get("UNIT") or entry.get("USER_UNIT")
+        if isinstance(unit, str) and unit:
+            counts[unit] = counts.get(unit, 0) + 1
+    return counts
+
+
+def collect(run, use_journal=True, window_seconds=600, systemd_dir="/run/systemd/system"):
+    """One sample. ``run(argv) -> (rc, stdout, stderr)``; the journal is read only when ``use_journal``."""
+    if not is_systemd_host(systemd_dir):
+        return {"systemd": False, "reason": "systemd is not PID 1 on this host", "services": 0, "units": {}}
+    rc, out, err = run(["systemctl", "show", "--type=service", "--all", "-p", SHOW_PROPS, "--", "*"])
+    if rc != 0:
+        raise CrashloopError("run", "systemctl show", (err or out).strip() or "exit %d" % rc)
+    units, services = parse_units(out)
+    facts = {
+        "systemd": True,
+        "reason": None,
+        "services": services,
+        "units": units,
+        "sampled_at": time.time(),
+        "rate_basis": None,
+    }
+    if use_journal and units:
+        since = "@%d" % int(time.time() - window_seconds)
+        rc, out, err = run(
+            ["journalctl", "--no-pager", "-q", "-o", "json", "--output-fields=UNIT,USER_UNIT",
+             "--since", since, "MESSAGE_ID=" + RESTART_MESSAGE_ID]
+        )
+        if rc == 0:
+            counts = parse_journal_restarts(out)
+            facts["rate_basis"] = "journal"
+            facts["window_seconds"] = window_seconds
+            for unit, data in units.items():
+                data["restarts_in_window"] = counts.get(unit, 0)
+                data["restarts_per_min"] = round(counts.get(unit, 0) * 60.0 / window_seconds, 2)
+        else:
+            facts["journal_error"] = (err or out).strip()[:200] or "journalctl exit %d" % rc
+    return facts
+
+
+def add_growth(first, second, seconds):
+    """Restart rates from two samples: NRestarts deltas (a drop means a reset: count from zero)."""
+    facts = dict(second)
+    if not second.get("systemd") or seconds <= 0:
+        return facts
+    facts["rate_basis"] = "samples"
+    facts["window_seconds"] = round(float(seconds), 3)
+    units = {}
+    for unit, data in second["units"].items():
+        before = first.get("units", {}).get(unit, {}).get("n_restarts", 0)
+        delta = data["n_restarts"] - before if data["n_restarts"] >= before else data["n_restarts"]
+        units[unit] = dict(data, restarts_in_window=delta, restarts_per_min=round(delta * 60.0 / seconds, 2))
+    facts["units"] = units
+    return facts
+
+
+def evaluate(facts, thresholds=None):
+    """One finding per crash-looping unit, worst first."""
+    limits = dict(DEFAULT_THRESHOLDS)
+    limits.update(thresholds or {})
+    findings = []
+    for unit, data in sorted(facts.get("units", {}).items()):
+        rate = data.get("restarts_per_min")
+        severity = None
+        if rate is not None:
+            if rate >= limits["crashloop_critical_per_min"]:
+                severity = "critical"
+            elif rate >= limits["crashloop_warning_per_min"]:
+                severity = "warning"
+        elif data["n_restarts"] >= limits["crashloop_min_restarts"] and data["sub_state"] == "auto-restart":
+            severity = "warning"  # no rate source: between crashes with restarts piling up
+        if severity is None and data["result"] == "start-limit-hit" and data["unit_file_state"] == "enabled":
+            severity = "warning"
+        if severity is None:
+            continue
+        origin = "enabled by the image" if data["vendor_unit"] and data["unit_file_state"] == "enabled" else (
+            "unit file state %s" % (data["unit_file_state"] or "unknown")
+        )
+        if rate is not None:
+            what = "restarting %s/min (%s in %ss by %s)" % (
+                _num(rate), fmt_int(data["restarts_in_window"]), _num(facts.get("window_seconds", 0)),
+                facts.get("rate_basis"),
+            )
+        elif data["result"] == "start-limit-hit":
+            what = "gave up after crash looping (start-limit-hit)"
+        else:
+            what = "between crashes (auto-restart)"
+        summary = "%s is crash looping: %s; NRestarts %s since its last start; %s" % (
+            unit, what, fmt_int(data["n_restarts"]), origin
+        )
+        finding_data = dict(data)
+        finding_data["rate_basis"] = facts.get("rate_basis")
+        findings.append(make_finding(CHECK, severity, summary, finding_data))
+    return findings
+
+
+def attribute_culprits(memcg_facts, crashloop_facts, growth_warning_per_min=10.0):
+    """Culprits for zombie memcg growth: looping units whose restarts happen in the same window.
+
+    Returns ``(growth_per_min, basis, culprits)``; culprits are sorted by restart rate, each with
+    the evidence (restarts/min and memcgs gained per restart). Empty when there is no growth.
+    """
+    growth = (memcg_facts or {}).get("growth") or {}
+    rate, basis = growth.get("zombies_per_min"), "zombies"
+    if rate is None:
+        # namespace scope: the host-wide total rising while this host's own live cgroups do not
+        rate, basis = growth.get("total_per_min"), "host-wide total"
+        live = growth.get("live_per_min")
+        if rate is not None and live is not None and live > 0:
+            rate = rate - live
+    if rate is None or rate < growth_warning_per_min:
+        return rate, basis, []
+    culprits = []
+    for unit, data in (crashloop_facts or {}).get("units", {}).items():
+        restarts = data.get("restarts_per_min")
+        if restarts:
+            culprits.append({
+                "unit": unit,
+                "restarts_per_min": restarts,
+                "memcgs_per_restart": round(rate / restarts, 2),
+                "unit_file_state": data.get("unit_file_state"),
+                "vendor_unit": data.get("vendor_unit"),
+            })
+    culprits.sort(key=lambda c: -c["restarts_per_min"])
+    return rate, basis, culprits
+
+
+def _num(value):
+    return ("%d" % value) if value == int(value) else ("%.2f" % value).rstrip("0").rstrip(".")

@@ -1,0 +1,79 @@
+# -*- coding: utf-8 -*-
+
+# Copyright: (c) 2025, fleetops maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+"""Shared shapes for node_health detectors: findings, errors, severities.
+
+Every detector returns facts plus findings ``{check, severity, summary, data}``. A detector
+that cannot run raises a ``DetectorError`` (or a subclass); the module converts it, once, into
+an ``errors`` entry ``{check, msg}`` and carries on with the other detectors.
+
+Stdlib only; importable on Python >= 3.9.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+SEVERITIES = ("info", "warning", "critical")
+_SEVERITY_RANK = dict((name, rank) for rank, name in enumerate(SEVERITIES))
+
+
+class DetectorError(Exception):
+    """A detector could not run: unreadable or malformed input.
+
+    ``str(err)`` is the whole message, "Failed to <verb> <object>: <cause>".
+    """
+
+    def __init__(self, verb, obj, cause):
+        self.verb = verb
+        self.obj = obj
+        self.cause = cause
+        super(DetectorError, self).__init__("Failed to %s %s: %s" % (verb, obj, cause))
+
+
+def severity_rank(severity):
+    """Order of a severity: info < warning < critical. Unknown names raise ValueError."""
+    try:
+        return _SEVERITY_RANK[severity]
+    except KeyError:
+        raise ValueError("unknown severity %r (expected one of %s)" % (severity, ", ".join(SEVERITIES)))
+
+
+def worst_severity(severities):
+    """The worst of an iterable of severities, or None when it is empty."""
+    worst = None
+    for severity in severities:
+        if worst is None or severity_rank(severity) > severity_rank(worst):
+            worst = severity
+    return worst
+
+
+def make_finding(check, severity, summary, data=None):
+    """One finding: a dict with exactly the keys check, severity, summary, data."""
+    severity_rank(severity)
+    return {
+        "check": check,
+        "severity": severity,
+        "summary": summary,
+        "data": dict(data or {}),
+    }
+
+
+def make_error(check, msg):
+    """One errors entry: a detector that could not run (the module itself still succeeds)."""
+    return {"check": check, "msg": str(msg)}
+
+
+def fmt_int(value):
+    """A count for a summary line: 1523 -> '1,523'."""
+    return "{:,}".format(int(value))
+
+
+def fmt_rate(value):
+    """A per-minute rate for a summary line: signed, at most one decimal."""
+    if value == int(value):
+        return "{:+,}".format(int(value))
+    return "{:+,.1f}".format(value)

@@ -1,0 +1,596 @@
+# -*- coding: utf-8 -*-
+
+# Copyright: (c) 2025, fleetops maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+"""The zombie_memcg detector: count dying ("zombie") memory cgroups and memcg ID headroom.
+
+Pure parsers (text in, data out), a ``collect()`` that reads the real files (every path
+injectable for tests) and an ``evaluate()`` that turns facts into findings.
+
+Cost is O(1) in the number of zombies: one read of /proc/cgroups, /proc/self/mountinfo and (v2)
+the root cgroup.stat, plus a directory walk that is O(live cgroups). It never reads memory.stat
+of any cgroup (that walk is the kubelet problem this detector looks for).
+
+Stdlib only; importable on Python >= 3.9.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import errno
+import os
+
+from ansible_collections.fleetops.node.plugins.module_utils.findings import (
+    DetectorError,
+    fmt_int,
+    fmt_rate,
+    make_finding,
+)
+
+CHECK = "zombie_memcg"
+
+# include/linux/memcontrol.h: ((1U << MEM_CGROUP_ID_SHIFT) - 1) with MEM_CGROUP_ID_SHIFT 16.
+# At the limit, mkdir of a memory cgroup fails with ENOSPC. Headroom is computed against every
+# counted memcg (dying included): the worst case. Since 4.8 (73f576c04b94) mem_cgroup_css_offline
+# drops the ID unless swap entries hold it, so page-cache zombies alone do not use IDs up
+# (measured on 6.18: mkdir still succeeds with 66,051 memcgs counted).
+MEM_CGROUP_ID_MAX = 65535
+# include/linux/proc_ns.h: the inode of the initial cgroup namespace.
+PROC_CGROUP_INIT_INO = 0xEFFFFFFB
+
+PROC_CGROUPS = "/proc/cgroups"
+MOUNTINFO = "/proc/self/mountinfo"
+CGROUP_NS = "/proc/self/ns/cgroup"
+
+DEFAULT_THRESHOLDS = {
+    "zombie_warning": 1000,
+    "zombie_critical": 20000,
+    "headroom_critical_pct": 20.0,
+}
+
+BASIS_V1 = (
+    "cgroup v1: num_cgroups of the memory line of /proc/cgroups (live + dying memcgs) "
+    "minus the directories under the memory hierarchy"
+)
+BASIS_V1_NAMESPACE = (
+    "cgroup v1: num_cgroups of the memory line of /proc/cgroups is host-wide; the directories "
+    "under the memory hierarchy are only this namespace's subtree, so zombies are not counted"
+)
+BASIS_V2_SUBSYS = (
+    "cgroup v2: nr_dying_subsys_memory and nr_subsys_memory of the root cgroup.stat (kernel >= 6.12)"
+)
+BASIS_V2_DESCENDANTS = (
+    "cgroup v2: nr_dying_descendants of the root cgroup.stat counts dying cgroups of all "
+    "controllers, not only memory (no per-controller count before kernel 6.12); live is "
+    "nr_descendants + 1"
+)
+BASIS_V2_NAMESPACE = (
+    "cgroup v2: the root cgroup.stat of this cgroup namespace covers only its subtree, so "
+    "zombies are not counted"
+)
+BASIS_TOTAL_PROC = "; total is num_cgroups of the memory line of /proc/cgroups (host-wide)"
+BASIS_TOTAL_STAT = "; total is live + dying from cgroup.stat (/proc/cgroups has no memory line)"
+
+_PROC_CGROUPS_FIELDS = ("subsys_name", "hierarchy", "num_cgroups", "enabled")
+_MOUNTINFO_ESCAPES = {"\\040": " ", "\\011": "\t", "\\012": "\n", "\\134": "\\"}
+
+
+class MemcgError(DetectorError):
+    """The zombie_memcg detector could not read or parse its input."""
+
+
+# --------------------------------------------------------------------------------------------
+# Pure parsers
+# --------------------------------------------------------------------------------------------
+
+
+def _int_field(value, name, source, lineno):
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise MemcgError("parse", source, "line %d: %s %r is not an integer" % (lineno, name, value))
+    if number < 0:
+        raise MemcgError("parse", source, "line %d: %s %d is negative" % (lineno, name, number))
+    return number
+
+
+def _require_complete(text, source):
+    """Kernel seq_files always end with a newline: a missing one means a truncated read."""
+    if not text.strip():
+        raise MemcgError("parse", source, "file is empty")
+    if not text.endswith("\n"):
+        lines = text.split("\n")
+        raise MemcgError(
+            "parse", source, "line %d: truncated (no trailing newline): %r" % (len(lines), lines[-1][:80])
+        )
+
+
+def parse_proc_cgroups(text, source=PROC_CGROUPS):
+    """Parse /proc/cgroups.
+
+    Returns ``{subsys_name: {"hierarchy": int, "num_cgroups": int, "enabled": bool}}``.
+    Raises MemcgError on a missing header, a truncated file, a wrong field count, a
+    non-integer field or a duplicate controller.
+    """
+    _require_complete(text, source)
+    lines = text.split("\n")[:-1]
+    header = lines[0].lstrip("#").split()
+    if not lines[0].startswith("#") or tuple(header) != _PROC_CGROUPS_FIELDS:
+        raise MemcgError(
+            "parse",
+            source,
+            "line 1: expected the header '#%s', got %r" % ("\t".join(_PROC_CGROUPS_FIELDS), lines[0][:80]),
+        )
+    controllers = {}
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) != len(_PROC_CGROUPS_FIELDS):
+            raise MemcgError(
+                "parse",
+                source,
+                "line %d: expected %d fields (%s), got %d: %r"
+                % (lineno, len(_PROC_CGROUPS_FIELDS), " ".join(_PROC_CGROUPS_FIELDS), len(fields), line[:80]),
+            )
+        name = fields[0]
+        if name in controllers:
+            raise MemcgError("parse", source, "line %d: controller %r listed twice" % (lineno, name))
+        enabled = _int_field(fields[3], "enabled", source, lineno)
+        if enabled not in (0, 1):
+            raise MemcgError("parse", source, "line %d: enabled %d is not 0 or 1" % (lineno, enabled))
+        controllers[name] = {
+            "hierarchy": _int_field(fields[1], "hierarchy", source, lineno),
+            "num_cgroups": _int_field(fields[2], "num_cgroups", source, lineno),
+            "enabled": enabled == 1,
+        }
+    return controllers
+
+
+def _unescape_mountinfo(field):
+    if "\\" not in field:
+        return field
+    for escaped, plain in _MOUNTINFO_ESCAPES.items():
+        field = field.replace(escaped, plain)
+    return field
+
+
+def parse_mountinfo(text, source=MOUNTINFO):
+    """Parse /proc/PID/mountinfo (proc(5)) into a list of mounts, in file order.
+
+    Each mount is a dict: mount_id, parent_id (int), major_minor, root, mount_point,
+    mount_options, optional (list), fstype, source, super_options (list of str). Octal
+    escapes (``\\040`` for a space) are decoded in root and mount_point.
+    """
+    _require_complete(text, source)
+    mounts = []
+    for lineno, line in enumerate(text.split("\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-", 6)
+        except ValueError:
+            raise MemcgError("parse", source, "line %d: no ' - ' separator after 6 fields: %r" % (lineno, line[:120]))
+        tail = fields[sep + 1:]
+        if len(tail) < 2:
+            raise MemcgError(
+                "parse", source, "line %d: expected fstype, source, super options after ' - ': %r" % (lineno, line[:120])
+            )
+        mounts.append(
+            {
+                "mount_id": _int_field(fields[0], "mount ID", source, lineno),
+                "parent_id": _int_field(fields[1], "parent ID", source, lineno),
+                "major_minor": fields[2],
+                "root": _unescape_mountinfo(fields[3]),
+                "mount_point": _unescape_mountinfo(fields[4]),
+                "mount_options": fields[5],
+                "optional": fields[6:sep],
+                "fstype": tail[0],
+                "source": _unescape_mountinfo(tail[1]),
+                "super_options": tail[2].split(",") if len(tail) > 2 else [],
+            }
+        )
+    return mounts
+
+
+def visible_mounts(mounts):
+    """The mounts not covered by another mount on the same mount point.
+
+    A bind mount over a mount point (``mount --bind SUBTREE /sys/fs/cgroup/memory``, as a
+    container runtime does) hides the mount below it; the covering mount names the covered
+    one as its parent.
+    """
+    covered = set()
+    by_id = dict((m["mount_id"], m) for m in mounts)
+    for mount in mounts:
+        parent = by_id.get(mount["parent_id"])
+        if parent is not None and parent is not mount and parent["mount_point"] == mount["mount_point"]:
+            covered.add(parent["mount_id"])
+    return [m for m in mounts if m["mount_id"] not in covered]
+
+
+def _prefer_full_tree(mounts):
+    """The first mount of the whole hierarchy (root '/'), else the first one."""
+    for mount in mounts:
+        if mount["root"] == "/":
+            return mount
+    return mounts[0] if mounts else None
+
+
+def find_memory_mount_v1(mounts):
+    """The visible cgroup v1 mount that carries the memory controller, or None.
+
+    Prefers a mount of the whole hierarchy (root '/') over a bind-mounted subtree.
+    """
+    return _prefer_full_tree(
+        [m for m in visible_mounts(mounts) if m["fstype"] == "cgroup" and "memory" in m["super_options"]]
+    )
+
+
+def find_cgroup2_mount(mounts):
+    """The visible cgroup2 (unified) mount, or None. Prefers a mount of root '/'."""
+    return _prefer_full_tree([m for m in visible_mounts(mounts) if m["fstype"] == "cgroup2"])
+
+
+def parse_cgroup_stat(text, source="cgroup.stat"):
+    """Parse a cgroup v2 ``cgroup.stat`` ("key value" lines) into ``{key: int}``."""
+    _require_complete(text, source)
+    stat = {}
+    for lineno, line in enumerate(text.split("\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) != 2:
+            raise MemcgError("parse", source, "line %d: expected 'key value', got %r" % (lineno, line[:80]))
+        stat[fields[0]] = _int_field(fields[1], fields[0], source, lineno)
+    return stat
+
+
+def parse_cgroup_controllers(text, source="cgroup.controllers"):
+    """Parse a cgroup v2 ``cgroup.controllers`` (one space-separated line) into a list."""
+    if text and not text.endswith("\n"):
+        raise MemcgError("parse", source, "truncated (no trailing newline): %r" % text[:80])
+    return text.split()
+
+
+def parse_ns_link(link, kind="cgroup", source=CGROUP_NS):
+    """The inode number of a namespace link such as ``cgroup:[4026531835]``."""
+    prefix = kind + ":["
+    if not (link.startswith(prefix) and link.endswith("]")):
+        raise MemcgError("parse", source, "expected '%s<inode>]', got %r" % (prefix, link[:80]))
+    return _int_field(link[len(prefix):-1], "inode", source, 1)
+
+
+def id_headroom(total):
+    """(free memcg IDs, free %) for a memcg total, against MEM_CGROUP_ID_MAX.
+
+    The percentage is rounded down to 2 decimals in integer arithmetic, so it is under a
+    threshold exactly when the true share is (52,429 used: 19.99, not 20.0).
+    """
+    free = max(0, MEM_CGROUP_ID_MAX - total)
+    return free, (free * 10000 // MEM_CGROUP_ID_MAX) / 100.0
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the real files
+# --------------------------------------------------------------------------------------------
+
+
+def _read(path):
+    with open(path, "rb") as handle:
+        return handle.read().decode("utf-8", "replace")
+
+
+def _read_or_fail(path, label=None):
+    try:
+        return _read(path)
+    except (IOError, OSError) as err:
+        raise MemcgError("read", label or path, err.strerror or str(err))
+
+
+def _host_path(fs_root, path):
+    """``path`` (as the kernel names it) under ``fs_root`` (``/`` in production)."""
+    return os.path.join(fs_root, path.lstrip("/"))
+
+
+def count_cgroup_dirs(path, label=None):
+    """Directories at and beneath ``path`` (root included): O(live cgroups).
+
+    Uses os.scandir's d_type (no stat per entry) and never opens a cgroup's files. A cgroup
+    removed while the walk runs is skipped; any other error raises MemcgError.
+    """
+    label = label or path
+    count = 0
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = os.scandir(current)
+        except (IOError, OSError) as err:
+            if current != path and err.errno in (errno.ENOENT, errno.ENOTDIR):
+                continue  # removed during the walk
+            cause = err.strerror or str(err)
+            raise MemcgError("walk", label, cause if current == path else "%s: %s" % (current, cause))
+        count += 1
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                except (IOError, OSError):
+                    continue  # vanished between readdir and the type check
+    return count
+
+
+def _cgroup_namespace(path):
+    """(inode or None, text for scope_reason)."""
+    try:
+        link = os.readlink(path)
+    except (IOError, OSError) as err:
+        return None, "cgroup namespace unknown (%s: %s)" % (path, err.strerror or err)
+    inode = parse_ns_link(link, source=path)
+    return inode, link
+
+
+def _scope(ns_inode, ns_text, mount):
+    """("host" | "namespace", reason) from the cgroup namespace and the mount's root field."""
+    reasons = []
+    if ns_inode is not None and ns_inode != PROC_CGROUP_INIT_INO:
+        reasons.append(
+            "not in the initial cgroup namespace (%s, initial is cgroup:[%d])" % (ns_text, PROC_CGROUP_INIT_INO)
+        )
+    if mount is not None and mount["root"] != "/":
+        reasons.append(
+            "the hierarchy mounted at %s is the subtree %s, not the root" % (mount["mount_point"], mount["root"])
+        )
+    if reasons:
+        return "namespace", "; ".join(reasons)
+    where = " and the hierarchy is mounted at its root" if mount is not None else ""
+    if ns_inode is None:
+        return "host", ns_text + where + ": treated as the host's view"
+    return "host", "initial cgroup namespace (%s)%s" % (ns_text, where)
+
+
+def _empty_facts(scope, scope_reason, reason):
+    return {
+        "cgroup_version": None,
+        "scope": scope,
+        "total": None,
+        "live": None,
+        "zombies": None,
+        "id_headroom": None,
+        "id_headroom_pct": None,
+        "basis": "",
+        "scope_reason": scope_reason,
+        "hierarchy": None,
+        "reason": reason,
+    }
+
+
+def _facts(version, scope, total, live, zombies, basis, scope_reason, hierarchy):
+    free, free_pct = id_headroom(total)
+    return {
+        "cgroup_version": version,
+        "scope": scope,
+        "total": total,
+        "live": live,
+        "zombies": zombies,
+        "id_headroom": free,
+        "id_headroom_pct": free_pct,
+        "basis": basis,
+        "scope_reason": scope_reason,
+        "hierarchy": hierarchy,
+        "reason": None,
+    }
+
+
+def _collect_v1(memory_line, mount, ns_inode, ns_text, fs_root):
+    total = memory_line["num_cgroups"]
+    if mount is None:
+        reason = (
+            "the cgroup v1 memory hierarchy (hierarchy %d in /proc/cgroups) is not mounted in this "
+            "mount namespace; only the host-wide total is known" % memory_line["hierarchy"]
+        )
+        return _facts(1, "namespace", total, None, None, BASIS_V1_NAMESPACE, reason, None)
+    scope, scope_reason = _scope(ns_inode, ns_text, mount)
+    hierarchy = mount["mount_point"]
+    live = count_cgroup_dirs(_host_path(fs_root, hierarchy), label=hierarchy)
+    if scope == "namespace":
+        return _facts(1, scope, total, live, None, BASIS_V1_NAMESPACE, scope_reason, hierarchy)
+    return _facts(1, scope, total, live, max(0, total - live), BASIS_V1, scope_reason, hierarchy)
+
+
+def _collect_v2(memory_line, mount, ns_inode, ns_text, fs_root):
+    hierarchy = mount["mount_point"]
+    stat_label = hierarchy.rstrip("/") + "/cgroup.stat"
+    stat = parse_cgroup_stat(_read_or_fail(_host_path(fs_root, stat_label), stat_label), stat_label)
+    if "nr_dying_subsys_memory" in stat:
+        if "nr_subsys_memory" not in stat:
+            raise MemcgError("parse", stat_label, "nr_dying_subsys_memory without nr_subsys_memory")
+        live, dying, basis = stat["nr_subsys_memory"], stat["nr_dying_subsys_memory"], BASIS_V2_SUBSYS
+    else:
+        for key in ("nr_descendants", "nr_dying_descendants"):
+            if key not in stat:
+                raise MemcgError("parse", stat_label, "no %s (and no nr_dying_subsys_memory)" % key)
+        live, dying, basis = stat["nr_descendants"] + 1, stat["nr_dying_descendants"], BASIS_V2_DESCENDANTS
+    if memory_line is not None:
+        total = memory_line["num_cgroups"]
+        basis += BASIS_TOTAL_PROC
+    else:
+        total = live + dying
+        basis += BASIS_TOTAL_STAT
+    scope, scope_reason = _scope(ns_inode, ns_text, mount)
+    if scope == "namespace":
+        if memory_line is None:
+            scope_reason += "; /proc/cgroups has no memory line, so total and headroom cover only this subtree"
+        return _facts(2, scope, total, live, None, BASIS_V2_NAMESPACE, scope_reason, hierarchy)
+    return _facts(2, scope, total, live, dying, basis, scope_reason, hierarchy)
+
+
+def collect(proc_cgroups=PROC_CGROUPS, mountinfo=MOUNTINFO, cgroupns=CGROUP_NS, fs_root="/"):
+    """Measure zombie memcgs on this host: the ``memcg`` facts (without growth).
+
+    ``fs_root`` prefixes the mount points found in mountinfo (tests point it at a temporary
+    tree). Raises MemcgError when an input cannot be read or parsed.
+    """
+    try:
+        cgroups = parse_proc_cgroups(_read(proc_cgroups), proc_cgroups)
+    except (IOError, OSError) as err:
+        if err.errno != errno.ENOENT:
+            raise MemcgError("read", proc_cgroups, err.strerror or str(err))
+        cgroups = {}
+    memory_line = cgroups.get("memory")
+    mounts = parse_mountinfo(_read_or_fail(mountinfo), mountinfo)
+    ns_inode, ns_text = _cgroup_namespace(cgroupns)
+
+    if memory_line is not None and not memory_line["enabled"]:
+        scope, scope_reason = _scope(ns_inode, ns_text, None)
+        return _empty_facts(
+            scope, scope_reason, "the memory controller is disabled (enabled 0 in /proc/cgroups: cgroup_disable=memory)"
+        )
+
+    v1_mount = find_memory_mount_v1(mounts)
+    if v1_mount is not None or (memory_line is not None and memory_line["hierarchy"] != 0):
+        if memory_line is None:
+            raise MemcgError(
+                "parse",
+                proc_cgroups,
+                "no memory line although a cgroup v1 memory hierarchy is mounted at %s" % v1_mount["mount_point"],
+            )
+        return _collect_v1(memory_line, v1_mount, ns_inode, ns_text, fs_root)
+
+    v2_mount = find_cgroup2_mount(mounts)
+    if v2_mount is not None:
+        label = v2_mount["mount_point"].rstrip("/") + "/cgroup.controllers"
+        controllers = parse_cgroup_controllers(_read_or_fail(_host_path(fs_root, label), label), label)
+        if "memory" in controllers:
+            return _collect_v2(memory_line, v2_mount, ns_inode, ns_text, fs_root)
+
+    scope, scope_reason = _scope(ns_inode, ns_text, None)
+    if memory_line is None:
+        why = "/proc/cgroups has no memory line"
+    else:
+        why = "/proc/cgroups lists memory on the unified hierarchy"
+    if v2_mount is None:
+        why += " and no cgroup2 hierarchy is mounted"
+    else:
+        why += " and memory is not in %s/cgroup.controllers" % v2_mount["mount_point"].rstrip("/")
+    return _empty_facts(scope, scope_reason, "no memory cgroup controller here: " + why)
+
+
+def add_growth(first, second, seconds):
+    """``second`` plus ``growth``: per-minute change of total, live and zombies since ``first``."""
+    facts = dict(second)
+    if second.get("cgroup_version") is None:
+        return facts
+
+    def per_min(key):
+        a, b = first.get(key), second.get(key)
+        if a is None or b is None or seconds <= 0 or first.get("cgroup_version") != second["cgroup_version"]:
+            return None
+        return round((b - a) * 60.0 / seconds, 2)
+
+    facts["growth"] = {
+        "seconds": round(float(seconds), 3),
+        "total_per_min": per_min("total"),
+        "live_per_min": per_min("live"),
+        "zombies_per_min": per_min("zombies"),
+    }
+    return facts
+
+
+# --------------------------------------------------------------------------------------------
+# Findings
+# --------------------------------------------------------------------------------------------
+
+
+def evaluate(facts, thresholds=None):
+    """Findings for the memcg facts: at most one, of the worst severity.
+
+    warning: zombies >= zombie_warning; critical: zombies >= zombie_critical or
+    id_headroom_pct < headroom_critical_pct. In namespace scope (zombies unknown) an info
+    finding explains the scope unless the host-wide headroom is critical.
+    """
+    limits = dict(DEFAULT_THRESHOLDS)
+    limits.update(thresholds or {})
+    if facts.get("cgroup_version") is None:
+        return []
+    zombies, total, live = facts["zombies"], facts["total"], facts["live"]
+    free, free_pct = facts["id_headroom"], facts["id_headroom_pct"]
+    growth = facts.get("growth")
+
+    noun = "dying cgroups (all controllers)" if facts["basis"].startswith(BASIS_V2_DESCENDANTS) else "zombie memory cgroups"
+    # exact: free / MAX < pct / 100, without float division (13,107 free is exactly 20%)
+    headroom_low = free * 100.0 < limits["headroom_critical_pct"] * MEM_CGROUP_ID_MAX
+    headroom_text = "%s of %s memcg IDs free" % (fmt_int(free), fmt_int(MEM_CGROUP_ID_MAX))
+    if headroom_low:
+        headroom_text = "only %s (%s%%, critical under %s%%)" % (
+            headroom_text,
+            _fmt_pct(free_pct),
+            _fmt_pct(limits["headroom_critical_pct"]),
+        )
+
+    severity = None
+    parts = []
+    if zombies is None:
+        if headroom_low:
+            severity = "critical"
+            parts = [headroom_text, "host-wide memcg total %s" % fmt_int(total), "zombie count unknown in a cgroup namespace"]
+        else:
+            severity = "info"
+            parts = [
+                "zombie count unknown in a cgroup namespace",
+                "host-wide memcg total %s, headroom %s" % (fmt_int(total), fmt_int(free)),
+            ]
+    else:
+        if zombies >= limits["zombie_critical"]:
+            severity = "critical"
+            parts.append("%s %s (critical at %s)" % (fmt_int(zombies), noun, fmt_int(limits["zombie_critical"])))
+        elif zombies >= limits["zombie_warning"]:
+            severity = "warning"
+            parts.append("%s %s (warning at %s)" % (fmt_int(zombies), noun, fmt_int(limits["zombie_warning"])))
+        if headroom_low:
+            severity = "critical"
+        if severity is None:
+            return []
+        if not parts:
+            parts = [headroom_text, "%s %s, %s live" % (fmt_int(zombies), noun, fmt_int(live))]
+        else:
+            parts.append(headroom_text)
+    if growth:
+        rate = growth.get("zombies_per_min")
+        label = "zombies"
+        if rate is None:
+            rate, label = growth.get("total_per_min"), "total"
+        if rate is not None:
+            parts.append("%s %s/min over %ss" % (label, fmt_rate(rate), _fmt_num(round(growth["seconds"], 1))))
+
+    data = {
+        "zombies": zombies,
+        "total": total,
+        "live": live,
+        "id_headroom": free,
+        "id_headroom_pct": free_pct,
+        "id_max": MEM_CGROUP_ID_MAX,
+        "cgroup_version": facts["cgroup_version"],
+        "scope": facts["scope"],
+        "thresholds": {
+            "zombie_warning": limits["zombie_warning"],
+            "zombie_critical": limits["zombie_critical"],
+            "headroom_critical_pct": limits["headroom_critical_pct"],
+        },
+    }
+    if growth:
+        data["growth"] = dict(growth)
+    return [make_finding(CHECK, severity, "; ".join(parts), data)]
+
+
+def _fmt_num(value):
+    return ("%d" % value) if value == int(value) else ("%g" % value)
+
+
+def _fmt_pct(value):
+    return ("%.2f" % value).rstrip("0").rstrip(".")

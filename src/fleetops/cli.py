@@ -1,0 +1,224 @@
+"""fleetops command line: scan, plan, remediate, lab.
+
+Exit codes: 0 clean; 1 warning or critical findings; 2 usage or configuration error;
+3 a host unreachable or failed (or a detector could not run); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from fleetops import __version__, paths
+from fleetops.errors import FleetopsError, UsageError
+from fleetops.report import host_line, render_scan
+from fleetops.scan import EXIT_USAGE, ScanOptions, exit_code, run_scan
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fleetops",
+        description="Find and fix the hidden faults that break GPU fleets: zombie memory cgroups, "
+        "crash loops, UCX memory hooks. Scans run one module call per host through ansible-runner.",
+        epilog="Exit codes: 0 clean, 1 warning/critical findings, 2 usage error, 3 host unreachable/failed.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetops {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    scan = sub.add_parser(
+        "scan",
+        help="scan hosts for faults (default: this machine)",
+        description="Scan hosts: one fleetops.node.node_health call per host, all detectors in one round trip.",
+    )
+    scan.add_argument(
+        "-i",
+        "--inventory",
+        action="append",
+        type=Path,
+        metavar="INV",
+        help="inventory file or directory (repeatable; default: the localhost inventory)",
+    )
+    scan.add_argument("-l", "--limit", help="further limit the hosts (ansible --limit pattern)")
+    scan.add_argument(
+        "--format", choices=("table", "json"), default="table", help="output format (default: table)"
+    )
+    scan.add_argument("-o", "--output", type=Path, help="also write the JSON report to this file")
+    scan.add_argument(
+        "--prometheus",
+        type=Path,
+        metavar="FILE",
+        help="also write node_exporter textfile-collector metrics to FILE (atomically)",
+    )
+    scan.add_argument("--checks", help="comma-separated detectors to run (default: all)")
+    scan.add_argument(
+        "--sample-seconds",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="take two samples S seconds apart to report growth rates (default: 0)",
+    )
+    scan.add_argument("--zombie-warning", type=_positive_int, default=1000, metavar="N", help="default: 1000")
+    scan.add_argument(
+        "--zombie-critical", type=_positive_int, default=20000, metavar="N", help="default: 20000"
+    )
+    scan.add_argument(
+        "--headroom-critical",
+        type=_percent,
+        default=20.0,
+        metavar="PCT",
+        help="critical when fewer than PCT%% of the 65,535 memcg IDs are left (default: 20)",
+    )
+    scan.add_argument(
+        "--forks", type=_positive_int, metavar="N", help="parallel hosts (default: ansible.cfg)"
+    )
+    scan.add_argument(
+        "--host-timeout",
+        type=_positive_int,
+        default=120,
+        metavar="S",
+        help="seconds one host may take (default: 120)",
+    )
+    scan.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    scan.set_defaults(func=cmd_scan)
+
+    from fleetops.lab.cli import register as register_lab
+
+    register_lab(sub)
+    from fleetops.plan_cli import register as register_plan
+
+    register_plan(sub)
+    from fleetops.remediate import register as register_remediate
+
+    register_remediate(sub)
+    return parser
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    if args.zombie_warning > args.zombie_critical:
+        raise UsageError(
+            f"--zombie-warning ({args.zombie_warning}) must not exceed --zombie-critical ({args.zombie_critical})"
+        )
+    inventories: list[Path] = list(args.inventory or [])
+    if not inventories:
+        default = paths.default_inventory()
+        if default is None:
+            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
+        inventories = [default]
+    for inv in inventories:
+        if not inv.exists():
+            raise UsageError(f"inventory not found: {inv}")
+    for out_path in (args.output, args.prometheus):
+        if out_path is not None and not out_path.parent.is_dir():
+            raise UsageError(f"cannot write {out_path}: no such directory {out_path.parent}")
+    opts = ScanOptions(
+        inventory=inventories,
+        limit=args.limit,
+        checks=[c.strip() for c in args.checks.split(",") if c.strip()] if args.checks else None,
+        sample_seconds=args.sample_seconds,
+        zombie_warning=args.zombie_warning,
+        zombie_critical=args.zombie_critical,
+        headroom_critical_pct=args.headroom_critical,
+        forks=args.forks,
+        host_timeout=args.host_timeout,
+    )
+    err = Console(stderr=True, highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
+
+    def on_host(host: str, entry: dict[str, Any]) -> None:
+        if not args.quiet:
+            err.print(host_line(host, entry))
+
+    cancel = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt(signum: int, frame: object) -> None:
+        if cancel.is_set():  # a second Ctrl-C: stop now
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        err.print(
+            "[yellow]interrupted: stopping the scan, keeping what has arrived (Ctrl-C again to abort)[/]"
+        )
+        cancel.set()
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        report = run_scan(opts, on_host=on_host, cancel=cancel)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if report["summary"]["hosts"] == 0 and not report.get("interrupted"):
+        raise UsageError("no hosts matched the inventory and limit")
+    text = json.dumps(report, indent=2, sort_keys=False)
+    if args.output:
+        args.output.write_text(text + "\n")
+    if args.prometheus:
+        from fleetops.metrics import write_textfile
+
+        write_textfile(report, args.prometheus)
+    if args.format == "json":
+        sys.stdout.write(text + "\n")
+    else:
+        render_scan(report, out)
+    return 130 if report.get("interrupted") else exit_code(report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FleetopsError as exc:
+        print(f"fleetops: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("fleetops: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

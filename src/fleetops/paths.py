@@ -1,0 +1,49 @@
+"""Where the collection lives, so the wrapper can run its playbooks by FQCN from anywhere."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+
+def _is_collection_root(path: Path) -> bool:
+    galaxy = path / "galaxy.yml"
+    if not galaxy.is_file():
+        return False
+    try:
+        meta = yaml.safe_load(galaxy.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(meta, dict) and meta.get("namespace") == "fleetops" and meta.get("name") == "node"
+
+
+@cache
+def collection_root() -> Path | None:
+    """The fleetops.node checkout this package runs from (editable install), or $FLEETOPS_COLLECTION_ROOT.
+
+    None when the package was installed on its own: then the collection must be installed where
+    ansible finds collections (``ansible-galaxy collection install``), and playbooks still run by FQCN.
+    """
+    env = os.environ.get("FLEETOPS_COLLECTION_ROOT")
+    if env:
+        return Path(env).resolve()
+    for parent in Path(__file__).resolve().parents:
+        if _is_collection_root(parent):
+            return parent
+    return None
+
+
+def collections_path() -> Path | None:
+    """The folder that holds ``ansible_collections/fleetops/node`` for this checkout."""
+    root = collection_root()
+    if root is None:
+        return None
+    return root / "collections"
+
+
+def default_inventory() -> Path | None:
+    root = collection_root()
+    return None if root is None else root / "inventory" / "localhost.yml"

@@ -1,0 +1,91 @@
+"""Human-readable rendering of a scan report (the JSON contract is built in fleetops.scan)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+STATUS_STYLE = {"ok": "green", "unreachable": "bold red", "failed": "bold red"}
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def host_line(host: str, entry: dict[str, Any]) -> str:
+    """One progress line for a host that just answered."""
+    status = entry["status"]
+    if status != "ok":
+        return f"[{STATUS_STYLE.get(status, '')}]{host}: {status}[/] {entry.get('msg', '')}".rstrip()
+    worst = worst_severity(entry["findings"])
+    tail = f"{len(entry['findings'])} finding(s), worst {worst}" if worst else "no findings"
+    return f"[green]{host}: ok[/] {tail}"
+
+
+def worst_severity(findings: list[dict[str, Any]]) -> str | None:
+    for sev in ("critical", "warning", "info"):
+        if any(f.get("severity") == sev for f in findings):
+            return sev
+    return None
+
+
+def render_scan(report: dict[str, Any], console: Console) -> None:
+    table = Table(title="fleetops scan", show_lines=False)
+    for col, justify in (
+        ("host", "left"),
+        ("status", "left"),
+        ("cgroup", "right"),
+        ("scope", "left"),
+        ("memcg total", "right"),
+        ("live", "right"),
+        ("zombies", "right"),
+        ("ID headroom", "right"),
+        ("findings", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for host, entry in report["hosts"].items():
+        memcg = entry.get("facts", {}).get("memcg", {})
+        status = entry["status"]
+        worst = worst_severity(entry["findings"])
+        findings = ", ".join(f"{f['check']}:{f['severity']}" for f in entry["findings"]) or "-"
+        if entry.get("errors"):
+            findings += f" ({len(entry['errors'])} error(s))"
+        if status != "ok":
+            findings = entry.get("msg", "")[:80] or "-"
+        table.add_row(
+            host,
+            f"[{STATUS_STYLE.get(status, '')}]{status}[/]",
+            _num(memcg.get("cgroup_version")),
+            str(memcg.get("scope", "-")),
+            _num(memcg.get("total")),
+            _num(memcg.get("live")),
+            _num(memcg.get("zombies")),
+            f"{_num(memcg.get('id_headroom'))} ({_num(memcg.get('id_headroom_pct'))}%)" if memcg else "-",
+            f"[{SEVERITY_STYLE.get(worst or '', '')}]{findings}[/]" if worst else findings,
+        )
+    console.print(table)
+    for host, entry in report["hosts"].items():
+        for f in entry["findings"]:
+            style = SEVERITY_STYLE.get(f.get("severity", ""), "")
+            console.print(
+                f"  [{style}]{f.get('severity', '?'):8}[/] {host}: {f.get('check')}: {f.get('summary', '')}"
+            )
+        for err in entry.get("errors") or []:
+            console.print(f"  [bold red]error   [/] {host}: {err.get('check')}: {err.get('msg')}")
+    s = report["summary"]
+    fs = s["findings"]
+    console.print(
+        f"{s['hosts']} host(s): {s['ok']} ok, {s['unreachable']} unreachable, {s['failed']} failed; "
+        f"findings: {fs.get('critical', 0)} critical, {fs.get('warning', 0)} warning, {fs.get('info', 0)} info"
+        + (f"; {s['errors']} detector error(s)" if s.get("errors") else "")
+        + (" [bold yellow](interrupted: partial report)[/]" if report.get("interrupted") else "")
+    )

@@ -1,0 +1,200 @@
+"""The one place that builds ansible-runner invocations and reads their results.
+
+Results come from runner's events, status and rc — never from parsing stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+from fleetops import paths
+from fleetops.errors import FleetopsError
+
+HOST_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_unreachable": "unreachable",
+    "runner_on_skipped": "skipped",
+}
+
+
+class RunnerError(FleetopsError):
+    """ansible-runner could not run the playbook at all (not a per-host failure)."""
+
+    exit_code = 3
+
+
+@dataclass
+class TaskResult:
+    """One host's result for one task, as ansible-runner reported it."""
+
+    host: str
+    status: str  # ok | failed | unreachable | skipped
+    task: str
+    action: str
+    result: dict[str, Any]
+    duration: float | None = None
+
+    @property
+    def msg(self) -> str:
+        msg = self.result.get("msg") or self.result.get("stderr") or ""
+        return str(msg).strip()
+
+
+@dataclass
+class PlaybookRun:
+    """What a playbook run produced, per host, in event order."""
+
+    status: str
+    rc: int
+    tasks: dict[str, list[TaskResult]] = field(default_factory=dict)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    def hosts(self) -> list[str]:
+        """Every host that the run touched, in the order they first answered."""
+        seen = dict.fromkeys(self.tasks)
+        for counts in self.stats.values():
+            seen.update(dict.fromkeys(counts))
+        return list(seen)
+
+    def results_for(self, host: str, action: str | None = None) -> list[TaskResult]:
+        results = self.tasks.get(host, [])
+        if action is None:
+            return results
+        return [r for r in results if r.action == action or r.status == "unreachable"]
+
+
+EventCallback = Callable[[TaskResult], None]
+
+
+@dataclass
+class RunnerOptions:
+    """Everything that shapes one ansible-runner invocation (one batch = one invocation)."""
+
+    playbook: str
+    inventory: Sequence[Path] = ()
+    limit: str | None = None
+    extravars: Mapping[str, Any] = field(default_factory=dict)
+    forks: int | None = None
+    check: bool = False
+    diff: bool = False
+    verbosity: int = 0
+    timeout: int | None = None
+    keep_artifacts: bool = bool(os.environ.get("FLEETOPS_KEEP_ARTIFACTS"))
+
+
+def ansible_env() -> dict[str, str]:
+    """Environment for every ansible command we start (playbooks via runner, ansible-inventory)."""
+    env: dict[str, str] = {
+        # runner resolves ansible-playbook on PATH: use the one beside this interpreter first.
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_NOCOWS": "1",
+    }
+    root = paths.collection_root()
+    if root is not None:
+        env.setdefault("ANSIBLE_CONFIG", os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")))
+        cpath = [str(root / "collections")]
+        if os.environ.get("ANSIBLE_COLLECTIONS_PATH"):
+            cpath.append(os.environ["ANSIBLE_COLLECTIONS_PATH"])
+        env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join(cpath)
+    return env
+
+
+def _cmdline(opts: RunnerOptions) -> str:
+    args: list[str] = []
+    if opts.check:
+        args.append("--check")
+    if opts.diff:
+        args.append("--diff")
+    return " ".join(args)
+
+
+def run_playbook(
+    opts: RunnerOptions,
+    on_result: EventCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> PlaybookRun:
+    """Run one playbook through ansible-runner and collect per-host task results from its events."""
+    for inv in opts.inventory:
+        if not inv.exists():
+            raise FleetopsError(f"Failed to read inventory {inv}: no such file or directory")
+    private = Path(tempfile.mkdtemp(prefix="fleetops-runner-"))
+    run = PlaybookRun(status="unstarted", rc=-1)
+
+    def handle(event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind in HOST_EVENTS and data.get("host"):
+            res = data.get("res") or {}
+            if not isinstance(res, dict):
+                res = {"msg": str(res)}
+            # a loop or delegated task reports per item first; we only keep the task's final event.
+            tr = TaskResult(
+                host=str(data["host"]),
+                status=HOST_EVENTS[kind],
+                task=str(data.get("task", "")),
+                action=str(data.get("task_action") or data.get("resolved_action") or ""),
+                result=res,
+                duration=data.get("duration"),
+            )
+            run.tasks.setdefault(tr.host, []).append(tr)
+            if on_result is not None:
+                on_result(tr)
+        elif kind == "playbook_on_stats":
+            for key in ("ok", "failures", "dark", "skipped", "changed", "rescued", "ignored"):
+                run.stats[key] = {str(h): int(n) for h, n in (data.get(key) or {}).items()}
+        elif kind == "warning" or (kind == "verbose" and "WARNING" in str(event.get("stdout", ""))):
+            run.warnings.append(str(event.get("stdout", "")).strip())
+        return False  # runner need not keep event files on disk beyond what it writes anyway
+
+    kwargs: dict[str, Any] = {
+        "private_data_dir": str(private),
+        "playbook": opts.playbook,
+        "inventory": [str(p.resolve()) for p in opts.inventory] or None,
+        "limit": opts.limit,
+        "extravars": dict(opts.extravars),
+        "envvars": ansible_env(),
+        "event_handler": handle,
+        "cancel_callback": (lambda: cancel.is_set()) if cancel is not None else None,
+        "quiet": True,
+        "suppress_env_files": True,
+        "verbosity": opts.verbosity or None,
+        "cmdline": _cmdline(opts) or None,
+    }
+    if opts.forks:
+        kwargs["forks"] = opts.forks
+    if opts.timeout:
+        kwargs["timeout"] = opts.timeout
+    try:
+        r = ansible_runner.run(**{k: v for k, v in kwargs.items() if v is not None})
+        run.status = str(r.status)
+        run.rc = int(r.rc) if r.rc is not None else -1
+        run.interrupted = r.status == "canceled"
+        if not run.tasks and run.status not in ("successful", "canceled"):
+            detail = "; ".join(w for w in run.warnings if w) or _tail(r.stdout.read() if r.stdout else "")
+            raise RunnerError(f"Failed to run {opts.playbook}: ansible-playbook exited {run.rc}: {detail}")
+    finally:
+        if opts.keep_artifacts:
+            print(f"fleetops: runner artifacts kept in {private}", file=sys.stderr)
+        else:
+            shutil.rmtree(private, ignore_errors=True)
+    return run
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    """Last non-empty lines of ansible's own error text, for a run that produced no events at all."""
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " | ".join(kept[-lines:]) or "no output"

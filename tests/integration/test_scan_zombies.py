@@ -1,0 +1,100 @@
+"""`fleetops scan` finds real zombie memory cgroups on this kernel, through ansible-runner and our module.
+
+Zombies here are real: mkdir a memory cgroup, charge page cache to it, rmdir it (fleetops.faults).
+/proc/cgroups is host-wide, so every count is taken against a baseline measured in the same test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetops.faults import create_zombie_memcgs
+from tests.helpers import fleetops
+
+pytestmark = pytest.mark.kernel
+CREATED = 1500
+
+
+def _local_scan(*extra: str) -> tuple[int, dict[str, Any]]:
+    result = fleetops("scan", "--format", "json", "--quiet", *extra, timeout=180)
+    assert "Traceback" not in result.stderr
+    return result.rc, result.json()
+
+
+def _memcg(report: dict[str, Any]) -> dict[str, Any]:
+    host = report["hosts"]["localhost"]
+    assert host["status"] == "ok", host
+    memcg: dict[str, Any] = host["facts"]["memcg"]
+    return memcg
+
+
+def test_scan_counts_real_zombies_and_they_drop_after_release() -> None:
+    rc, before = _local_scan("--zombie-warning", "100000", "--zombie-critical", "100000")
+    base = _memcg(before)
+    assert base["cgroup_version"] == 1
+    assert base["scope"] == "host"
+    assert rc == 0, before
+    with create_zombie_memcgs(CREATED) as batch:
+        assert batch.count == CREATED
+        rc, during = _local_scan()
+        memcg = _memcg(during)
+        expected = base["zombies"] + CREATED
+        assert abs(memcg["zombies"] - expected) <= 0.05 * expected, (memcg, base)
+        assert memcg["total"] - memcg["live"] == memcg["zombies"]
+        assert memcg["id_headroom"] == 65535 - memcg["total"]
+        if memcg["zombies"] < 20000:
+            assert rc == 1
+            findings = during["hosts"]["localhost"]["findings"]
+            zombie = [f for f in findings if f["check"] == "zombie_memcg"]
+            assert [f["severity"] for f in zombie] == ["warning"], findings
+            assert zombie[0]["data"]["zombies"] == memcg["zombies"]
+            assert during["summary"]["findings"]["warning"] >= 1
+    # Deleting the pinning files lets the kernel free the dying cgroups (asynchronously).
+    deadline = time.monotonic() + 30
+    while True:
+        rc, after = _local_scan("--zombie-warning", "100000", "--zombie-critical", "100000")
+        zombies_after = _memcg(after)["zombies"]
+        if zombies_after <= base["zombies"] + 0.05 * CREATED or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert zombies_after <= base["zombies"] + 0.05 * CREATED, (base, _memcg(after))
+    assert rc == 0
+
+
+def test_thresholds_are_settable_and_critical_wins() -> None:
+    rc, report = _local_scan("--zombie-warning", "0", "--zombie-critical", "0")
+    findings = report["hosts"]["localhost"]["findings"]
+    assert [f["severity"] for f in findings if f["check"] == "zombie_memcg"] == ["critical"]
+    assert rc == 1
+
+
+def test_prometheus_textfile_matches_the_json_report(tmp_path: Path) -> None:
+    prom = tmp_path / "fleetops.prom"
+    out = tmp_path / "report.json"
+    result = fleetops(
+        "scan", "--quiet", "--format", "json", "-o", str(out), "--prometheus", str(prom), timeout=180
+    )
+    report = json.loads(out.read_text())
+    assert result.json()["hosts"] == report["hosts"]
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(prom.read_text())
+        for s in family.samples
+    }
+    memcg = report["hosts"]["localhost"]["facts"]["memcg"]
+    host = (("host", "localhost"),)
+    assert samples[("fleetops_memcg_total", host)] == memcg["total"]
+    assert samples[("fleetops_memcg_live", host)] == memcg["live"]
+    assert samples[("fleetops_memcg_zombies", host)] == memcg["zombies"]
+    assert samples[("fleetops_memcg_id_headroom", host)] == memcg["id_headroom"]
+    assert samples[("fleetops_scan_host_up", host)] == 1
+    for sev in ("critical", "warning", "info"):
+        expected = sum(1 for f in report["hosts"]["localhost"]["findings"] if f["severity"] == sev)
+        assert samples[("fleetops_findings", (("host", "localhost"), ("severity", sev)))] == expected
+    assert samples[("fleetops_scan_hosts", (("status", "ok"),))] == report["summary"]["ok"]

@@ -1,0 +1,284 @@
+"""fleetops.node.node_health: the detector registry in-process, and the module end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "collections"))
+
+from ansible_collections.fleetops.node.plugins.module_utils import memcg  # noqa: E402
+from ansible_collections.fleetops.node.plugins.modules import node_health  # noqa: E402
+
+ANSIBLE = Path(sys.executable).with_name("ansible")
+PY39 = Path.home() / ".pyenv/versions/3.9.18/bin/python3"
+MEMCG_KEYS = {
+    "cgroup_version",
+    "scope",
+    "total",
+    "live",
+    "zombies",
+    "id_headroom",
+    "id_headroom_pct",
+    "basis",
+    "scope_reason",
+    "hierarchy",
+    "reason",
+}
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    """What AnsibleModule.run_command does, for in-process runs of run_checks()."""
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def params(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "checks": None,
+        "sample_seconds": 0.0,
+        "zombie_warning": 1000,
+        "zombie_critical": 20000,
+        "headroom_critical_pct": 20.0,
+        "crashloop_warning_per_min": 0.5,
+        "crashloop_critical_per_min": 5.0,
+        "journal_window_seconds": 600,
+        "zombie_growth_warning_per_min": 10.0,
+        "_run": _run,
+    }
+    base.update(overrides)
+    return base
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process
+# ---------------------------------------------------------------------------------------------
+
+
+def test_registry_matches_documented_choices() -> None:
+    import yaml
+
+    doc = yaml.safe_load(node_health.DOCUMENTATION)
+    assert doc["options"]["checks"]["choices"] == list(node_health.DETECTORS)
+    assert doc["attributes"]["check_mode"]["support"] == "full"
+    assert doc["attributes"]["diff_mode"]["support"] == "none"
+    assert doc["attributes"]["platform"]["platforms"] == "posix"
+    assert yaml.safe_load(node_health.RETURN)
+    assert yaml.safe_load(node_health.EXAMPLES)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({}, None),
+        ({"zombie_warning": 20000}, None),
+        (
+            {"zombie_warning": 20001},
+            "zombie_warning (20001) must not be greater than zombie_critical (20000)",
+        ),
+        ({"zombie_warning": -1}, "zombie_warning must not be negative, got -1"),
+        ({"sample_seconds": -0.5}, "sample_seconds must not be negative, got -0.5"),
+        ({"headroom_critical_pct": 100.5}, "headroom_critical_pct must be at most 100, got 100.5"),
+    ],
+)
+def test_validate(overrides: dict[str, Any], problem: str | None) -> None:
+    assert node_health._validate(params(**overrides)) == problem
+
+
+def test_run_checks_on_this_host() -> None:
+    result = node_health.run_checks(params())
+    assert set(result) == {"facts", "findings", "errors", "checks", "duration_ms"}
+    assert result["checks"] == ["zombie_memcg", "crashloop_unit"]
+    assert result["errors"] == []
+    assert set(result["facts"]["memcg"]) == MEMCG_KEYS
+    assert result["duration_ms"] > 0
+
+
+def test_a_failing_detector_becomes_an_error_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(_params: dict[str, Any]) -> dict[str, Any]:
+        return memcg.parse_proc_cgroups("#subsys_name\thierarchy\tnum_cgroups\tenabled\nmemory\t4\tx\t1\n")
+
+    monkeypatch.setitem(
+        node_health.DETECTORS, "zombie_memcg", node_health.DETECTORS["zombie_memcg"]._replace(sample=broken)
+    )
+    result = node_health.run_checks(params(checks=["zombie_memcg", "zombie_memcg"]))
+    assert result["checks"] == ["zombie_memcg"]
+    assert result["facts"] == {}
+    assert result["findings"] == []
+    assert result["errors"] == [
+        {
+            "check": "zombie_memcg",
+            "msg": "Failed to parse /proc/cgroups: line 2: num_cgroups 'x' is not an integer",
+        }
+    ]
+
+
+def test_sampling_reports_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    totals = iter([5000, 5100])
+
+    def fake(_params: dict[str, Any]) -> dict[str, Any]:
+        total = next(totals)
+        free, pct = memcg.id_headroom(total)
+        return {
+            "cgroup_version": 1, "scope": "host", "total": total, "live": 40, "zombies": total - 40,
+            "id_headroom": free, "id_headroom_pct": pct, "basis": memcg.BASIS_V1, "scope_reason": "test",
+            "hierarchy": "/sys/fs/cgroup/memory", "reason": None,
+        }  # fmt: skip
+
+    monkeypatch.setitem(
+        node_health.DETECTORS, "zombie_memcg", node_health.DETECTORS["zombie_memcg"]._replace(sample=fake)
+    )
+    result = node_health.run_checks(params(sample_seconds=0.2))
+    growth = result["facts"]["memcg"]["growth"]
+    assert 0.2 <= growth["seconds"] < 1.0
+    assert growth["zombies_per_min"] == pytest.approx(100 * 60 / growth["seconds"], rel=0.01)
+    (finding,) = result["findings"]
+    assert finding["severity"] == "warning"
+    assert "zombies +" in finding["summary"]
+    assert result["duration_ms"] >= 200
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: ansible runs the module on this machine
+# ---------------------------------------------------------------------------------------------
+
+
+def run_adhoc(
+    tmp_path: Path, args: str, *extra: str, python: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    """``ansible localhost -m fleetops.node.node_health``; the result as the tree callback saved it."""
+    inventory = tmp_path / "hosts.yml"
+    interpreter = python or sys.executable
+    inventory.write_text(
+        f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n      ansible_python_interpreter: {interpreter}\n"
+    )
+    tree = tmp_path / "tree"
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
+        "ANSIBLE_CALLBACK_TREE_DIR": str(tree),
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    proc = subprocess.run(
+        [
+            str(ANSIBLE),
+            "localhost",
+            "-i",
+            str(inventory),
+            "-m",
+            "fleetops.node.node_health",
+            "-a",
+            args,
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    result_file = tree / "localhost"
+    assert result_file.exists(), proc.stdout + proc.stderr
+    return proc.returncode, json.loads(result_file.read_text())
+
+
+def test_module_end_to_end(tmp_path: Path) -> None:
+    rc, result = run_adhoc(tmp_path, "checks=zombie_memcg sample_seconds=0.3")
+    assert rc == 0, result
+    assert result["changed"] is False
+    assert result["checks"] == ["zombie_memcg"]
+    assert result["errors"] == []
+    assert isinstance(result["findings"], list)
+    assert result["duration_ms"] >= 300
+    facts = result["facts"]["memcg"]
+    assert set(facts) == MEMCG_KEYS | {"growth"}
+    assert set(facts["growth"]) == {"seconds", "total_per_min", "live_per_min", "zombies_per_min"}
+    if facts["cgroup_version"] == 1 and facts["scope"] == "host":
+        assert facts["hierarchy"] == "/sys/fs/cgroup/memory"
+        assert facts["zombies"] == max(0, facts["total"] - facts["live"])
+    for finding in result["findings"]:
+        assert set(finding) == {"check", "severity", "summary", "data"}
+
+
+def test_module_check_mode(tmp_path: Path) -> None:
+    rc, result = run_adhoc(tmp_path, "", "--check")
+    assert rc == 0, result
+    assert result["changed"] is False
+    assert "memcg" in result["facts"]
+
+
+def test_module_rejects_bad_thresholds(tmp_path: Path) -> None:
+    rc, result = run_adhoc(tmp_path, "zombie_warning=5000 zombie_critical=100")
+    assert rc != 0
+    assert result["msg"] == (
+        "Failed to validate node_health options: zombie_warning (5000) must not be greater than zombie_critical (100)"
+    )
+
+
+def test_module_rejects_unknown_check(tmp_path: Path) -> None:
+    rc, result = run_adhoc(tmp_path, "checks=nope")
+    assert rc != 0
+    assert "value of checks must be one or more of: zombie_memcg" in result["msg"]
+
+
+@pytest.mark.skipif(not PY39.exists(), reason="needs Python 3.9 (pyenv 3.9.18) to prove the target floor")
+def test_module_runs_on_python_3_9(tmp_path: Path) -> None:
+    rc, result = run_adhoc(tmp_path, "", python=str(PY39))
+    assert rc == 0, result
+    assert result["errors"] == []
+    assert set(result["facts"]["memcg"]) == MEMCG_KEYS
+
+
+@pytest.mark.skipif(shutil.which("ansible-doc", path=str(ANSIBLE.parent)) is None, reason="needs ansible-doc")
+def test_ansible_doc_renders(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [str(ANSIBLE.parent / "ansible-doc"), "--json", "fleetops.node.node_health"],
+        cwd=REPO,
+        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)["fleetops.node.node_health"]["doc"]
+    assert set(doc["options"]) == {
+        "checks",
+        "sample_seconds",
+        "zombie_warning",
+        "zombie_critical",
+        "headroom_critical_pct",
+        "crashloop_warning_per_min",
+        "crashloop_critical_per_min",
+        "journal_window_seconds",
+        "zombie_growth_warning_per_min",
+    }
+
+
+def test_a_failed_second_sample_keeps_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = node_health.DETECTORS["zombie_memcg"]
+    calls = iter(["ok", "broken"])
+
+    def flaky(_params: dict[str, Any]) -> dict[str, Any]:
+        if next(calls) == "broken":
+            raise memcg.MemcgError("read", "/proc/cgroups", "Permission denied")
+        return dict(real.sample(_params))
+
+    monkeypatch.setitem(node_health.DETECTORS, "zombie_memcg", real._replace(sample=flaky))
+    result = node_health.run_checks(params(sample_seconds=0.05))
+    assert set(result["facts"]["memcg"]) == MEMCG_KEYS  # the first sample, without growth
+    assert result["errors"] == [
+        {"check": "zombie_memcg", "msg": "Failed to read /proc/cgroups: Permission denied"}
+    ]
