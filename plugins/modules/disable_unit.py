@@ -95,7 +95,7 @@ actions:
   returned: always
   type: list
   elements: str
-  sample: ["stop", "disable", "mask", "reset-failed", "docker rm -f ecs-agent"]
+  sample: ["stop", "reset-failed", "disable", "mask", "docker rm -f ecs-agent"]
 """
 
 import os
@@ -178,6 +178,9 @@ def main():
     actions = []
     if before["active_state"] not in ("inactive", "failed") or before["sub_state"] == "auto-restart":
         actions.append("stop")
+    # reset-failed while the unit is still loaded: a masked, stopped unit is unloaded right away.
+    if before["active_state"] == "failed" or before["n_restarts"]:
+        actions.append("reset-failed")
     if before["unit_file_state"] not in ("masked", "masked-runtime"):
         # disable needs the unit file (its [Install] section), so it comes before the file moves aside.
         if before["unit_file_state"] not in ("disabled", "static", "indirect", ""):
@@ -186,8 +189,6 @@ def main():
         if fragment.startswith("/etc/systemd/system/") and os.path.isfile(fragment) and not os.path.islink(fragment):
             actions.append("move %s to %s" % (fragment, module.params["backup_dir"]))
         actions.append("mask")
-    if before["active_state"] == "failed" or before["n_restarts"]:
-        actions.append("reset-failed")
     actions.extend("docker rm -f %s" % c for c in containers)
 
     # reset-failed alone (a masked, dead unit that once failed) is not worth a change.
@@ -229,7 +230,8 @@ def main():
         elif action == "mask":
             run([systemctl, "mask", "--", unit], "mask")
         elif action == "reset-failed":
-            run([systemctl, "reset-failed", "--", unit], "reset failed state of")
+            # Best effort: it only clears the failed state and NRestarts; a unit already unloaded has neither.
+            module.run_command([systemctl, "reset-failed", "--", unit])
         elif action.startswith("docker rm -f "):
             run([docker, "rm", "-f", "--", action[len("docker rm -f "):]], "remove the container of")
     result["after"] = _show(module, systemctl, unit)

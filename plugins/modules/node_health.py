@@ -253,7 +253,7 @@ def _crashloop_thresholds(params):
 def _crashloop_sample(params):
     # One sample reads the journal for a rate; with two samples the NRestarts deltas give it.
     return crashloop.collect(
-        params["_run"],
+        params.get("_run") or crashloop.run_command,
         use_journal=params["sample_seconds"] <= 0,
         window_seconds=params["journal_window_seconds"],
     )
@@ -350,8 +350,24 @@ def _sample(names, params, errors):
     return samples
 
 
+ARGUMENT_SPEC = dict(
+    checks=dict(type="list", elements="str", choices=list(DETECTORS)),
+    sample_seconds=dict(type="float", default=0),
+    zombie_warning=dict(type="int", default=1000),
+    zombie_critical=dict(type="int", default=20000),
+    headroom_critical_pct=dict(type="float", default=20),
+    crashloop_warning_per_min=dict(type="float", default=0.5),
+    crashloop_critical_per_min=dict(type="float", default=5),
+    journal_window_seconds=dict(type="int", default=600),
+    zombie_growth_warning_per_min=dict(type="float", default=10),
+)
+# What run_checks() uses for options an in-process caller leaves out.
+DEFAULTS = dict((key, spec.get("default")) for key, spec in ARGUMENT_SPEC.items())
+
+
 def run_checks(params):
-    """The module's result (without ``changed``) for validated ``params``."""
+    """The module's result (without ``changed``) for validated ``params`` (missing keys take defaults)."""
+    params = dict(DEFAULTS, **params)
     started = time.monotonic()
     names = []
     for name in params["checks"] or list(DETECTORS):
@@ -387,17 +403,7 @@ def run_checks(params):
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            checks=dict(type="list", elements="str", choices=list(DETECTORS)),
-            sample_seconds=dict(type="float", default=0),
-            zombie_warning=dict(type="int", default=1000),
-            zombie_critical=dict(type="int", default=20000),
-            headroom_critical_pct=dict(type="float", default=20),
-            crashloop_warning_per_min=dict(type="float", default=0.5),
-            crashloop_critical_per_min=dict(type="float", default=5),
-            journal_window_seconds=dict(type="int", default=600),
-            zombie_growth_warning_per_min=dict(type="float", default=10),
-        ),
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     problem = _validate(module.params)

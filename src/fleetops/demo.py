@@ -17,9 +17,11 @@ from rich.console import Console
 from rich.rule import Rule
 
 from fleetops import paths
+from fleetops.cli import main as cli_main
 from fleetops.errors import FleetopsError
 from fleetops.faults import create_zombie_memcgs
 from fleetops.lab import Lab
+from fleetops.lab_faults import install_crashloop_unit
 from fleetops.report import render_scan
 from fleetops.scan import ScanOptions, exit_code, run_scan
 
@@ -68,12 +70,27 @@ def run_demo() -> int:
     console.print(Rule(f"6. boot a lab fleet of {LAB_HOSTS} systemd-nspawn hosts"))
     try:
         lab.up(LAB_HOSTS, progress=lambda line: console.print(f"[dim]{line}[/]"))
+        inventory = lab.inventory_path()
         _scan(
             "7. scan the lab fleet and this machine over ssh (lab hosts see a cgroup namespace)",
-            ScanOptions(inventory=[lab.inventory_path(), *_localhost()]),
+            ScanOptions(inventory=[inventory, *_localhost()]),
         )
+        console.print(
+            Rule("8. the Pinterest incident: the image enabled ecs.service on lab-01; it crash loops")
+        )
+        unit = install_crashloop_unit(lab, "lab-01", restart_sec=0.5)
+        console.print(f"installed and enabled {unit} (Restart=always; every start leaves a zombie memcg)")
+        time.sleep(8)
+        _scan(
+            "9. scan with two samples 10 s apart: the loop, its rate, the memcgs piling up, the culprit",
+            ScanOptions(inventory=[inventory], sample_seconds=10),
+        )
+        console.print(Rule("10. fleetops remediate fix --apply: turn the culprit off for good, then reclaim"))
+        rc = cli_main(["remediate", "fix", "-i", str(inventory), "--sample-seconds", "5", "--apply"])
+        console.print(f"[dim]remediate exit code {rc}[/]")
+        _scan("11. rescan: no crash loop left", ScanOptions(inventory=[inventory], sample_seconds=5))
     finally:
-        console.print(Rule("8. tear the lab down"))
+        console.print(Rule("12. tear the lab down"))
         lab.down()
     console.print("[bold green]demo complete[/]")
     return 0

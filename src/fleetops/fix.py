@@ -1,8 +1,9 @@
 """What `fleetops remediate fix` does per host, derived from a scan report (fleetops.scan/v1).
 
 Cause first, then reclaim: a unit that crash loops (a crashloop_unit finding of warning or worse,
-or a culprit named by the zombie_memcg finding) is turned off; a host whose memory cgroups pile up
-(a zombie_memcg finding of warning or worse) or that had a unit turned off is reclaimed. Rebooting
+or a culprit named by the zombie_memcg finding) is turned off; a host that had a unit turned off, or
+whose zombie count (not only its growth) is over the warning threshold, is reclaimed. Growth with no
+culprit named is left for a human: reclaiming while an unknown cause keeps making zombies is futile. Rebooting
 what still needs it is a separate, slower rollout (`needs_reboot` in the reclaim result).
 """
 
@@ -11,6 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 ACTIONABLE = ("warning", "critical")
+
+
+def _too_many_zombies(data: dict[str, Any]) -> bool:
+    """A count-based zombie finding (not growth alone): known zombies over the warning, or IDs running out."""
+    thresholds = data.get("thresholds") or {}
+    zombies = data.get("zombies")
+    if zombies is not None and zombies >= thresholds.get("zombie_warning", 1000):
+        return True
+    pct = data.get("id_headroom_pct")
+    return pct is not None and pct < thresholds.get("headroom_critical_pct", 20.0)
 
 
 def fix_plan_from_report(report: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -23,9 +34,8 @@ def fix_plan_from_report(report: dict[str, Any]) -> tuple[dict[str, dict[str, An
     notes: list[str] = []
     for host, entry in sorted(report["hosts"].items()):
         if entry["status"] != "ok":
-            notes.append(
-                f"{host}: {entry['status']} in the scan, left alone ({entry.get('msg', '')})".rstrip(" ()")
-            )
+            why = f" ({entry['msg']})" if entry.get("msg") else ""
+            notes.append(f"{host}: {entry['status']} in the scan, left alone{why}")
             continue
         units: list[str] = []
         reclaim = False
@@ -37,10 +47,14 @@ def fix_plan_from_report(report: dict[str, Any]) -> tuple[dict[str, dict[str, An
                 if unit and unit not in units:
                     units.append(unit)
             elif finding["check"] == "zombie_memcg":
-                reclaim = True
-                for culprit in finding["data"].get("culprits") or []:
-                    if culprit["unit"] not in units:
-                        units.append(culprit["unit"])
+                culprits = [c["unit"] for c in finding["data"].get("culprits") or []]
+                units.extend(u for u in culprits if u not in units)
+                if _too_many_zombies(finding["data"]):
+                    reclaim = True
+                elif not culprits:
+                    notes.append(
+                        f"{host}: memory cgroups growing with no culprit named: left for a human to look at"
+                    )
         if units:
             reclaim = True
         if units or reclaim:

@@ -47,6 +47,10 @@ class TaskResult:
 
     @property
     def msg(self) -> str:
+        """The task's message; for a loop whose items failed, the failed items' messages."""
+        items = [r for r in self.result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+        if items:
+            return "; ".join(str(r.get("msg") or r.get("stderr") or "failed").strip() for r in items)
         msg = self.result.get("msg") or self.result.get("stderr") or ""
         return str(msg).strip()
 
