@@ -1,0 +1,127 @@
+"""Bench: fleetops.node.ec2 listing 500 and 5,000 instances from a real moto_server, and from its cache.
+
+The baseline is the 500-instance listing of the same run: the 5,000 listing should cost 10x
+(linear). Wall time includes moto's own work (another process, on the same CPUs), so the bench
+also prints this process's CPU time, which is the plugin's (boto3 parsing, inventory building).
+A listing from the cache makes no API call; its target is < 0.5 s.
+
+Each size gets a fresh moto_server (tests/ec2proxy.py), filled with untagged instances in
+reservations of 100 (see launch_many), listed in-process through Ansible's InventoryManager with
+the jsonfile cache on: once from the API (which writes the cache), then from the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+COLLECTIONS = ROOT / "collections"
+REGION = "eu-west-1"
+CACHED_TARGET_S = 0.5
+
+
+@dataclass
+class Result:
+    count: int
+    fill_s: float
+    api_s: float
+    api_cpu_s: float
+    cached_s: float
+    cached_cpu_s: float
+
+
+def _environment() -> None:
+    """Point Ansible at this collection and boto3 at dummy credentials, before either is imported."""
+    os.environ["ANSIBLE_COLLECTIONS_PATH"] = str(COLLECTIONS)
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION=REGION,
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
+        os.environ.pop(name, None)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
+def _list(source: Path, expected: int) -> tuple[float, float]:
+    """Build an inventory from source in-process; (wall seconds, CPU seconds of this process)."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    inventory: Any = InventoryManager(loader=DataLoader(), sources=[str(source)])
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    hosts = len(inventory.get_hosts())
+    if hosts != expected:
+        raise RuntimeError(f"{source.name}: listed {hosts} hosts, expected {expected}")
+    return wall, cpu
+
+
+def measure(count: int, workdir: Path) -> Result:
+    from tests.ec2proxy import MotoServer, launch_many
+
+    with MotoServer() as moto:
+        started = time.perf_counter()
+        launch_many(moto.url, REGION, count)
+        fill_s = time.perf_counter() - started
+        source = workdir / f"bench{count}.fleet_ec2.yml"
+        source.write_text(
+            "plugin: fleetops.node.ec2\n"
+            f"regions: [{REGION}]\n"
+            f"endpoint_url: {moto.url}\n"
+            "cache: true\n"
+            "cache_plugin: ansible.builtin.jsonfile\n"
+            f"cache_connection: {workdir / 'cache'}\n"
+            "cache_timeout: 3600\n"
+        )
+        api_s, api_cpu_s = _list(source, count)
+        cached_s, cached_cpu_s = _list(source, count)
+    return Result(count, fill_s, api_s, api_cpu_s, cached_s, cached_cpu_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--small", type=int, default=500, help="baseline fleet size (default 500)")
+    parser.add_argument("--large", type=int, default=5000, help="large fleet size (default 5000)")
+    args = parser.parse_args(argv)
+
+    _environment()
+    from ansible.plugins.loader import init_plugin_loader
+
+    init_plugin_loader([str(COLLECTIONS)])
+
+    with tempfile.TemporaryDirectory(prefix="fleetops-bench-") as tmp:
+        results = [measure(n, Path(tmp)) for n in (args.small, args.large)]
+
+    print(
+        f"{'instances':>9}  {'fill':>7}  {'API listing':>11}  {'plugin CPU':>10}  {'cached':>7}  {'cached CPU':>10}"
+    )
+    for r in results:
+        print(
+            f"{r.count:>9}  {r.fill_s:>6.2f}s  {r.api_s:>10.2f}s  {r.api_cpu_s:>9.2f}s  "
+            f"{r.cached_s:>6.3f}s  {r.cached_cpu_s:>9.3f}s"
+        )
+    small, large = results
+    size_ratio = large.count / small.count
+    print(
+        f"ratio {large.count}/{small.count} ({size_ratio:.0f}x the instances; linear = {size_ratio:.0f}x): "
+        f"API listing {large.api_s / small.api_s:.1f}x wall, {large.api_cpu_s / small.api_cpu_s:.1f}x plugin CPU; "
+        f"cached {large.cached_s / small.cached_s:.1f}x"
+    )
+    for r in results:
+        verdict = "ok" if r.cached_s < CACHED_TARGET_S else "over"
+        print(f"cached listing of {r.count}: {r.cached_s:.3f}s (target < {CACHED_TARGET_S}s: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

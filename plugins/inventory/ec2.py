@@ -1,0 +1,997 @@
+# -*- coding: utf-8 -*-
+
+# Copyright: (c) 2025, fleetops maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: ec2
+short_description: EC2 inventory for GPU fleets, throttling-aware, with scheduled events
+version_added: 0.1.0
+description:
+  - Lists EC2 instances with boto3 and adds them to the inventory, one host per instance.
+  - Reads YAML configuration files whose names end with C(fleet_ec2.yml) or C(fleet_ec2.yaml),
+    for example C(gpu.fleet_ec2.yml).
+  - Option names follow C(amazon.aws.aws_ec2) where they mean the same thing, so an existing
+    C(aws_ec2) configuration mostly works after changing O(plugin). Differences are documented per
+    option; the plugin refuses the C(aws_ec2) options it does not implement instead of ignoring them.
+  - Every host gets C(ec2_instance_id), C(ec2_instance_type), C(ec2_az), C(ec2_region),
+    C(ec2_image_id), C(ec2_tags), C(ec2_private_ip), C(ec2_launch_time) (ISO 8601, UTC) and
+    C(ec2_state); with O(include_events) also C(ec2_scheduled_events) and C(ec2_status_checks).
+  - With O(aws_ec2_hostvars), the instance description is also exposed in snake_case as
+    C(aws_ec2) does.
+  - C(ansible_host) is the private IP address; use O(compose) to choose another address.
+  - Every host is in the group C(ec2), in one group per availability zone (C(az_us_east_1a)) and in
+    one group per instance type (C(type_g5_xlarge)), so a rollout can cap per AZ without extra
+    configuration.
+  - Listings use the API's paginators, one request per page. botocore's own retries are off; every
+    request is retried with jittered exponential backoff on throttling (C(RequestLimitExceeded),
+    C(Throttling), ...), HTTP 5xx and connection errors, up to O(max_attempts) attempts, and a
+    budget that runs out fails with an error naming the call and the region.
+  - Credentials, when not given, come from boto3's usual chain (C(AWS_ACCESS_KEY_ID),
+    C(AWS_SECRET_ACCESS_KEY), C(AWS_SESSION_TOKEN), C(AWS_PROFILE), shared files, instance role).
+author:
+  - fleetops maintainers (@fleetops)
+requirements:
+  - boto3 >= 1.35
+  - botocore >= 1.35
+  - tenacity >= 8.2
+extends_documentation_fragment:
+  - constructed
+  - inventory_cache
+options:
+  plugin:
+    description: Marks this file as a configuration for this plugin.
+    type: str
+    required: true
+    choices: [fleetops.node.ec2]
+  regions:
+    description:
+      - The regions in which to list instances.
+      - Each entry must be a region botocore knows (any partition); anything else is an error.
+      - If empty (the default), all regions enabled for the account (C(ec2:DescribeRegions)).
+    type: list
+    elements: str
+    default: []
+  filters:
+    description:
+      - EC2 filters (name to value or list of values), as for C(aws ec2 describe-instances --filters).
+      - Unlike C(aws_ec2) (default V({})), the default lists running instances only.
+      - A set of filters that does not name C(instance-state-name) gets C(instance-state-name) in
+        V(pending), V(running), V(stopping), V(stopped), as with C(aws_ec2).
+      - When O(include_filters) is set and this option is not, the default does not apply.
+    type: dict
+    default:
+      instance-state-name: running
+  include_filters:
+    description:
+      - A list of filter sets. Instances matching at least one set (or O(filters)) are included.
+      - Every entry costs one more listing per region.
+    type: list
+    elements: dict
+    default: []
+  exclude_filters:
+    description:
+      - A list of filter sets. Instances matching any of them are left out; this wins over
+        O(filters) and O(include_filters).
+      - Every entry costs one more listing per region.
+    type: list
+    elements: dict
+    default: []
+  hostnames:
+    description:
+      - The inventory hostname, as a list of preferences; the first that yields a value wins.
+      - An entry is a C(describe-instances) filter name for an attribute (V(instance-id),
+        V(private-ip-address), V(private-dns-name), V(dns-name), V(ip-address), ...), V(tag:NAME)
+        (the tag's value), V(tag:NAME=VALUE) (V(NAME_VALUE) when the tag has that value), or
+        V(tag:A,B) (the first of these tags that is set).
+      - An entry can be a dictionary with C(name), C(prefix) and C(separator) (default V(_)); the
+        hostname is then prefix value, separator, name value.
+      - Instances for which no entry yields a value are left out. When two instances yield the same
+        name, the first (regions in the order given, then instance IDs in order) keeps it and the
+        other is left out with a warning.
+      - Unlike C(aws_ec2) (default V(dns-name), V(private-dns-name)), the default is the instance
+        ID, which is unique across regions and VPCs and never empty. An unknown entry is an error,
+        not a literal hostname.
+    type: list
+    elements: raw
+    default: [instance-id]
+  aws_ec2_hostvars:
+    description:
+      - Also set the instance description in snake_case, as C(amazon.aws.aws_ec2) does
+        (C(instance_type), C(placement.availability_zone), C(placement.region),
+        C(private_ip_address), C(network_interfaces), ...), so its O(compose) and O(keyed_groups)
+        expressions keep working. Except C(tags), a reserved name in Ansible; use C(ec2_tags), or
+        set O(hostvars_prefix) or O(hostvars_suffix) to get it renamed.
+      - Off by default, as it triples the cost of building the inventory (about 25 more variables
+        per host). When it is off, an expression in O(compose), O(groups) or O(keyed_groups) that
+        uses one of these names gets a warning naming the C(ec2_*) variable to use.
+    type: bool
+    default: false
+  hostvars_prefix:
+    description: Prefix for the snake_case host variables taken from the instance description (not the C(ec2_*) ones).
+    type: str
+    default: ''
+  hostvars_suffix:
+    description: Suffix for the snake_case host variables taken from the instance description (not the C(ec2_*) ones).
+    type: str
+    default: ''
+  strict_permissions:
+    description:
+      - By default an C(UnauthorizedOperation) (HTTP 403) answer fails the inventory.
+      - Set to V(false) to skip, with a warning, the regions where the caller may not list instances;
+        where it may list them but not C(ec2:DescribeInstanceStatus), the hosts are kept without
+        C(ec2_scheduled_events) and C(ec2_status_checks), with a warning.
+    type: bool
+    default: true
+  include_events:
+    description:
+      - Ask C(ec2:DescribeInstanceStatus) (C(IncludeAllInstances), 100 instance IDs per call, up to
+        four calls at a time) for
+        scheduled events and status checks, and set C(ec2_scheduled_events) (a list of
+        C(code), C(description), C(not_before), C(not_after), C(not_before_deadline),
+        C(instance_event_id)) and C(ec2_status_checks) (C(system), C(instance)).
+    type: bool
+    default: true
+  page_size:
+    description: Items asked per C(ec2:DescribeInstances) page (5 to 1000).
+    type: int
+    default: 1000
+  max_attempts:
+    description:
+      - Attempts per API call (the first one included) on throttling, HTTP 5xx and connection
+        errors. botocore's own retries are disabled, so this is the whole budget.
+    type: int
+    default: 8
+  initial_backoff:
+    description: Upper bound in seconds of the first wait between attempts; each later bound doubles (full jitter).
+    type: float
+    default: 0.5
+  max_backoff:
+    description: Upper bound in seconds of any single wait between attempts.
+    type: float
+    default: 20.0
+  connect_timeout:
+    description: Seconds to wait for a connection to the endpoint.
+    type: float
+    default: 10.0
+  read_timeout:
+    description: Seconds to wait for an answer once connected.
+    type: float
+    default: 60.0
+  endpoint_url:
+    description:
+      - Use this EC2 endpoint instead of AWS's, for example a local emulator (moto).
+    type: str
+    aliases: [aws_endpoint_url, ec2_url]
+    env:
+      - name: AWS_ENDPOINT_URL_EC2
+      - name: AWS_ENDPOINT_URL
+  aws_profile:
+    description: The named profile (shared credentials/config files) to use. Mutually exclusive with O(aws_access_key).
+    type: str
+    aliases: [profile, boto_profile]
+  aws_access_key:
+    description: The AWS access key ID. Requires O(aws_secret_key).
+    type: str
+    aliases: [access_key, aws_access_key_id, ec2_access_key]
+  aws_secret_key:
+    description: The AWS secret access key. Requires O(aws_access_key).
+    type: str
+    aliases: [secret_key, aws_secret_access_key, ec2_secret_key]
+  aws_session_token:
+    description: The AWS session token, for temporary credentials.
+    type: str
+    aliases: [session_token, aws_security_token, security_token]
+notes:
+  - These C(aws_ec2) options are not implemented, and refused when present so that nothing is
+    silently ignored; C(iam_role_arn), C(use_ssm_inventory), C(allow_duplicated_hosts),
+    C(use_contrib_script_compatible_sanitization), C(use_contrib_script_compatible_ec2_tag_keys).
+    Nor are Jinja2 filters in O(hostnames).
+  - With O(cache), the cache key covers the query (regions, filters, endpoint, credentials'
+    identity, O(include_events)), so changing the query never reads another query's cached result.
+"""
+
+EXAMPLES = r"""
+# All running instances in two regions, named by instance ID, grouped by AZ and instance type.
+plugin: fleetops.node.ec2
+regions:
+  - us-east-1
+  - us-west-2
+
+---
+# Running GPU instances tagged fleetops=gpu, named by their Name tag when they have one.
+plugin: fleetops.node.ec2
+regions: [us-east-1]
+filters:
+  instance-state-name: running
+  tag:fleetops: gpu
+  instance-type: ["g5.*", "p4d.*", "p5.*"]
+exclude_filters:
+  - tag:fleetops-exclude: "true"
+hostnames:
+  - tag:Name
+  - private-dns-name
+  - instance-id
+keyed_groups:
+  - key: ec2_tags.team | default('none')
+    prefix: team
+groups:
+  maintenance_due: ec2_scheduled_events | length > 0
+compose:
+  ansible_user: "'ubuntu'"
+cache: true
+cache_plugin: ansible.builtin.jsonfile
+cache_connection: ~/.cache/fleetops/inventory
+cache_timeout: 300
+
+---
+# An amazon.aws.aws_ec2 configuration, renamed: its compose and keyed_groups use aws_ec2's variables.
+plugin: fleetops.node.ec2
+regions: [us-east-1]
+aws_ec2_hostvars: true
+keyed_groups:
+  - key: placement.region
+    prefix: aws_region
+compose:
+  ansible_host: private_dns_name
+
+---
+# Against a local EC2 emulator, with a small retry budget.
+plugin: fleetops.node.ec2
+endpoint_url: http://127.0.0.1:5000
+regions: [us-east-1]
+max_attempts: 3
+include_events: false
+"""
+
+import concurrent.futures
+import datetime
+import functools
+import gc
+import hashlib
+import json
+import re
+import time
+from urllib.parse import urlparse
+
+import jinja2
+import jinja2.meta
+from ansible.errors import AnsibleError, AnsibleParserError
+from ansible.module_utils.common.dict_transformations import camel_dict_to_snake_dict
+from ansible.module_utils.common.text.converters import to_native
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+
+try:
+    import boto3
+    import botocore
+    import botocore.config
+    import botocore.exceptions
+    import botocore.paginate
+    import botocore.session
+    HAS_BOTO3 = True
+except ImportError:
+    HAS_BOTO3 = False
+
+try:
+    import tenacity
+    HAS_TENACITY = True
+except ImportError:
+    HAS_TENACITY = False
+
+
+CACHE_FORMAT = 1
+STATUS_CHUNK = 100  # DescribeInstanceStatus takes at most 100 InstanceIds
+STATUS_WORKERS = 4
+MAX_DUPLICATE_WARNINGS = 10
+
+# Error codes worth another attempt (with HTTP >= 500, whatever the code).
+RETRYABLE_CODES = frozenset((
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "InternalError",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "Unavailable",
+))
+
+DEFAULT_STATES = ["pending", "running", "stopping", "stopped"]
+
+# describe-instances filter name -> path into the instance description (lists are searched).
+ATTRIBUTES = {
+    "architecture": ("Architecture",),
+    "availability-zone": ("Placement", "AvailabilityZone"),
+    "dns-name": ("PublicDnsName",),
+    "image-id": ("ImageId",),
+    "instance-id": ("InstanceId",),
+    "instance-lifecycle": ("InstanceLifecycle",),
+    "instance-state-name": ("State", "Name"),
+    "instance-type": ("InstanceType",),
+    "ip-address": ("PublicIpAddress",),
+    "ipv6-address": ("NetworkInterfaces", "Ipv6Addresses", "Ipv6Address"),
+    "key-name": ("KeyName",),
+    "launch-index": ("AmiLaunchIndex",),
+    "network-interface.addresses.private-ip-address": ("NetworkInterfaces", "PrivateIpAddresses", "PrivateIpAddress"),
+    "network-interface.private-dns-name": ("NetworkInterfaces", "PrivateDnsName"),
+    "owner-id": ("OwnerId",),
+    "placement-group-name": ("Placement", "GroupName"),
+    "platform": ("Platform",),
+    "private-dns-name": ("PrivateDnsName",),
+    "private-ip-address": ("PrivateIpAddress",),
+    "reservation-id": ("ReservationId",),
+    "subnet-id": ("SubnetId",),
+    "vpc-id": ("VpcId",),
+}
+
+# Top-level host variables amazon.aws.aws_ec2 sets (the instance description in snake_case), with
+# the ec2_* variable to use instead. Only with aws_ec2_hostvars (and never 'tags', a reserved name).
+_EC2 = "the ec2_* variables"
+AWS_EC2_HOSTVARS = {
+    "ami_launch_index": _EC2, "architecture": _EC2, "block_device_mappings": _EC2, "boot_mode": _EC2,
+    "capacity_reservation_specification": _EC2, "client_token": _EC2, "cpu_options": _EC2,
+    "ebs_optimized": _EC2, "ena_support": _EC2, "enclave_options": _EC2, "hibernation_options": _EC2,
+    "hypervisor": _EC2, "iam_instance_profile": _EC2, "image_id": "ec2_image_id", "instance_id": "ec2_instance_id",
+    "instance_lifecycle": _EC2, "instance_type": "ec2_instance_type", "key_name": _EC2,
+    "launch_time": "ec2_launch_time", "maintenance_options": _EC2, "metadata_options": _EC2, "monitoring": _EC2,
+    "network_interfaces": _EC2, "owner_id": _EC2, "placement": "ec2_az / ec2_region", "platform": _EC2,
+    "platform_details": _EC2, "private_dns_name": _EC2, "private_ip_address": "ec2_private_ip",
+    "product_codes": _EC2, "public_dns_name": _EC2, "public_ip_address": _EC2, "requester_id": _EC2,
+    "reservation_id": _EC2, "root_device_name": _EC2, "root_device_type": _EC2, "security_groups": _EC2,
+    "source_dest_check": _EC2, "spot_instance_request_id": _EC2, "sriov_net_support": _EC2,
+    "state": "ec2_state", "state_reason": _EC2, "state_transition_reason": _EC2, "subnet_id": _EC2,
+    "tags": "ec2_tags", "usage_operation": _EC2, "virtualization_type": _EC2, "vpc_id": _EC2,
+}
+
+# amazon.aws.aws_ec2 options this plugin does not implement: refused with a clear message.
+UNSUPPORTED_AWS_EC2_OPTIONS = frozenset((
+    "iam_role_arn",
+    "use_ssm_inventory",
+    "allow_duplicated_hosts",
+    "use_contrib_script_compatible_sanitization",
+    "use_contrib_script_compatible_ec2_tag_keys",
+))
+
+_GROUP_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _group_name(prefix, value):
+    return prefix + "_" + _GROUP_UNSAFE.sub("_", str(value)).lower()
+
+
+_SNAKE_KEYS = {}
+
+
+def _snake(value):
+    """camel_dict_to_snake_dict for boto3 answers, with the key conversions memoized (they repeat)."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            name = _SNAKE_KEYS.get(key)
+            if name is None:
+                name = _SNAKE_KEYS[key] = next(iter(camel_dict_to_snake_dict({key: None})))
+            out[name] = _snake(item)
+        return out
+    if isinstance(value, list):
+        return [_snake(item) for item in value]
+    return value
+
+
+def _jsonable(value):
+    """The boto3 answer with datetimes as ISO 8601 UTC strings (the cache stores JSON)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return value.astimezone(datetime.timezone.utc).isoformat()
+    return value
+
+
+def _filter_list(filters):
+    """{name: value | [values]} -> EC2 Filters, values as strings (booleans as true/false)."""
+    result = []
+    for name, value in filters.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        strings = []
+        for v in values:
+            if isinstance(v, bool):
+                strings.append("true" if v else "false")
+            else:
+                strings.append(str(v))
+        result.append({"Name": str(name), "Values": strings})
+    if not any(f["Name"] == "instance-state-name" for f in result):
+        result.append({"Name": "instance-state-name", "Values": list(DEFAULT_STATES)})
+    return result
+
+
+def _lookup(obj, path):
+    """First non-empty value along path; lists are searched element by element."""
+    if not path:
+        return obj if obj not in (None, "", [], {}) else None
+    if isinstance(obj, list):
+        for item in obj:
+            found = _lookup(item, path)
+            if found is not None:
+                return found
+        return None
+    if isinstance(obj, dict):
+        return _lookup(obj.get(path[0]), path[1:])
+    return None
+
+
+def _tags(instance):
+    return {t["Key"]: t.get("Value", "") for t in instance.get("Tags") or [] if "Key" in t}
+
+
+def _tag_hostname(spec, tags):
+    for part in spec.split(","):
+        if "=" in part:
+            key, value = part.split("=", 1)
+            if tags.get(key) == value:
+                return "%s_%s" % (key, value)
+        elif tags.get(part):
+            return tags[part]
+    return None
+
+
+def _distance(a, b):
+    """Optimal string alignment distance: edits, a swap of two neighbours counting as one."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if prev2 is not None and i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[len(b)]
+
+
+def _closest(name, candidates):
+    """The candidate a typo (or a shortened name) most likely meant, or None."""
+    starting = sorted(c for c in candidates if c.startswith(name))
+    if name and len(starting) == 1:
+        return starting[0]
+    best = min(sorted(candidates), key=lambda c: _distance(name, c), default=None)
+    if best is None or _distance(name, best) > max(2, len(name) // 4):
+        return None
+    return best
+
+
+def _error_text(exc):
+    if HAS_BOTO3 and isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        code = err.get("Code") or "HTTP %s" % exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+        return "%s: %s" % (code, err.get("Message") or to_native(exc))
+    if HAS_BOTO3 and isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return ("%s (set aws_profile, or aws_access_key and aws_secret_key, or the AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY/AWS_PROFILE environment variables)" % to_native(exc))
+    return to_native(exc) or type(exc).__name__
+
+
+def _is_retryable(exc):
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return code in RETRYABLE_CODES or int(status) >= 500
+    if isinstance(exc, botocore.exceptions.SSLError):
+        return False
+    return isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError))
+
+
+def _first_page(paginator, pagination, kwargs):
+    """One request: the first page of a fresh paginator (started at pagination's StartingToken)."""
+    return next(iter(paginator.paginate(PaginationConfig=pagination, **kwargs)))
+
+
+class _RegionDenied(Exception):
+    """UnauthorizedOperation in a region, with strict_permissions off."""
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+
+    NAME = "fleetops.node.ec2"
+
+    def __init__(self):
+        super().__init__()
+        self._session = None
+        self._clients = {}
+        self._settings = {}
+
+    # ---- plugin entry points -------------------------------------------------------------------
+
+    def verify_file(self, path):
+        if not super().verify_file(path):
+            return False
+        return str(path).endswith(("fleet_ec2.yml", "fleet_ec2.yaml"))
+
+    def get_cache_key(self, path):
+        """The path's key plus a digest of the query, so another query never reads this one's data."""
+        query = {k: self._settings.get(k) for k in (
+            "regions", "filter_sets", "exclude_sets", "endpoint_url", "include_events", "aws_profile",
+            "aws_access_key", "strict_permissions")}
+        digest = hashlib.sha256(json.dumps(query, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return "%s_%s" % (super().get_cache_key(path), digest)
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path)
+        if not HAS_BOTO3:
+            raise AnsibleError("The fleetops.node.ec2 inventory plugin requires boto3 and botocore (pip install boto3).")
+        if not HAS_TENACITY:
+            raise AnsibleError("The fleetops.node.ec2 inventory plugin requires tenacity (pip install tenacity).")
+
+        config = self._read_config_data(path)
+        self._check_option_names(config, path)
+        self._settings = self._validated_settings(config)
+        self._warn_about_aws_ec2_names()
+
+        # Building thousands of hosts allocates about a million tracked objects, and every full
+        # collection of CPython's cyclic GC walks all live objects again: at 5,000 instances that
+        # is ~45% of the time, growing faster than the fleet. Reference counting still frees
+        # everything that is not cyclic; the previous GC state comes back when parsing ends.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._load(path, cache)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _load(self, path, cache):
+        cache_key = self.get_cache_key(path)
+        use_cache = self.get_option("cache") and cache
+        update_cache = self.get_option("cache") and not cache
+        records = None
+        if use_cache:
+            try:
+                cached = self._cache[cache_key]
+            except KeyError:
+                update_cache = True
+            else:
+                records = self._records_from_cache(cached)
+                if records is None:
+                    update_cache = True
+                else:
+                    self.display.vvv("fleetops.node.ec2: %d instances from the cache" % len(records))
+        if records is None:
+            records = self._query()
+        if update_cache:
+            # One JSON string: cache plugins decode nested data slowly (every dict and string is
+            # visited); the stdlib decoder reads 5,000 instances in a few tens of milliseconds.
+            self._cache[cache_key] = {"format": CACHE_FORMAT, "records": json.dumps(records, separators=(",", ":"))}
+
+        self._populate(records)
+
+    @staticmethod
+    def _records_from_cache(cached):
+        if not isinstance(cached, dict) or cached.get("format") != CACHE_FORMAT:
+            return None
+        try:
+            records = json.loads(str(cached.get("records")))
+        except ValueError:
+            return None
+        return records if isinstance(records, list) else None
+
+    # ---- configuration -------------------------------------------------------------------------
+
+    def _check_option_names(self, config, path):
+        known = {"plugin"}
+        for name, definition in self.option_definitions.items():
+            known.add(name)
+            known.update(definition.get("aliases") or [])
+        unknown = sorted(str(k) for k in config if k not in known)
+        if not unknown:
+            return
+        problems = []
+        for name in unknown:
+            if name in UNSUPPORTED_AWS_EC2_OPTIONS:
+                problems.append("'%s' (an amazon.aws.aws_ec2 option this plugin does not implement)" % name)
+                continue
+            close = _closest(name, known)
+            problems.append("'%s'%s" % (name, " (did you mean '%s'?)" % close if close else ""))
+        raise AnsibleParserError("%s: unknown option%s for fleetops.node.ec2: %s" % (
+            path, "s" if len(problems) > 1 else "", ", ".join(problems)))
+
+    def _validated_settings(self, config):
+        s = {}
+        s["regions"] = self._validated_regions(self.get_option("regions"))
+
+        filters = self.get_option("filters")
+        include = self.get_option("include_filters")
+        exclude = self.get_option("exclude_filters")
+        for label, sets in (("include_filters", include), ("exclude_filters", exclude)):
+            for entry in sets:
+                if not isinstance(entry, dict) or not entry:
+                    raise AnsibleParserError("%s: every entry must be a non-empty mapping of EC2 filters, got %r" % (label, entry))
+        filters_given = "filters" in config
+        filter_sets = []
+        if filters_given or not include:
+            filter_sets.append(filters or {})
+        filter_sets.extend(include)
+        s["filter_sets"] = [_filter_list(f) for f in filter_sets]
+        s["exclude_sets"] = [_filter_list(f) for f in exclude]
+
+        hostnames = self.get_option("hostnames") or ["instance-id"]
+        for entry in hostnames:
+            names = [entry.get("name"), entry.get("prefix")] if isinstance(entry, dict) else [entry]
+            if isinstance(entry, dict) and not entry.get("name"):
+                raise AnsibleParserError("hostnames: a mapping entry needs a 'name', got %r" % (entry,))
+            for name in names:
+                if name is None or name == "":
+                    continue
+                if not isinstance(name, str) or not (name.startswith("tag:") and len(name) > 4 or name in ATTRIBUTES):
+                    close = _closest(str(name), ATTRIBUTES)
+                    raise AnsibleParserError(
+                        "hostnames: unknown entry %r%s; use tag:NAME, tag:NAME=VALUE or one of: %s" % (
+                            name, " (did you mean '%s'?)" % close if close else "", ", ".join(sorted(ATTRIBUTES))))
+        s["hostnames"] = hostnames
+
+        page_size = self.get_option("page_size")
+        if not 5 <= page_size <= 1000:
+            raise AnsibleParserError("page_size must be between 5 and 1000, got %d" % page_size)
+        s["page_size"] = page_size
+        if self.get_option("max_attempts") < 1:
+            raise AnsibleParserError("max_attempts must be at least 1, got %d" % self.get_option("max_attempts"))
+        for name in ("initial_backoff", "max_backoff"):
+            if self.get_option(name) < 0:
+                raise AnsibleParserError("%s must not be negative" % name)
+        for name in ("connect_timeout", "read_timeout"):
+            if self.get_option(name) <= 0:
+                raise AnsibleParserError("%s must be positive" % name)
+
+        endpoint = self.get_option("endpoint_url") or None
+        if endpoint:
+            parsed = urlparse(endpoint)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise AnsibleParserError("endpoint_url must be an http:// or https:// URL, got %r" % endpoint)
+        s["endpoint_url"] = endpoint
+
+        access, secret = self.get_option("aws_access_key"), self.get_option("aws_secret_key")
+        if bool(access) != bool(secret):
+            raise AnsibleParserError("aws_access_key and aws_secret_key must be given together")
+        if access and self.get_option("aws_profile"):
+            raise AnsibleParserError("aws_profile and aws_access_key are mutually exclusive")
+        s["aws_profile"] = self.get_option("aws_profile")
+        s["aws_access_key"] = access
+        s["include_events"] = self.get_option("include_events")
+        s["aws_ec2_hostvars"] = self.get_option("aws_ec2_hostvars")
+        s["strict_permissions"] = self.get_option("strict_permissions")
+        return s
+
+    def _validated_regions(self, regions):
+        if not regions:
+            return []
+        # partitions.json: every region of every partition botocore knows (a few ms to load).
+        partitions = botocore.session.get_session().get_data("partitions").get("partitions", [])
+        known = {r for p in partitions for r in p.get("regions", {}) if not r.endswith("-global")}
+        result = []
+        for region in regions:
+            if not isinstance(region, str) or region not in known:
+                close = _closest(str(region), known)
+                raise AnsibleParserError(
+                    "regions: %r is not an AWS region%s (botocore %s knows %d; a region newer than that "
+                    "needs a newer botocore)" % (
+                        region, ", did you mean '%s'?" % close if close else "", botocore.__version__, len(known)))
+            if str(region) not in result:
+                result.append(str(region))
+        return result
+
+    def _warn_about_aws_ec2_names(self):
+        """Warn once per expression that uses amazon.aws.aws_ec2 variables this configuration does not set.
+
+        With strict off, constructed features skip what fails to evaluate: without this warning an
+        aws_ec2 configuration would silently lose its groups and composed variables.
+        """
+        if self.get_option("hostvars_prefix") or self.get_option("hostvars_suffix"):
+            return
+        missing = set(AWS_EC2_HOSTVARS) - {"tags"} if not self._settings["aws_ec2_hostvars"] else set()
+        missing.add("tags")
+        missing -= set(self.get_option("compose") or {})  # a composed variable of that name is there
+        expressions = []
+        for name, expr in (self.get_option("compose") or {}).items():
+            expressions.append(("compose.%s" % name, expr))
+        for name, expr in (self.get_option("groups") or {}).items():
+            expressions.append(("groups.%s" % name, expr))
+        for i, keyed in enumerate(self.get_option("keyed_groups") or []):
+            if isinstance(keyed, dict):
+                expressions.append(("keyed_groups[%d].key" % i, keyed.get("key")))
+        env = jinja2.Environment()
+        for where, expr in expressions:
+            if not isinstance(expr, str):
+                continue
+            try:
+                names = jinja2.meta.find_undeclared_variables(env.parse("{{ %s }}" % expr))
+            except jinja2.TemplateError:
+                continue  # Constructable reports it (fatally with strict)
+            for name in sorted(names & missing):
+                hint = AWS_EC2_HOSTVARS[name]
+                if name == "tags":
+                    advice = "use %s ('tags' is reserved in Ansible)" % hint
+                else:
+                    advice = "set aws_ec2_hostvars: true, or use %s" % hint
+                self.display.warning("fleetops.node.ec2: %s uses %r, an amazon.aws.aws_ec2 host variable this "
+                                     "configuration does not set; %s" % (where, name, advice))
+
+    # ---- AWS calls -----------------------------------------------------------------------------
+
+    def _get_session(self):
+        if self._session is None:
+            kwargs = {}
+            if self.get_option("aws_profile"):
+                kwargs["profile_name"] = self.get_option("aws_profile")
+            if self.get_option("aws_access_key"):
+                kwargs["aws_access_key_id"] = self.get_option("aws_access_key")
+                kwargs["aws_secret_access_key"] = self.get_option("aws_secret_key")
+                kwargs["aws_session_token"] = self.get_option("aws_session_token") or None
+            try:
+                self._session = boto3.session.Session(**kwargs)
+            except botocore.exceptions.BotoCoreError as e:
+                raise AnsibleError("Failed to set up AWS credentials: %s" % _error_text(e)) from None
+        return self._session
+
+    def _client(self, region):
+        if region in self._clients:
+            return self._clients[region]
+        config = botocore.config.Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=self.get_option("connect_timeout"),
+            read_timeout=self.get_option("read_timeout"),
+            user_agent_extra="fleetops.node.ec2",
+        )
+        try:
+            client = self._get_session().client("ec2", region_name=region, endpoint_url=self._settings["endpoint_url"], config=config)
+        except (botocore.exceptions.BotoCoreError, ValueError) as e:
+            raise AnsibleError("Failed to create an EC2 client for %s: %s" % (region, _error_text(e))) from None
+        self._clients[region] = client
+        return client
+
+    def _call(self, operation, region, func):
+        """Run one API request under our retry budget; AnsibleError naming the call when it runs out."""
+        max_attempts = self.get_option("max_attempts")
+
+        def log_retry(state):
+            exc = state.outcome.exception()
+            self.display.vvv("fleetops.node.ec2: ec2:%s in %s: %s; attempt %d of %d failed, next in %.2fs" % (
+                operation, region, _error_text(exc), state.attempt_number, max_attempts,
+                state.next_action.sleep if state.next_action else 0.0))
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(max_attempts),
+            wait=tenacity.wait_random_exponential(multiplier=self.get_option("initial_backoff"),
+                                                  max=self.get_option("max_backoff")),
+            retry=tenacity.retry_if_exception(_is_retryable),
+            before_sleep=log_retry,
+            reraise=True,
+        )
+        try:
+            return retrying(func)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            if (isinstance(e, botocore.exceptions.ClientError) and not self.get_option("strict_permissions")
+                    and e.response.get("Error", {}).get("Code") == "UnauthorizedOperation"):
+                raise _RegionDenied(_error_text(e)) from None
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise AnsibleError("Failed to call ec2:%s in %s%s: %s" % (
+                operation, region, " after %d attempts" % attempts if attempts > 1 else "", _error_text(e))) from None
+
+    def _pages(self, region, operation, method, kwargs, page_size=None):
+        """Every page of a paginated call; each page is one retried request.
+
+        A botocore PageIterator cannot go on after an exception, so every page gets a fresh
+        paginator started at the previous page's token: a throttled page is retried alone.
+        """
+        client = self._client(region)
+        paginator = client.get_paginator(method)
+        encoder = botocore.paginate.TokenEncoder()
+        token = None
+        seen = set()
+        while True:
+            pagination = {}
+            if page_size:
+                pagination["PageSize"] = page_size
+            if token:
+                pagination["StartingToken"] = encoder.encode({"NextToken": token})
+
+            page = self._call(operation, region, functools.partial(_first_page, paginator, pagination, kwargs))
+            yield page
+            token = page.get("NextToken")
+            if not token:
+                return
+            if token in seen:
+                raise AnsibleError("Failed to call ec2:%s in %s: the endpoint repeated pagination token %r" % (
+                    operation, region, token))
+            seen.add(token)
+
+    def _regions(self):
+        if self._settings["regions"]:
+            return self._settings["regions"]
+        region = self._get_session().region_name or "us-east-1"
+        answer = self._call("DescribeRegions", region, lambda: self._client(region).describe_regions())
+        return sorted(r["RegionName"] for r in answer.get("Regions", []))
+
+    def _list_instances(self, region, filters):
+        instances = []
+        for page in self._pages(region, "DescribeInstances", "describe_instances", {"Filters": filters},
+                                page_size=self._settings["page_size"]):
+            for reservation in page.get("Reservations", []):
+                for instance in reservation.get("Instances", []):
+                    instance["OwnerId"] = reservation.get("OwnerId", "")
+                    instance["RequesterId"] = reservation.get("RequesterId", "")
+                    instance["ReservationId"] = reservation.get("ReservationId", "")
+                    instances.append(instance)
+        return instances
+
+    def _statuses(self, region, instance_ids):
+        """DescribeInstanceStatus for instance_ids, 100 IDs a call (the API's limit), a few calls at a time.
+
+        The calls are latency-bound (5,000 instances are 50 calls), so STATUS_WORKERS run at once;
+        each one has its own retry budget.
+        """
+        chunks = [instance_ids[i:i + STATUS_CHUNK] for i in range(0, len(instance_ids), STATUS_CHUNK)]
+        self._client(region)  # created once, before the threads share it (boto3 clients are thread-safe)
+
+        def fetch(chunk):
+            kwargs = {"InstanceIds": chunk, "IncludeAllInstances": True}
+            return [status
+                    for page in self._pages(region, "DescribeInstanceStatus", "describe_instance_status", kwargs)
+                    for status in page.get("InstanceStatuses", [])]
+
+        statuses = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(STATUS_WORKERS, len(chunks) or 1)) as pool:
+            for answer in pool.map(fetch, chunks):
+                for status in answer:
+                    statuses[status["InstanceId"]] = status
+        return statuses
+
+    def _query(self):
+        records = []
+        for region in self._regions():
+            started = time.monotonic()
+            try:
+                excluded = set()
+                for filters in self._settings["exclude_sets"]:
+                    excluded.update(i["InstanceId"] for i in self._list_instances(region, filters))
+                found = {}
+                for filters in self._settings["filter_sets"]:
+                    for instance in self._list_instances(region, filters):
+                        if instance["InstanceId"] not in excluded:
+                            found.setdefault(instance["InstanceId"], instance)
+            except _RegionDenied as e:
+                self.display.warning("fleetops.node.ec2: skipping %s: %s" % (region, e))
+                continue
+            listed = time.monotonic()
+            statuses = None
+            if self._settings["include_events"]:
+                try:
+                    statuses = self._statuses(region, sorted(found)) if found else {}
+                except _RegionDenied as e:
+                    self.display.warning("fleetops.node.ec2: no scheduled events or status checks in %s (its hosts "
+                                         "get neither variable): %s" % (region, e))
+            self.display.vvv("fleetops.node.ec2: %s: %d instances listed in %.2fs, statuses in %.2fs" % (
+                region, len(found), listed - started, time.monotonic() - listed))
+            for instance_id in sorted(found):
+                # status: the DescribeInstanceStatus item ({} when EC2 had none), None when not asked
+                status = None if statuses is None else statuses.get(instance_id, {})
+                records.append({
+                    "region": str(region),
+                    "instance": _jsonable(found[instance_id]),
+                    "status": _jsonable(status) if status is not None else None,
+                })
+        return records
+
+    # ---- inventory -----------------------------------------------------------------------------
+
+    def _hostname(self, instance, tags):
+        for entry in self._settings["hostnames"]:
+            if isinstance(entry, dict):
+                name = self._one_hostname(entry["name"], instance, tags)
+                prefix = self._one_hostname(entry["prefix"], instance, tags) if entry.get("prefix") else None
+                if name and prefix:
+                    name = "%s%s%s" % (prefix, entry.get("separator", "_"), name)
+            else:
+                name = self._one_hostname(entry, instance, tags)
+            if name:
+                name = str(name)
+                return self._sanitize_group_name(name) if ":" in name else name
+        return None
+
+    @staticmethod
+    def _one_hostname(entry, instance, tags):
+        if entry.startswith("tag:"):
+            return _tag_hostname(entry[4:], tags)
+        return _lookup(instance, ATTRIBUTES[entry])
+
+    def _hostvars(self, record, tags):
+        instance = record["instance"]
+        placement = instance.get("Placement") or {}
+        az = placement.get("AvailabilityZone", "")
+        hostvars = {}
+        if self._settings["aws_ec2_hostvars"]:
+            hostvars = _snake({k: v for k, v in instance.items() if k != "Tags"})
+            hostvars.setdefault("placement", {})["region"] = record["region"]
+            prefix, suffix = self.get_option("hostvars_prefix") or "", self.get_option("hostvars_suffix") or ""
+            if prefix or suffix:
+                # 'tags' is a reserved name (a play keyword); only a renamed copy can be a host variable.
+                hostvars["tags"] = tags
+                hostvars = {prefix + k + suffix: v for k, v in hostvars.items()}
+        hostvars.update({
+            "ec2_instance_id": instance.get("InstanceId"),
+            "ec2_instance_type": instance.get("InstanceType"),
+            "ec2_az": az,
+            "ec2_region": record["region"],
+            "ec2_image_id": instance.get("ImageId"),
+            "ec2_tags": tags,
+            "ec2_private_ip": instance.get("PrivateIpAddress"),
+            "ec2_launch_time": instance.get("LaunchTime"),
+            "ec2_state": (instance.get("State") or {}).get("Name"),
+        })
+        status = record.get("status")
+        if self._settings["include_events"] and status is not None:
+            hostvars["ec2_scheduled_events"] = [
+                {
+                    "code": event.get("Code"),
+                    "description": event.get("Description"),
+                    "not_before": event.get("NotBefore"),
+                    "not_after": event.get("NotAfter"),
+                    "not_before_deadline": event.get("NotBeforeDeadline"),
+                    "instance_event_id": event.get("InstanceEventId"),
+                }
+                for event in status.get("Events") or []
+            ]
+            hostvars["ec2_status_checks"] = {
+                "system": (status.get("SystemStatus") or {}).get("Status"),
+                "instance": (status.get("InstanceStatus") or {}).get("Status"),
+            }
+        if instance.get("PrivateIpAddress"):
+            hostvars["ansible_host"] = instance["PrivateIpAddress"]
+        return hostvars
+
+    def _populate(self, records):
+        strict = self.get_option("strict")
+        compose = self.get_option("compose")
+        groups = self.get_option("groups")
+        keyed_groups = self.get_option("keyed_groups")
+        owner = {}
+        duplicates = []
+        self.inventory.add_group("ec2")
+        for record in records:
+            instance = record["instance"]
+            tags = _tags(instance)
+            hostname = self._hostname(instance, tags)
+            instance_id = instance.get("InstanceId")
+            if not hostname:
+                self.display.vvv("fleetops.node.ec2: %s has no hostname from %s; left out" % (
+                    instance_id, self._settings["hostnames"]))
+                continue
+            if hostname in owner:
+                duplicates.append((owner[hostname], instance_id, hostname))
+                continue
+            owner[hostname] = instance_id
+            hostvars = self._hostvars(record, tags)
+            self.inventory.add_host(hostname, group="ec2")
+            for key, value in hostvars.items():
+                self.inventory.set_variable(hostname, key, value)
+            if hostvars["ec2_az"]:
+                self.inventory.add_host(hostname, group=self.inventory.add_group(_group_name("az", hostvars["ec2_az"])))
+            if hostvars["ec2_instance_type"]:
+                self.inventory.add_host(hostname, group=self.inventory.add_group(
+                    _group_name("type", hostvars["ec2_instance_type"])))
+            if compose:
+                self._set_composite_vars(compose, hostvars, hostname, strict=strict)
+            if groups:
+                self._add_host_to_composed_groups(groups, hostvars, hostname, strict=strict)
+            if keyed_groups:
+                self._add_host_to_keyed_groups(keyed_groups, hostvars, hostname, strict=strict)
+        for kept, dropped, hostname in duplicates[:MAX_DUPLICATE_WARNINGS]:
+            self.display.warning("fleetops.node.ec2: %s and %s both map to hostname %r; %s left out" % (
+                kept, dropped, hostname, dropped))
+        if len(duplicates) > MAX_DUPLICATE_WARNINGS:
+            self.display.warning("fleetops.node.ec2: %d more instances left out for the same reason; choose "
+                                 "hostnames that are unique (instance-id is)" % (len(duplicates) - MAX_DUPLICATE_WARNINGS))
