@@ -1,0 +1,353 @@
+"""awx/: AWX as code, validated as far as it can be without an AWX.
+
+No AWX runs here, and Galaxy cannot be reached. The awx.awx collection (24.6.1, its last release) is
+taken from PyPI instead: the `ansible` package 13.8.0 bundles it. Its wheel (about 50 MB, fetched once
+with pip and checked against a pinned sha256) is cached, and only `ansible_collections/awx/awx`
+(about 1 MB) is kept. With it:
+
+- `ansible-playbook --syntax-check` resolves every awx.awx module the playbook names (without the
+  collection the same check fails, so the pass means something);
+- ansible-lint (production profile, plus its `args` rule, warnings fatal) imports each awx.awx module
+  and validates every task's literal arguments against the module's real argument_spec: names,
+  types, choices, required. Templated values are not checked there; the data they come from is
+  checked below.
+
+And without it: the surveys against AWX's own survey-spec validation rules, the survey variables
+against the playbooks' documented knobs, the schedule's rrule with dateutil (which AWX uses), and the
+inventory config against the plugin's options and file-name rule.
+
+What this does not prove: that an AWX accepts the objects (references between them resolve on the
+server) — that needs an AWX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dateutil import rrule
+
+REPO = Path(__file__).resolve().parents[2]
+AWX = REPO / "awx"
+BIN = Path(sys.executable).parent
+
+ANSIBLE_WHEEL = "ansible==13.8.0"
+ANSIBLE_WHEEL_SHA256 = "daf9c9a2850bbc6c098ba3368aeba99d4ae37c90bca47f974dc19342c0571361"
+AWX_COLLECTION_VERSION = "24.6.1"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fleetops" / "collections"
+
+# AWX's JobTemplateSurveySpec.ALLOWED_TYPES: question type -> types its default may have
+SURVEY_TYPES: dict[str, tuple[type, ...]] = {
+    "text": (str,),
+    "textarea": (str,),
+    "password": (str,),
+    "multiplechoice": (str,),
+    "multiselect": (str,),
+    "integer": (int,),
+    "float": (float, int),
+}
+
+
+def _env(collections: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["ANSIBLE_COLLECTIONS_PATH"] = (
+        f"{collections}:{REPO / 'collections'}" if collections else str(REPO / "collections")
+    )
+    env["ANSIBLE_NOCOLOR"] = "1"
+    return env
+
+
+@pytest.fixture(scope="session")
+def awx_collections() -> Path:
+    """A collections path holding awx.awx, extracted from the `ansible` wheel on PyPI (cached)."""
+    root = CACHE / f"awx.awx-{AWX_COLLECTION_VERSION}"
+    manifest = root / "ansible_collections" / "awx" / "awx" / "MANIFEST.json"
+    if manifest.is_file():
+        return root
+    CACHE.mkdir(parents=True, exist_ok=True)
+    download = CACHE / f"download-{os.getpid()}"  # per process: other sessions may fill the cache at once
+    shutil.rmtree(download, ignore_errors=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            str(download),
+            ANSIBLE_WHEEL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"pip download {ANSIBLE_WHEEL} (PyPI) failed: {proc.stderr}"
+    (wheel,) = download.glob("ansible-*.whl")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert digest == ANSIBLE_WHEEL_SHA256, f"{wheel.name}: sha256 {digest}, expected {ANSIBLE_WHEEL_SHA256}"
+    tmp = CACHE / f"awx.awx-{AWX_COLLECTION_VERSION}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    prefix = "ansible_collections/awx/awx/"
+    keep = ("plugins/", "meta/", "MANIFEST.json", "FILES.json")
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.startswith(prefix) and name[len(prefix) :].startswith(keep):
+                z.extract(name, tmp)
+    shutil.rmtree(download)
+    info = json.loads((tmp / manifest.relative_to(root)).read_text())["collection_info"]
+    assert (info["namespace"], info["name"], info["version"]) == ("awx", "awx", AWX_COLLECTION_VERSION)
+    try:
+        tmp.rename(root)
+    except OSError:  # another process got there first
+        shutil.rmtree(tmp)
+    assert manifest.is_file()
+    return root
+
+
+def _load(name: str) -> Any:
+    return yaml.safe_load((AWX / name).read_text())
+
+
+def _job_templates() -> list[dict[str, Any]]:
+    jts: list[dict[str, Any]] = _load("job_templates.yml")["fleetops_awx_job_templates"]
+    return jts
+
+
+def _playbook_knobs(playbook: Path) -> set[str]:
+    """The extra vars a playbook documents in its header (`#   fleetops_x   what it does`)."""
+    return set(re.findall(r"^#\s+(fleetops_[a-z_]+)\s", playbook.read_text(), re.M))
+
+
+def test_syntax_check_resolves_every_awx_module(awx_collections: Path) -> None:
+    ok = subprocess.run(
+        [str(BIN / "ansible-playbook"), "--syntax-check", str(AWX / "configure.yml")],
+        capture_output=True,
+        text=True,
+        env=_env(awx_collections),
+        cwd=REPO,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # without awx.awx on the path the same check fails: the pass above did resolve the modules
+    missing = subprocess.run(
+        [str(BIN / "ansible-playbook"), "--syntax-check", str(AWX / "configure.yml")],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
+    assert missing.returncode != 0 and "couldn't resolve module/action 'awx.awx." in missing.stderr
+
+
+def test_ansible_lint_validates_awx_module_arguments(awx_collections: Path, tmp_path: Path) -> None:
+    """The repo's lint settings (minus the exclusion of awx/), plus the args rule, warnings fatal.
+
+    One run (ansible-lint takes seconds to start) over awx/ and a playbook with a wrong argument:
+    the wrong one must be the only violation, which shows the args rule ran on real argument specs.
+    """
+    config = yaml.safe_load((REPO / ".ansible-lint").read_text())
+    config["exclude_paths"] = [p for p in config.get("exclude_paths", []) if p.rstrip("/") != "awx"]
+    config["enable_list"] = [*config.get("enable_list", []), "args"]
+    (tmp_path / "lint.yml").write_text(yaml.safe_dump(config))
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "---\n- name: Bad\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Schedule with a typo\n      awx.awx.schedule:\n        name: x\n"
+        "        unified_job_template: y\n        rule: FREQ=DAILY\n"
+    )
+    files = sorted(str(p.relative_to(REPO)) for p in AWX.rglob("*.yml"))
+    proc = subprocess.run(
+        [
+            str(BIN / "ansible-lint"),
+            "-c",
+            str(tmp_path / "lint.yml"),
+            "--offline",
+            "--strict",
+            "--nocolor",
+            "-f",
+            "pep8",
+            *files,
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(awx_collections),
+        cwd=REPO,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    violations = [line for line in proc.stdout.splitlines() if re.match(r"^\S+:\d+(:\d+)?: ", line)]
+    assert len(violations) == 1, out
+    assert violations[0].startswith(str(bad)) and "args[module]" in violations[0], out
+    assert "Unsupported parameters" in violations[0] and "rule" in violations[0], out
+    assert f"{len(files) + 1} files processed" in out, out
+
+
+def _survey_errors(spec: dict[str, Any]) -> list[str]:
+    """AWX's JobTemplateSurveySpec._validate_spec_data, the checks that do not need a database."""
+    errors = [
+        f"'{k}' missing or not {t.__name__}"
+        for k, t in (("name", str), ("description", str), ("spec", list))
+        if not isinstance(spec.get(k), t)
+    ]
+    if errors:
+        return errors
+    if not spec["spec"]:
+        return ["'spec' doesn't contain any items"]
+    seen: set[str] = set()
+    for i, q in enumerate(spec["spec"]):
+        for key, kind in (("type", str), ("question_name", str), ("variable", str), ("required", bool)):
+            if not isinstance(q.get(key), kind):
+                errors.append(f"question {i}: '{key}' missing or not {kind.__name__}")
+        if q.get("variable") in seen:
+            errors.append(f"question {i}: variable {q['variable']} duplicated")
+        seen.add(q.get("variable", ""))
+        qtype = q.get("type")
+        if qtype not in SURVEY_TYPES:
+            errors.append(f"question {i}: type {qtype!r}")
+            continue
+        if q.get("default", "") != "" and not isinstance(q["default"], SURVEY_TYPES[qtype]):
+            errors.append(f"question {i}: default {q['default']!r} is not a {qtype}")
+        for key in ("min", "max"):
+            if q.get(key) is not None and not isinstance(q[key], int):
+                errors.append(f"question {i}: {key} must be an integer")
+        if qtype in ("multiplechoice", "multiselect"):
+            choices = q.get("choices")
+            if not choices:
+                errors.append(f"question {i}: {qtype} needs choices")
+            elif "default" in q and q["default"] not in choices:
+                errors.append(f"question {i}: default not among the choices")
+        if "$encrypted$" in str(q.get("default", "")):
+            errors.append(f"question {i}: $encrypted$ is reserved")
+    return errors
+
+
+def test_job_templates_cover_the_scan_and_every_remediation_playbook() -> None:
+    jts = _job_templates()
+    playbooks = {jt["playbook"] for jt in jts}
+    wanted = {"playbooks/scan.yml"} | {
+        str(p.relative_to(REPO)) for p in (REPO / "playbooks").glob("remediate_*.yml")
+    }
+    assert wanted <= playbooks, (
+        f"no AWX job template for {sorted(wanted - playbooks)} (awx/job_templates.yml)"
+    )
+    for pb in playbooks:
+        assert (REPO / pb).is_file(), pb
+    assert len({jt["name"] for jt in jts}) == len(jts)
+
+
+def test_surveys_are_valid_and_only_set_the_playbooks_documented_knobs() -> None:
+    for jt in _job_templates():
+        spec = jt["survey_spec"]
+        assert _survey_errors(spec) == [], jt["name"]
+        knobs = _playbook_knobs(REPO / jt["playbook"])
+        variables = {q["variable"] for q in spec["spec"]}
+        assert variables <= knobs, f"{jt['name']}: {sorted(variables - knobs)} not read by {jt['playbook']}"
+        assert "fleetops_targets" in variables  # where the canary / the rest is chosen
+
+
+def test_survey_validation_catches_what_awx_refuses() -> None:
+    good = {
+        "name": "n",
+        "description": "d",
+        "spec": [{"type": "integer", "question_name": "q", "variable": "v", "required": True, "default": 3}],
+    }
+    assert _survey_errors(good) == []
+    for broken in (
+        {**good, "spec": []},
+        {"name": "n", "spec": good["spec"]},
+        {**good, "spec": [{**good["spec"][0], "default": "3"}]},
+        {**good, "spec": [{**good["spec"][0], "type": "number"}]},
+        {**good, "spec": [good["spec"][0], good["spec"][0]]},
+        {**good, "spec": [{**good["spec"][0], "type": "multiplechoice", "default": "c", "choices": ["a"]}]},
+    ):
+        assert _survey_errors(broken), broken
+
+
+def test_remediations_are_dry_runs_unless_launched_as_run() -> None:
+    """configure.yml derives job_type/diff/prompts from `remediation`; the scan is a plain run."""
+    task = next(t for t in _load("configure.yml")[0]["tasks"] if "awx.awx.job_template" in t)
+    args = task["awx.awx.job_template"]
+    assert args["job_type"] == "{{ 'check' if item.remediation | default(false) else item.job_type }}"
+    assert args["ask_job_type_on_launch"] == "{{ item.remediation | default(false) }}"
+    assert args["diff_mode"] == "{{ item.remediation | default(false) }}"
+    assert args["allow_simultaneous"] is False and args["survey_enabled"] is True
+    jts = {jt["playbook"]: jt for jt in _job_templates()}
+    for pb, jt in jts.items():
+        assert jt.get("remediation", False) is pb.startswith("playbooks/remediate_"), pb
+    scan = jts["playbooks/scan.yml"]
+    assert scan["job_type"] == "run"
+    assert scan["job_slice_count"] == "{{ fleetops_awx_scan_slices }}"
+    assert scan["ask_job_slice_count_on_launch"] is True
+
+
+def test_settings_are_typed_and_the_nightly_rrule_parses() -> None:
+    settings = _load("settings.yml")
+    for key in (
+        "fleetops_awx_scan_slices",
+        "fleetops_awx_scan_forks",
+        "fleetops_awx_remediate_forks",
+        "fleetops_awx_scan_timeout_s",
+        "fleetops_awx_remediate_timeout_s",
+        "fleetops_awx_inventory_cache_s",
+    ):
+        assert isinstance(settings[key], int) and settings[key] > 0, key
+    assert settings["fleetops_awx_scm_url"] == "" and settings["fleetops_awx_ee_image"] == ""  # required -e
+    rule = settings["fleetops_awx_scan_rrule"]
+    # AWX: a DTSTART with a time zone (TZID= or a trailing Z), then one RRULE; no SECONDLY/MINUTELY
+    assert re.match(r"^DTSTART;TZID=[\w/+-]+:\d{8}T\d{6} RRULE:", rule), rule
+    assert "FREQ=DAILY" in rule and "COUNT" not in rule and "UNTIL" not in rule
+    parsed = rrule.rrulestr(rule.replace(" ", "\n"), forceset=True)
+    first, second = list(parsed[:2])  # type: ignore[index]
+    assert (second - first).total_seconds() == 86400 and first.hour == 2 and first.tzinfo is not None
+
+
+def test_every_playbook_names_its_job_templates_objects_in_settings() -> None:
+    """The names the tasks use are settings (no stray literal that would create a second object)."""
+    settings = _load("settings.yml")
+    text = (AWX / "configure.yml").read_text()
+    for ref in set(re.findall(r"\{\{\s*(fleetops_awx_[a-z_]+)", text)):
+        assert ref in settings or ref in _load("job_templates.yml"), ref
+    schedule = next(t for t in _load("configure.yml")[0]["tasks"] if "awx.awx.schedule" in t)
+    assert schedule["awx.awx.schedule"]["unified_job_template"] in {jt["name"] for jt in _job_templates()}
+
+
+def test_inventory_source_uses_our_plugin_with_a_file_it_accepts() -> None:
+    settings = _load("settings.yml")
+    config_path = REPO / settings["fleetops_awx_inventory_config"]
+    config = yaml.safe_load(config_path.read_text())
+    assert config["plugin"] == "fleetops.node.ec2"
+    doc = subprocess.run(
+        [str(BIN / "ansible-doc"), "-t", "inventory", "--json", "fleetops.node.ec2"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        check=True,
+    )
+    options = json.loads(doc.stdout)["fleetops.node.ec2"]["doc"]["options"]  # fragments merged in
+    assert set(config) <= set(options), sorted(set(config) - set(options))
+    from ansible_collections.fleetops.node.plugins.inventory.ec2 import InventoryModule
+
+    assert InventoryModule().verify_file(str(config_path))
+    assert not InventoryModule().verify_file(str(REPO / "inventory" / "localhost.yml"))
+    # the source's environment variables are real ansible settings
+    task = next(t for t in _load("configure.yml")[0]["tasks"] if "awx.awx.inventory_source" in t)
+    from ansible.config.manager import ConfigManager
+
+    known_env = {
+        e["name"] for d in ConfigManager().get_configuration_definitions().values() for e in d.get("env", [])
+    }
+    assert set(task["awx.awx.inventory_source"]["source_vars"]) <= known_env

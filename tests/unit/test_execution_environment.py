@@ -1,0 +1,213 @@
+"""execution-environment.yml: `ansible-builder create` writes a build context that holds what it says.
+
+`ansible-builder build` cannot run here: no container engine (podman or docker) runs on these machines.
+`create` is everything up to the engine: it validates the file against the v3 schema and writes the
+Containerfile plus `_build/` (requirements, bindep, the collection tarball, the builder's scripts). These
+tests check that context, and run two of its steps that need no engine: the builder's own dependency
+introspection (`_build/scripts/introspect.py`) on the collection installed from the tarball, and bindep
+on bindep.txt for both package families.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from bindep.depends import Depends
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+EE_FILES = ("execution-environment.yml", "requirements.txt", "bindep.txt")
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without the Makefile's ANSIBLE_CONFIG / collections path (they name the repo's copy)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+
+
+def _galaxy_version() -> str:
+    version: str = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+    return version
+
+
+def _requirements(path: Path) -> dict[str, Requirement]:
+    return {r.name.lower(): r for r in _requirements_text(path.read_text())}
+
+
+def _requirements_text(text: str) -> list[Requirement]:
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [Requirement(line) for line in lines if line and line != "---"]
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The EE definition copied beside a freshly built tarball, and `ansible-builder create` run on it."""
+    work = tmp_path_factory.mktemp("ee")
+    for name in EE_FILES:
+        shutil.copy(REPO / name, work / name)
+    subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "build", str(REPO), "--output-path", str(work / "build")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    out = work / "context"
+    proc = subprocess.run(
+        [
+            str(BIN / "ansible-builder"),
+            "create",
+            "--file",
+            str(work / "execution-environment.yml"),
+            "--context",
+            str(out),
+            "--output-filename",
+            "Containerfile",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # A glob in additional_build_files that matches nothing is only a warning for ansible-builder.
+    assert "No matches" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return out
+
+
+def test_definition_is_schema_v3_with_only_the_collection_and_its_requirements() -> None:
+    ee: dict[str, Any] = yaml.safe_load((REPO / "execution-environment.yml").read_text())
+    assert ee["version"] == 3
+    deps = ee["dependencies"]
+    assert set(deps) == {"python_interpreter", "ansible_core", "ansible_runner", "python", "system", "galaxy"}
+    assert deps["python"] == "requirements.txt" and deps["system"] == "bindep.txt"
+    # the only collection is ours, from the tarball this checkout builds (its name carries galaxy.yml's version)
+    assert deps["galaxy"]["collections"] == [
+        {"name": f"collections/fleetops-node-{_galaxy_version()}.tar.gz", "type": "file"}
+    ]
+    assert not deps["galaxy"].get("roles")
+
+
+def test_ansible_ranges_match_pyproject() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {r.name: r for r in map(Requirement, project["dependencies"])}
+    deps = yaml.safe_load((REPO / "execution-environment.yml").read_text())["dependencies"]
+    for key in ("ansible_core", "ansible_runner"):
+        req = Requirement(deps[key]["package_pip"])
+        assert req.specifier == wanted[req.name].specifier, key
+
+
+def test_requirements_txt_lists_the_inventory_plugins_needs_with_pyprojects_ranges() -> None:
+    reqs = _requirements(REPO / "requirements.txt")
+    assert set(reqs) == {"boto3", "tenacity"}  # the modules themselves need only the standard library
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {r.name.lower(): r for r in map(Requirement, project["dependencies"])}
+    for name, req in reqs.items():
+        assert req.specifier == wanted[name].specifier, name
+    # and the plugin really imports them
+    plugin = (REPO / "plugins" / "inventory" / "ec2.py").read_text()
+    assert re.search(r"^\s*import boto3", plugin, re.M) and re.search(
+        r"^\s*import tenacity|from tenacity", plugin, re.M
+    )
+
+
+def test_bindep_installs_the_ssh_client_on_both_package_families() -> None:
+    deps = Depends((REPO / "bindep.txt").read_text())
+    rpm = [r[0] for r in deps.active_rules(["platform:rpm", "platform:redhat", "platform:centos"])]
+    dpkg = [r[0] for r in deps.active_rules(["platform:dpkg", "platform:debian", "platform:ubuntu"])]
+    assert rpm == ["openssh-clients"]
+    assert dpkg == ["openssh-client"]
+
+
+def test_containerfile_installs_core_runner_collection_and_requirements(context: Path) -> None:
+    text = (context / "Containerfile").read_text()
+    ee = yaml.safe_load((REPO / "execution-environment.yml").read_text())
+    assert f'ARG EE_BASE_IMAGE="{ee["images"]["base_image"]["name"]}"' in text
+    refs = re.search(r'^ARG ANSIBLE_INSTALL_REFS="(.*)"$', text, re.M)
+    assert refs is not None
+    assert refs.group(1) == " ".join(
+        (
+            ee["dependencies"]["ansible_core"]["package_pip"],
+            ee["dependencies"]["ansible_runner"]["package_pip"],
+        )
+    )
+    # galaxy stage installs requirements.yml (our tarball); builder stage introspects the collections plus
+    # the user requirements; the final stage installs the system packages bindep names.
+    assert "ansible-galaxy collection install" in text and "-r requirements.yml" in text
+    assert "introspect.py introspect --user-pip=requirements.txt --user-bindep=bindep.txt" in text
+    assert "COPY _build/requirements.txt requirements.txt" in text
+    assert "COPY _build/bindep.txt bindep.txt" in text
+    assert "/output/scripts/install-from-bindep" in text
+    assert "LABEL ansible-execution-environment=true" in text
+
+
+def test_build_folder_holds_requirements_bindep_and_the_tarball(context: Path) -> None:
+    build = context / "_build"
+    assert (build / "requirements.txt").read_text() == (REPO / "requirements.txt").read_text()
+    assert (build / "bindep.txt").read_text() == (REPO / "bindep.txt").read_text()
+    galaxy = yaml.safe_load((build / "requirements.yml").read_text())
+    (entry,) = galaxy["collections"]
+    tarball = build / entry["name"]  # the galaxy stage runs in /build, a copy of _build
+    assert tarball.is_file(), sorted(p.name for p in (build / "collections").iterdir())
+    with tarfile.open(tarball) as tar:
+        names = set(tar.getnames())
+        manifest = json.loads(tar.extractfile("MANIFEST.json").read())  # type: ignore[union-attr]
+    info = manifest["collection_info"]
+    assert (info["namespace"], info["name"], info["version"]) == ("fleetops", "node", _galaxy_version())
+    # the collection carries its own requirements (ansible-builder introspects them), not the repo's tooling
+    assert {"requirements.txt", "bindep.txt", "playbooks/scan.yml", "plugins/modules/node_health.py"} <= names
+    for outside in ("execution-environment.yml", "awx", "src", "tests", "pyproject.toml", "build"):
+        assert not any(n == outside or n.startswith(outside + "/") for n in names), outside
+
+
+def test_builder_introspection_finds_the_collections_requirements(context: Path, tmp_path: Path) -> None:
+    """The builder stage's own script, run on the collection installed from the context's tarball."""
+    build = context / "_build"
+    (entry,) = yaml.safe_load((build / "requirements.yml").read_text())["collections"]
+    # --force and a cwd outside the repo: ansible.cfg's collections_path (./collections) already holds
+    # fleetops.node, and ansible-galaxy would otherwise say "already installed" and install nothing.
+    subprocess.run(
+        [
+            str(BIN / "ansible-galaxy"),
+            "collection",
+            "install",
+            "--force",
+            str(build / entry["name"]),
+            "-p",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
+    )
+    assert (tmp_path / "ansible_collections" / "fleetops" / "node" / "requirements.txt").is_file()
+    pip_out, bindep_out = tmp_path / "pip.txt", tmp_path / "bindep.txt"
+    subprocess.run(
+        [
+            sys.executable,
+            str(build / "scripts" / "introspect.py"),
+            "introspect",
+            str(tmp_path),
+            f"--user-pip={build / 'requirements.txt'}",
+            f"--user-bindep={build / 'bindep.txt'}",
+            f"--write-pip={pip_out}",
+            f"--write-bindep={bindep_out}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    pip_lines = pip_out.read_text().splitlines()
+    assert any("boto3" in line and "from collection fleetops.node" in line for line in pip_lines), pip_lines
+    assert {r.name for r in _requirements_text(pip_out.read_text())} == {"boto3", "tenacity"}
+    assert "openssh-client [platform:dpkg]  # from collection fleetops.node" in bindep_out.read_text()
