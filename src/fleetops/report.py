@@ -72,6 +72,8 @@ def render_scan(report: dict[str, Any], console: Console) -> None:
             f"{_num(memcg.get('id_headroom'))} ({_num(memcg.get('id_headroom_pct'))}%)" if memcg else "-",
             f"[{SEVERITY_STYLE.get(worst or '', '')}]{findings}[/]" if worst else findings,
         )
+    if not console.is_terminal:  # piped or captured (CI, AWX, a file): no width to honour, keep cells whole
+        console.width = max(console.width, 160)
     console.print(table)
     for host, entry in report["hosts"].items():
         for f in entry["findings"]:

@@ -120,7 +120,7 @@ def lab() -> Iterator[Lab]:
 def test_up_boots_ssh_ready_hosts_with_systemd_as_pid_1(lab: Lab) -> None:
     hosts = lab.up(2, progress=print, timeout=BOOT_TIMEOUT_S + 120)  # the first run builds the rootfs
     assert [h.name for h in hosts] == ["lab-01", "lab-02"]
-    assert [h.ip for h in hosts] == ["10.213.0.11", "10.213.0.12"]
+    assert [h.ip for h in hosts] == ["10.213.0.11", "10.213.0.139"]
     assert [h.az for h in hosts] == ["lab-1a", "lab-1b"]
     assert all(h.running and h.ssh_ok and h.pid and h.supervisor_pid for h in hosts)
     for host in hosts:
@@ -139,7 +139,7 @@ def test_up_boots_ssh_ready_hosts_with_systemd_as_pid_1(lab: Lab) -> None:
     children = inventory["all"]["children"]
     assert children["fleetops_lab"]["hosts"] == {
         "lab-01": {"ansible_host": "10.213.0.11", "fleetops_az": "lab-1a"},
-        "lab-02": {"ansible_host": "10.213.0.12", "fleetops_az": "lab-1b"},
+        "lab-02": {"ansible_host": "10.213.0.139", "fleetops_az": "lab-1b"},
     }
     assert children["fleetops_lab"]["vars"]["ansible_ssh_private_key_file"] == str(lab.key_path)
     assert children["az_lab_1a"] == {"hosts": {"lab-01": {}}}

@@ -207,7 +207,7 @@ def test_preflight_refuses_when_too_many_hosts_are_unreachable_and_changes_nothi
     # a host whose key does not match what known_hosts says (a rebuilt host, or worse)
     bad_known = tmp_path / "known_hosts"
     bad_known.write_text(
-        "10.213.0.12 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+        "10.213.0.139 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
     )
     group["lab-02"] = {
         **group["lab-02"],

@@ -1,6 +1,6 @@
 """fleetops.node.ec2 through the real ansible-inventory against a real moto_server (loopback only).
 
-No boto3 mocks: moto_server is a real HTTP EC2 endpoint on 127.0.0.1, and tests/ec2proxy.py sits in
+No boto3 mocks: moto_server is a real HTTP EC2 endpoint on 127.0.0.1, and fleetops.lab.ec2sim.Ec2Proxy sits in
 front of it to add what moto does not model (scheduled events) and to throttle (503
 RequestLimitExceeded). The proxy's per-Action counters prove retries happened and that a cached
 listing made no API call.
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ec2proxy import Ec2Proxy, MotoServer, client, free_port, launch_many, register_ami
+from fleetops.lab.ec2sim import Ec2Proxy, MotoServer, client, free_port, launch_many, register_ami
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"

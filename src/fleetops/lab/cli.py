@@ -41,7 +41,9 @@ def _table(hosts: Sequence[LabHost]) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    hosts = Lab().up(args.count, progress=None if args.quiet else _progress, timeout=args.timeout)
+    hosts = Lab().up(
+        args.count, progress=None if args.quiet else _progress, timeout=args.timeout, ec2=args.ec2
+    )
     print(_table(hosts))
     return 0
 
@@ -61,7 +63,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
-    path = Lab().inventory_path()
+    path = Lab().ec2_inventory_path() if args.ec2 else Lab().inventory_path()
     if not path.exists():
         raise LabError(f"Failed to find the lab inventory {path}: the lab is not up (run 'fleetops lab up')")
     print(path)
@@ -107,6 +109,12 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
     )
     up.add_argument("count", nargs="?", type=_count, default=DEFAULT_HOSTS, metavar="N")
     up.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait for ssh")
+    up.add_argument(
+        "--ec2",
+        action="store_true",
+        help="also run a local EC2 endpoint (moto) whose instances are the lab hosts, in two AZs, one with a "
+        "scheduled event; 'fleetops lab inventory --ec2' prints its fleetops.node.ec2 inventory",
+    )
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     up.set_defaults(func=cmd_up)
 
@@ -118,6 +126,7 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
     status.set_defaults(func=cmd_status)
 
     inventory = sub.add_parser("inventory", help="print the path of the lab's Ansible inventory")
+    inventory.add_argument("--ec2", action="store_true", help="the EC2 inventory (after 'lab up --ec2')")
     inventory.set_defaults(func=cmd_inventory)
 
     ssh = sub.add_parser("ssh", help="run a command (or a shell) on a lab host over ssh")

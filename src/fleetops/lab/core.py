@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from fleetops.lab import _system as system
+from fleetops.lab import ec2 as lab_ec2
 from fleetops.lab import rootfs
 from fleetops.lab.errors import LabError
 
@@ -95,7 +96,13 @@ def host_index(name: str) -> int:
 
 
 def host_ip(name: str) -> str:
-    return f"{SUBNET_PREFIX}{10 + host_index(name)}"
+    """lab-1a hosts (odd numbers) in 10.213.0.0/25 from .11, lab-1b hosts (even) in 10.213.0.128/25 from .139.
+
+    One contiguous half of the /24 per AZ, so the lab's EC2 side can give each AZ a subnet that
+    holds exactly its hosts' addresses (an EC2 instance's private IP must lie in its subnet).
+    """
+    index = host_index(name)
+    return f"{SUBNET_PREFIX}{10 + (index + 1) // 2}" if index % 2 else f"{SUBNET_PREFIX}{138 + index // 2}"
 
 
 def host_az(name: str) -> str:
@@ -222,9 +229,16 @@ class Lab:
     # ------------------------------------------------------------------ up
 
     def up(
-        self, count: int = DEFAULT_HOSTS, progress: Progress | None = None, timeout: float = 120.0
+        self,
+        count: int = DEFAULT_HOSTS,
+        progress: Progress | None = None,
+        timeout: float = 120.0,
+        ec2: bool = False,
     ) -> list[LabHost]:
-        """Ensure exactly hosts lab-01 .. lab-<count> run and answer ssh; return them. Idempotent."""
+        """Ensure exactly hosts lab-01 .. lab-<count> run and answer ssh; return them. Idempotent.
+
+        ``ec2``: also run a local EC2 endpoint whose instances are these hosts (see fleetops.lab.ec2).
+        """
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_HOSTS:
             raise LabError(
                 f"Failed to start the lab: the number of hosts must be 1 .. {MAX_HOSTS}, not {count!r}"
@@ -256,6 +270,12 @@ class Lab:
             self._write_known_hosts(wanted)
             self._parallel(lambda n: self._wait_ssh(n, timeout, say), wanted)
             self._write_inventory(wanted)
+            if ec2:
+                lab_ec2.up(
+                    self.state_dir, [(n, host_ip(n), host_az(n)) for n in wanted], self.ssh_vars(), say
+                )
+            elif lab_ec2.running(self.state_dir):
+                lab_ec2.down(self.state_dir)
         say(
             f"lab: {count} host(s) ready in {time.monotonic() - started:.1f} s; inventory: {self.inventory_path()}"
         )
@@ -276,6 +296,7 @@ class Lab:
             self._teardown(names, procs, say, only_existing=False)
             state_dirs = self._known_state_dirs(procs)
             for state_dir in state_dirs:
+                lab_ec2.down(state_dir)
                 system.unmount_under(state_dir / "hosts", what="unmount the lab's overlays")
             for link in system.link_names():
                 if _LINK_RE.match(link) or link == BRIDGE:
@@ -669,21 +690,22 @@ class Lab:
                 )
             time.sleep(0.2)
 
+    def ssh_vars(self) -> dict[str, str]:
+        """The connection variables every lab inventory (static or EC2) gives its hosts."""
+        return {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.key_path),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts_path} -o StrictHostKeyChecking=yes",
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
+
+    def ec2_inventory_path(self) -> Path:
+        """The lab's EC2 inventory (``fleetops.node.ec2`` over the local moto endpoint), after ``up(ec2=True)``."""
+        return lab_ec2.inventory_path(self.state_dir)
+
     def _write_inventory(self, names: Sequence[str]) -> None:
         hosts = {n: {"ansible_host": host_ip(n), "fleetops_az": host_az(n)} for n in names}
-        children: dict[str, object] = {
-            GROUP: {
-                "hosts": hosts,
-                "vars": {
-                    "ansible_user": "root",
-                    "ansible_ssh_private_key_file": str(self.key_path),
-                    "ansible_ssh_common_args": (
-                        f"-o UserKnownHostsFile={self.known_hosts_path} -o StrictHostKeyChecking=yes"
-                    ),
-                    "ansible_python_interpreter": "/usr/bin/python3",
-                },
-            }
-        }
+        children: dict[str, object] = {GROUP: {"hosts": hosts, "vars": self.ssh_vars()}}
         for az in AZS:
             members = [n for n in names if host_az(n) == az]
             if members:

@@ -445,7 +445,7 @@ class Ec2Proxy:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python tests/ec2proxy.py [UPSTREAM_URL]``: moto (started here unless given) + proxy, until ^C."""
+    """``python -m fleetops.lab.ec2sim [UPSTREAM_URL]``: moto (started here unless given) + proxy, until ^C."""
     args = sys.argv[1:] if argv is None else argv
     moto = None
     if args:
