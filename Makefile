@@ -16,13 +16,14 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help venv demo test lint sanity unit integration molecule bench clean lab-down
+.PHONY: help venv demo test lint sanity unit integration molecule bench bench-scan clean lab-down
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and lab, molecule (root)"
 	@echo "make lint   - ruff, mypy, ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
+	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
 $(STAMP): pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then \
@@ -62,6 +63,11 @@ test: lint sanity
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The scan at 10, 25 and 50 lab hosts against the hand-written baseline, plus what each speed
+# setting buys at 50 (about 10 min; root; the 10-host run is part of `make test`).
+bench-scan: $(STAMP)
+	$(BIN)/python bench/scan_fleet.py --sizes 10,25,50 --ablation 50
 
 lab-down: $(STAMP)
 	$(BIN)/fleetops lab down

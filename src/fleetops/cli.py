@@ -1,4 +1,4 @@
-"""fleetops command line: scan, plan, remediate, lab.
+"""fleetops command line: scan, plan, remediate, report, lab.
 
 Exit codes: 0 clean; 1 warning or critical findings; 2 usage or configuration error;
 3 a host unreachable or failed (or a detector could not run); 130 interrupted.
@@ -20,7 +20,15 @@ from rich.console import Console
 from fleetops import __version__, paths
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.report import host_line, render_scan
-from fleetops.scan import EXIT_USAGE, ScanOptions, exit_code, run_scan
+from fleetops.scan import (
+    EXIT_USAGE,
+    MAX_FORKS,
+    PartialReport,
+    ScanOptions,
+    exit_code,
+    run_scan,
+    write_report,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,7 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument(
         "--format", choices=("table", "json"), default="table", help="output format (default: table)"
     )
-    scan.add_argument("-o", "--output", type=Path, help="also write the JSON report to this file")
+    scan.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="also write the JSON report to this file (atomically, at the end; meanwhile each host "
+        "is appended to FILE.partial as it answers, one JSON line each)",
+    )
     scan.add_argument(
         "--prometheus",
         type=Path,
@@ -115,14 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="critical when fewer than PCT%% of the 65,535 memcg IDs are left (default: 20)",
     )
     scan.add_argument(
-        "--forks", type=_positive_int, metavar="N", help="parallel hosts (default: ansible.cfg)"
+        "--forks",
+        type=_positive_int,
+        metavar="N",
+        help=f"parallel hosts (default: all targeted hosts, at most {MAX_FORKS})",
     )
     scan.add_argument(
         "--host-timeout",
         type=_positive_int,
         default=120,
         metavar="S",
-        help="seconds one host may take (default: 120)",
+        help="seconds one host may take, connecting included: a host that does not answer ssh is "
+        "unreachable after min(S/2, ansible's timeout of 10) s (default: 120; 0: no limit)",
     )
     scan.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     scan.set_defaults(func=cmd_scan)
@@ -134,8 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_plan(sub)
     from fleetops.remediate import register as register_remediate
+    from fleetops.remediate import register_report
 
     register_remediate(sub)
+    register_report(sub)
     return parser
 
 
@@ -170,7 +190,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
 
+    partial = PartialReport(args.output.with_name(args.output.name + ".partial")) if args.output else None
+
     def on_host(host: str, entry: dict[str, Any]) -> None:
+        if partial is not None:
+            partial.add(host, entry)
         if not args.quiet:
             err.print(host_line(host, entry))
 
@@ -191,11 +215,17 @@ def cmd_scan(args: argparse.Namespace) -> int:
         report = run_scan(opts, on_host=on_host, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, previous)
+        if partial is not None:
+            partial.close(done=False)  # kept until the final report is written
     if report["summary"]["hosts"] == 0 and not report.get("interrupted"):
+        if partial is not None:
+            partial.close(done=True)
         raise UsageError("no hosts matched the inventory and limit")
     text = json.dumps(report, indent=2, sort_keys=False)
     if args.output:
-        args.output.write_text(text + "\n")
+        write_report(args.output, text + "\n")
+        if partial is not None:
+            partial.close(done=True)
     if args.prometheus:
         from fleetops.metrics import write_textfile
 

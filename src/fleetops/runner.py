@@ -5,11 +5,14 @@ Results come from runner's events, status and rc — never from parsing stdout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +29,11 @@ HOST_EVENTS = {
     "runner_on_unreachable": "unreachable",
     "runner_on_skipped": "skipped",
 }
+
+
+CANCEL_POLL_S = 0.5  # how often runner asks the cancel callback (runner's default, 5 s, feels dead)
+CANCEL_GRACE_S = 5.0  # after SIGINT, how long ansible-playbook gets to stop its workers itself
+RUN_MARKER = "FLEETOPS_RUN_DIR"  # in every process of one run's tree: finds leftovers after a cancel
 
 
 class RunnerError(FleetopsError):
@@ -95,7 +103,9 @@ class RunnerOptions:
     check: bool = False
     diff: bool = False
     verbosity: int = 0
-    timeout: int | None = None
+    timeout: int | None = None  # the whole run (runner's job timeout)
+    # ssh's connect timeout, banner exchange included (ansible-playbook --timeout); None: ansible.cfg's
+    connect_timeout: int | None = None
     keep_artifacts: bool = bool(os.environ.get("FLEETOPS_KEEP_ARTIFACTS"))
 
 
@@ -123,6 +133,8 @@ def _cmdline(opts: RunnerOptions) -> str:
         args.append("--check")
     if opts.diff:
         args.append("--diff")
+    if opts.connect_timeout:
+        args.append(f"--timeout={int(opts.connect_timeout)}")
     return " ".join(args)
 
 
@@ -170,13 +182,16 @@ def run_playbook(
         "inventory": [str(p.resolve()) for p in opts.inventory] or None,
         "limit": opts.limit,
         "extravars": dict(opts.extravars),
-        "envvars": ansible_env(),
+        "envvars": {**ansible_env(), RUN_MARKER: str(private)},
         "event_handler": handle,
-        "cancel_callback": (lambda: cancel.is_set()) if cancel is not None else None,
+        # Never None: without a callback runner installs SIGINT/SIGTERM handlers of its own, for good,
+        # and swallows Ctrl-C (the caller's KeyboardInterrupt never comes, later Ctrl-Cs are lost).
+        "cancel_callback": _Canceller(cancel, str(private)) if cancel is not None else _never,
         "quiet": True,
         "suppress_env_files": True,
         "verbosity": opts.verbosity or None,
         "cmdline": _cmdline(opts) or None,
+        "settings": {"pexpect_timeout": CANCEL_POLL_S},
     }
     if opts.forks:
         kwargs["forks"] = opts.forks
@@ -186,16 +201,95 @@ def run_playbook(
         r = ansible_runner.run(**{k: v for k, v in kwargs.items() if v is not None})
         run.status = str(r.status)
         run.rc = int(r.rc) if r.rc is not None else -1
-        run.interrupted = r.status == "canceled"
-        if not run.tasks and run.status not in ("successful", "canceled"):
+        run.interrupted = r.status == "canceled" or (cancel is not None and cancel.is_set())
+        if not run.tasks and run.status not in ("successful", "canceled") and not run.interrupted:
             detail = "; ".join(w for w in run.warnings if w) or _tail(r.stdout.read() if r.stdout else "")
             raise RunnerError(f"Failed to run {opts.playbook}: ansible-playbook exited {run.rc}: {detail}")
     finally:
+        if (cancel is not None and cancel.is_set()) or run.status in ("canceled", "timeout", "unstarted"):
+            _stop_leftovers(str(private))
         if opts.keep_artifacts:
             print(f"fleetops: runner artifacts kept in {private}", file=sys.stderr)
         else:
             shutil.rmtree(private, ignore_errors=True)
     return run
+
+
+def _never() -> bool:
+    return False
+
+
+class _Canceller:
+    """runner's cancel callback, stopping the run the way ansible-playbook needs to be stopped.
+
+    runner cancels by SIGKILL to ansible-playbook's process group, but ansible-core (2.21) starts
+    each worker in a session of its own: those workers, and their ssh, would run on. So on cancel
+    ansible-playbook first gets SIGINT (what Ctrl-C in its terminal sends), which it forwards to
+    every worker (each kills its own process group) before it exits; runner's SIGKILL follows
+    only if it has not exited within CANCEL_GRACE_S.
+    """
+
+    def __init__(self, cancel: threading.Event, marker: str) -> None:
+        self.cancel, self.marker = cancel, marker
+        self.deadline: float | None = None
+
+    def __call__(self) -> bool:
+        if not self.cancel.is_set():
+            return False
+        if self.deadline is None:
+            self.deadline = time.monotonic() + CANCEL_GRACE_S
+            me = os.getpid()
+            for pid, ppid, _argv in _run_processes(self.marker):
+                if ppid == me:  # ansible-playbook itself
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGINT)
+            return False
+        return time.monotonic() >= self.deadline
+
+
+def _run_processes(marker: str) -> list[tuple[int, int, str]]:
+    """(pid, ppid, argv) of this machine's processes that carry ``RUN_MARKER=marker`` (one run's tree)."""
+    needle = f"{RUN_MARKER}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found.append((int(entry), int(stat[stat.rindex(")") + 2 :].split()[1]), argv))
+    return found
+
+
+def _stop_leftovers(marker: str) -> None:
+    """Stop what a stopped or abandoned run left running: ansible-playbook's processes (its main
+    process when an exception such as KeyboardInterrupt left runner's loop: in a session of its own,
+    the terminal's Ctrl-C never reached it; workers that runner's SIGKILL missed) get SIGINT, and
+    each stops its own children; whatever is still there after CANCEL_GRACE_S, SIGKILL.
+
+    ssh ControlPersist masters (``[mux]``) are left to expire: another run may share them.
+    """
+    me = os.getpid()
+
+    def left() -> list[tuple[int, int, str]]:
+        return [p for p in _run_processes(marker) if "[mux]" not in p[2] and p[0] != me]
+
+    procs = left()
+    for pid, _ppid, argv in procs:
+        if "ansible-playbook" in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    while procs and time.monotonic() < deadline:
+        time.sleep(0.1)
+        procs = left()
+    for pid, _ppid, _argv in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _tail(text: str, lines: int = 3) -> str:

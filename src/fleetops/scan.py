@@ -6,13 +6,16 @@ The report is the JSON contract ``fleetops.scan/v1`` that every other command re
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from fleetops.errors import FleetopsError
 from fleetops.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 
 SCHEMA = "fleetops.scan/v1"
@@ -25,6 +28,17 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_HOSTS = 3
 
+# Default forks: min(targeted hosts, MAX_FORKS). ansible-playbook itself starts
+# min(forks, hosts in the play) workers (TaskQueueManager._initialize_processes), so passing the cap
+# gives exactly that without listing the inventory first. Measured by bench/scan_fleet.py.
+MAX_FORKS = 100
+# ssh's connect timeout (banner exchange included) is ansible's `timeout` (10 s in ansible.cfg),
+# lowered to half of --host-timeout when that is shorter, so that ssh gives up on a host whose
+# sshd hangs (unreachable, with ssh's own reason) before the task timeout fires.
+CONNECT_TIMEOUT_S = 10
+NOT_SCANNED_MSG = "no answer before the scan was interrupted"
+PARTIAL_SCHEMA = "fleetops.scan.partial/v1"
+
 
 @dataclass
 class ScanOptions:
@@ -35,9 +49,18 @@ class ScanOptions:
     zombie_warning: int = 1000
     zombie_critical: int = 20000
     headroom_critical_pct: float = 20.0
-    forks: int | None = None
+    forks: int | None = None  # None: min(targeted hosts, MAX_FORKS)
     host_timeout: int = 120
     extravars: dict[str, Any] = field(default_factory=dict)
+
+    def runner_forks(self) -> int:
+        return self.forks or MAX_FORKS
+
+    def connect_timeout(self) -> int | None:
+        """ssh connect timeout to pass, or None to keep ansible's (when --host-timeout is generous)."""
+        if self.host_timeout <= 0 or self.host_timeout // 2 >= CONNECT_TIMEOUT_S:
+            return None
+        return max(1, self.host_timeout // 2)
 
     def playbook_vars(self) -> dict[str, Any]:
         """Extra vars for playbooks/scan.yml (its documented knobs)."""
@@ -59,6 +82,11 @@ def host_entry(results: Sequence[TaskResult]) -> dict[str, Any]:
     for tr in results:
         if tr.status == "unreachable":
             return {"status": "unreachable", "msg": tr.msg, "findings": [], "facts": {}}
+        if tr.status == "failed" and tr.result.get("timedout"):
+            # No answer within --host-timeout: a hung sshd behind a live ControlPersist connection
+            # (a fresh connection would have hit ssh's connect timeout: unreachable), or a hung host.
+            msg = f"no answer within the per-host timeout: {tr.msg}"
+            return {"status": "unreachable", "timed_out": True, "msg": msg, "findings": [], "facts": {}}
     scan = next((tr for tr in results if tr.action in SCAN_ACTIONS), None)
     if scan is None:
         failed = next((tr for tr in results if tr.status == "failed"), None)
@@ -79,8 +107,18 @@ def host_entry(results: Sequence[TaskResult]) -> dict[str, Any]:
     return entry
 
 
-def build_report(run: PlaybookRun, *, started: float, finished: float) -> dict[str, Any]:
-    hosts = {h: host_entry(run.results_for(h)) for h in sorted(run.hosts())}
+def not_scanned_entry() -> dict[str, Any]:
+    """A targeted host that never answered (the scan was interrupted first)."""
+    return {"status": "not_scanned", "msg": NOT_SCANNED_MSG, "findings": [], "facts": {}}
+
+
+def build_report(
+    run: PlaybookRun, *, started: float, finished: float, targeted: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The report; ``targeted`` hosts that have no result (an interrupted scan) show as not_scanned."""
+    answered = {h: host_entry(run.results_for(h)) for h in run.hosts()}
+    missing = {h: not_scanned_entry() for h in targeted if h not in answered}
+    hosts = {h: (answered.get(h) or missing[h]) for h in sorted({**answered, **missing})}
     return {
         "schema": SCHEMA,
         "started_at": _iso(started),
@@ -93,7 +131,7 @@ def build_report(run: PlaybookRun, *, started: float, finished: float) -> dict[s
 
 def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     findings = dict.fromkeys(SEVERITIES, 0)
-    status = {"ok": 0, "unreachable": 0, "failed": 0}
+    status = {"ok": 0, "unreachable": 0, "failed": 0}  # plus not_scanned, in an interrupted scan
     errors = 0
     for entry in hosts.values():
         status[entry["status"]] = status.get(entry["status"], 0) + 1
@@ -105,9 +143,10 @@ def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def exit_code(report: dict[str, Any]) -> int:
-    """3 if any host was unreachable/failed (or a detector could not run), else 1 on warning/critical, else 0."""
+    """3 if any host was unreachable/failed/not scanned (or a detector could not run), else 1 on
+    warning/critical, else 0. (The CLI exits 130 for an interrupted scan whatever this says.)"""
     s = report["summary"]
-    if s["unreachable"] or s["failed"] or s.get("errors"):
+    if s["unreachable"] or s["failed"] or s.get("not_scanned") or s.get("errors"):
         return EXIT_HOSTS
     if s["findings"].get("critical") or s["findings"].get("warning"):
         return EXIT_FINDINGS
@@ -119,7 +158,12 @@ def run_scan(
     on_host: Callable[[str, dict[str, Any]], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Scan every targeted host in one playbook run and return the report."""
+    """Scan every targeted host in one playbook run and return the report.
+
+    ``on_host`` gets each host's entry as it answers. When ``cancel`` stops the run, the report is
+    marked interrupted and lists the targeted hosts that never answered as ``not_scanned`` (the one
+    case that lists the inventory: a normal run pays nothing for it).
+    """
     started = time.time()
 
     def on_result(tr: TaskResult) -> None:
@@ -132,12 +176,80 @@ def run_scan(
             inventory=opts.inventory,
             limit=opts.limit,
             extravars=opts.playbook_vars(),
-            forks=opts.forks,
+            forks=opts.runner_forks(),
+            connect_timeout=opts.connect_timeout(),
         ),
         on_result=on_result,
         cancel=cancel,
     )
-    return build_report(run, started=started, finished=time.time())
+    targeted = targeted_hosts(opts) if run.interrupted else []
+    return build_report(run, started=started, finished=time.time(), targeted=targeted)
+
+
+def targeted_hosts(opts: ScanOptions) -> list[str]:
+    """The hosts the scan's inventory and limit select (ansible-inventory); [] when it cannot tell."""
+    from fleetops.inventory import load_hosts
+
+    try:
+        return [h.name for h in load_hosts(opts.inventory, opts.limit)]
+    except FleetopsError:
+        return []
+
+
+class PartialReport:
+    """The scan so far, one JSON line per host as it answers, so an interrupted scan keeps it.
+
+    Line 1 is ``{"schema": "fleetops.scan.partial/v1", "started_at": ...}``; each next line is
+    ``{"host": NAME, "entry": {...}}`` with the entry as in the final report. Appending a line is
+    O(1) per host at any fleet size (rewriting a whole report per host would be quadratic).
+    The file is removed once the final report has been written (``close(done=True)``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.hosts = 0
+        self._fh: IO[str] | None = path.open("w", encoding="utf-8")
+        self._write({"schema": PARTIAL_SCHEMA, "started_at": _iso(time.time())})
+
+    def add(self, host: str, entry: dict[str, Any]) -> None:
+        self._write({"host": host, "entry": entry})
+        self.hosts += 1
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._fh.flush()
+
+    def close(self, done: bool) -> None:
+        """Close; remove the file when the final report is written (done) or nothing arrived."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if done or not self.hosts:
+            self.path.unlink(missing_ok=True)
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write the report atomically: a reader sees the old file or the whole new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_partial(path: Path) -> dict[str, dict[str, Any]]:
+    """Host entries from a partial file (a torn last line, from a killed scan, is skipped)."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "host" in record and isinstance(record.get("entry"), dict):
+            hosts[str(record["host"])] = record["entry"]
+    return hosts
 
 
 def _iso(ts: float) -> str:

@@ -84,6 +84,21 @@ class LabHost:
 # --------------------------------------------------------------------------- names
 
 
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_HOST = 8  # measured: a guest's systemd takes 5, dbus-daemon 1, systemd-logind 1
+
+
+def _ensure_inotify(hosts: int, say: Progress) -> None:
+    """Let ``hosts`` guests boot: each systemd needs inotify instances, and the kernel's default
+    per-user limit (128; every guest runs as root) stops a lab at about 18 hosts ("Failed to allocate
+    manager object: Too many open files"). Raised for this boot only (not persisted), and said so."""
+    current = int(INOTIFY_INSTANCES.read_text())
+    wanted = 128 + INOTIFY_PER_HOST * hosts
+    if current < wanted:
+        INOTIFY_INSTANCES.write_text(f"{wanted}\n")
+        say(f"lab: raised fs.inotify.max_user_instances from {current} to {wanted} for {hosts} hosts")
+
+
 def host_name(index: int) -> str:
     return f"lab-{index:02d}"
 
@@ -249,6 +264,7 @@ class Lab:
         with self._locked():
             self._claim("start the lab")
             base = rootfs.ensure_rootfs(self.cache_dir, say)
+            _ensure_inotify(count, say)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.hosts_dir.mkdir(exist_ok=True)
             self._ensure_key()
