@@ -19,7 +19,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
-import subprocess
 import time
 
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
@@ -100,16 +99,6 @@ def parse_journal_restarts(text):
         if isinstance(unit, str) and unit:
             counts[unit] = counts.get(unit, 0) + 1
     return counts
-
-
-def run_command(argv):
-    """``(rc, stdout, stderr)`` of a command: what AnsibleModule.run_command gives, for in-process callers."""
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-    except (IOError, OSError) as err:
-        return 127, "", "%s: %s" % (argv[0], err.strerror or err)
-    out, err = proc.communicate()
-    return proc.returncode, out, err
 
 
 def parse_list_units(text):

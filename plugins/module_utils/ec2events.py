@@ -21,6 +21,7 @@ __metaclass__ = type
 
 import json
 
+from ansible.module_utils.urls import open_url
 from ansible_collections.fleetops.node.plugins.module_utils.findings import make_finding
 
 CHECK = "ec2_scheduled_event"
@@ -70,15 +71,11 @@ def parse_imds_events(text):
 def fetch_imds(base_url=IMDS_URL, timeout=0.5):
     """IMDSv2: a session token, then the events document. Returns (events, error)."""
     try:
-        from urllib.request import Request, urlopen
-    except ImportError:  # pragma: no cover
-        return [], "urllib unavailable"
-    try:
-        token_req = Request(base_url + "/latest/api/token", method="PUT",
-                            headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
-        token = urlopen(token_req, timeout=timeout).read().decode()
-        events_req = Request(base_url + EVENTS_PATH, headers={"X-aws-ec2-metadata-token": token})
-        return parse_imds_events(urlopen(events_req, timeout=timeout).read().decode()), None
+        token = open_url(base_url + "/latest/api/token", method="PUT", timeout=timeout,
+                         headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).read().decode()
+        body = open_url(base_url + EVENTS_PATH, timeout=timeout,
+                        headers={"X-aws-ec2-metadata-token": token}).read().decode()
+        return parse_imds_events(body), None
     except ValueError as exc:
         return [], "IMDS answered something that is not an events list: %s" % exc
     except Exception as exc:  # network errors of every kind: off EC2, IMDS disabled, hop limit

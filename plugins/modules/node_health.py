@@ -28,6 +28,21 @@ description:
   - Inside a cgroup namespace or a container that sees only a subtree of the hierarchy, the
     zombie count cannot be known; the host-wide total and headroom are still reported, with
     the scope and the reason.
+  - C(anon_rss_growth) (with O(sample_seconds)) reports processes whose anonymous memory grows
+    faster than O(anon_growth_warning_mb_per_min). Both samples read only C(/proc/PID/stat) and
+    C(/proc/PID/statm) of every process (constant cost each, no page-table walk); the processes
+    over half the threshold get their C(smaps_rollup) and mapping count read once, at the end.
+  - C(ucx_mmap_hooks) finds processes with UCX loaded (C(libucm) / C(libucs) in C(/proc/PID/maps),
+    renamed wheel copies included), their launch environment, owning systemd unit and its
+    C(Environment=), the UCX config files UCX reads, and the UCX version. Hooks on
+    (C(UCX_MEM_MMAP_HOOK_MODE) not C(none)) with an unbounded registration cache
+    (C(UCX_RCACHE_MAX_UNRELEASED) unset or C(inf)) is the Mistral leak on UCX < 1.21 or an
+    unknown version. That is a warning, or critical when C(anon_rss_growth) sees the process
+    growing in the same scan. On UCX >= 1.21 (openucx/ucx#11248) the same setup is only info.
+  - C(ec2_scheduled_event) reports EC2 maintenance events scheduled for the instance, from the
+    inventory (O(inventory_events), which the scan playbook fills from the C(fleetops.node.ec2)
+    plugin's C(ec2_scheduled_events)) merged with the instance metadata service (IMDSv2), asked only
+    when the host's firmware says it is an EC2 instance, with short timeouts.
   - A detector that cannot run (unreadable or malformed input) adds an entry to RV(errors);
     the module itself still succeeds.
   - Never changes anything on the host.
@@ -37,7 +52,7 @@ options:
       - Detectors to run. Default is all of them.
     type: list
     elements: str
-    choices: [zombie_memcg, crashloop_unit]
+    choices: [zombie_memcg, crashloop_unit, anon_rss_growth, ucx_mmap_hooks, ec2_scheduled_event]
   sample_seconds:
     description:
       - When greater than 0, take two samples this many seconds apart and report growth
@@ -83,6 +98,36 @@ options:
       - The finding names the likely culprit units, crash-looping in the same window.
     type: float
     default: 10
+  anon_growth_warning_mb_per_min:
+    description:
+      - With two samples, a warning for a process whose anonymous memory grows at least this many
+        MB (MiB) per minute.
+      - Must not be greater than O(anon_growth_critical_mb_per_min).
+    type: float
+    default: 100
+  anon_growth_critical_mb_per_min:
+    description:
+      - With two samples, a critical finding for a process growing at least this fast.
+    type: float
+    default: 1000
+  inventory_events:
+    description:
+      - Scheduled events the inventory knows for this host (the C(fleetops.node.ec2) plugin's
+        C(ec2_scheduled_events)), merged with what IMDS says.
+    type: list
+    elements: dict
+    default: []
+  imds:
+    description:
+      - Ask the instance metadata service for scheduled events. C(auto) asks only on an EC2 instance
+        (DMI board vendor or hypervisor uuid), so a host off EC2 never waits.
+    type: str
+    choices: [auto, always, never]
+    default: auto
+  imds_url:
+    description: The metadata service's base URL (a proxy, or a test server).
+    type: str
+    default: http://169.254.169.254
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -175,6 +220,34 @@ facts:
         - C(rate_basis) is C(samples), C(journal), or null (no rate could be measured).
       returned: when crashloop_unit ran without error
       type: dict
+    anon_rss:
+      description:
+        - Facts of C(anon_rss_growth). C(sampled) is false with one sample (no rates).
+        - C(processes) (user processes sampled), C(kernel_threads), C(unreadable), C(sample_ms);
+          with two samples C(window_seconds), C(compared), C(mem_available_kb) and C(growing),
+          the processes growing at least half the warning threshold, each with C(pid), C(comm),
+          C(anon_mb_per_min), C(rss_mb_per_min), C(vsz_mb_per_min), C(anon_kb) and C(rss_kb)
+          (both ends), C(smaps_rollup) (C(rss_kb), C(anonymous_kb), C(swap_kb)), C(map_count),
+          C(cmdline), C(unit), C(unit_manager).
+      returned: when anon_rss_growth ran without error
+      type: dict
+    ec2_events:
+      description:
+        - Facts of C(ec2_scheduled_event). C(events) (each with C(code), C(description), C(not_before),
+          C(not_after), C(event_id), C(state), C(source) inventory, imds or inventory+imds), C(on_ec2),
+          C(imds) (true when IMDS answered), C(imds_error).
+      returned: when ec2_scheduled_event ran
+      type: dict
+    ucx:
+      description:
+        - Facts of C(ucx_mmap_hooks). C(systemd), C(processes_scanned), C(kernel_threads), C(unreadable),
+          C(scan_ms) of the maps scan; C(processes) lists every process with UCX loaded, with
+          C(pid), C(comm), C(cmdline), C(libraries), C(libdir), C(version), C(version_source),
+          C(unit), C(unit_manager), C(cgroup), C(variables) (per variable its effective C(value),
+          C(source) C(environ), C(unit), C(file) or C(default), and the raw C(environ) and C(unit)
+          values), C(hooks_on), C(rcache_bounded), C(restart_pending), C(fixable_unit).
+      returned: when ucx_mmap_hooks ran without error
+      type: dict
 findings:
   description: Findings; zombie_memcg gives at most one, crashloop_unit one per looping unit.
   returned: always
@@ -227,7 +300,7 @@ import collections
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.fleetops.node.plugins.module_utils import crashloop, memcg
+from ansible_collections.fleetops.node.plugins.module_utils import crashloop, ec2events, memcg, procs, ucx
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     DetectorError,
     fmt_int,
@@ -246,14 +319,25 @@ def _memcg_thresholds(params):
     return dict((key, params[key]) for key in ("zombie_warning", "zombie_critical", "headroom_critical_pct"))
 
 
+def _no_runner(argv):
+    """In-process callers of run_checks() pass ``_run`` (AnsibleModule.run_command does it in the module)."""
+    raise DetectorError("run", argv[0], "no command runner: pass params['_run'] when calling run_checks() in-process")
+
+
 def _crashloop_thresholds(params):
     return dict((key, params[key]) for key in ("crashloop_warning_per_min", "crashloop_critical_per_min"))
+
+
+def _anon_thresholds(params):
+    return dict(
+        (key, params[key]) for key in ("anon_growth_warning_mb_per_min", "anon_growth_critical_mb_per_min")
+    )
 
 
 def _crashloop_sample(params):
     # One sample reads the journal for a rate; with two samples the NRestarts deltas give it.
     return crashloop.collect(
-        params.get("_run") or crashloop.run_command,
+        params.get("_run") or _no_runner,
         use_journal=params["sample_seconds"] <= 0,
         window_seconds=params["journal_window_seconds"],
     )
@@ -277,6 +361,35 @@ DETECTORS = collections.OrderedDict(
                 sample=_crashloop_sample,
                 add_growth=crashloop.add_growth,
                 evaluate=lambda facts, params: crashloop.evaluate(facts, _crashloop_thresholds(params)),
+            ),
+        ),
+        (
+            "anon_rss_growth",
+            Detector(
+                fact_key="anon_rss",
+                sample=lambda params: procs.sample(threshold_mb_per_min=params["anon_growth_warning_mb_per_min"]),
+                add_growth=procs.add_growth,
+                evaluate=lambda facts, params: procs.evaluate(facts, _anon_thresholds(params)),
+            ),
+        ),
+        (
+            "ucx_mmap_hooks",
+            Detector(
+                fact_key="ucx",
+                sample=lambda params: ucx.collect(params.get("_run") or _no_runner),
+                add_growth=ucx.add_growth,
+                evaluate=lambda facts, params: ucx.evaluate(facts),
+            ),
+        ),
+        (
+            "ec2_scheduled_event",
+            Detector(
+                fact_key="ec2_events",
+                sample=lambda params: ec2events.collect(
+                    params["inventory_events"], imds=params["imds"], imds_url=params["imds_url"]
+                ),
+                add_growth=lambda first, second, seconds: second,
+                evaluate=lambda facts, params: ec2events.evaluate(facts),
             ),
         ),
     ]
@@ -315,8 +428,17 @@ def _attribute(facts, findings, params):
     return out
 
 
+def _ucx_growth(facts, findings, params):
+    """Re-judge UCX findings knowing which processes anon_rss_growth saw growing in this scan."""
+    growing = procs.growing_pids(facts.get("anon_rss"), _anon_thresholds(params))
+    if "ucx" not in facts or not growing:
+        return findings
+    return [f for f in findings if f["check"] != ucx.CHECK] + ucx.evaluate(facts["ucx"], growing)
+
+
 def _validate(params):
     """The first problem with the options, or None."""
+    params = dict(DEFAULTS, **params)
     for key in (
         "sample_seconds",
         "zombie_warning",
@@ -326,6 +448,8 @@ def _validate(params):
         "crashloop_critical_per_min",
         "journal_window_seconds",
         "zombie_growth_warning_per_min",
+        "anon_growth_warning_mb_per_min",
+        "anon_growth_critical_mb_per_min",
     ):
         if params[key] < 0:
             return "%s must not be negative, got %s" % (key, params[key])
@@ -333,6 +457,11 @@ def _validate(params):
         return "zombie_warning (%d) must not be greater than zombie_critical (%d)" % (
             params["zombie_warning"],
             params["zombie_critical"],
+        )
+    if params["anon_growth_warning_mb_per_min"] > params["anon_growth_critical_mb_per_min"]:
+        return "anon_growth_warning_mb_per_min (%s) must not be greater than anon_growth_critical_mb_per_min (%s)" % (
+            params["anon_growth_warning_mb_per_min"],
+            params["anon_growth_critical_mb_per_min"],
         )
     if params["headroom_critical_pct"] > 100:
         return "headroom_critical_pct must be at most 100, got %s" % params["headroom_critical_pct"]
@@ -360,6 +489,11 @@ ARGUMENT_SPEC = dict(
     crashloop_critical_per_min=dict(type="float", default=5),
     journal_window_seconds=dict(type="int", default=600),
     zombie_growth_warning_per_min=dict(type="float", default=10),
+    anon_growth_warning_mb_per_min=dict(type="float", default=100),
+    anon_growth_critical_mb_per_min=dict(type="float", default=1000),
+    inventory_events=dict(type="list", elements="dict", default=[]),
+    imds=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+    imds_url=dict(type="str", default="http://169.254.169.254"),
 )
 # What run_checks() uses for options an in-process caller leaves out.
 DEFAULTS = dict((key, spec.get("default")) for key, spec in ARGUMENT_SPEC.items())
@@ -389,9 +523,12 @@ def run_checks(params):
     findings = []
     for name, detector_facts in samples.items():
         detector = DETECTORS[name]
+        # keys starting with "_" are a detector's raw samples, carried between its two ends only
+        detector_facts = dict((k, v) for k, v in detector_facts.items() if not k.startswith("_"))
         facts[detector.fact_key] = detector_facts
         findings.extend(detector.evaluate(detector_facts, params))
     findings = _attribute(facts, findings, params)
+    findings = _ucx_growth(facts, findings, params)
     return {
         "facts": facts,
         "findings": findings,

@@ -21,7 +21,13 @@ from fleetops.cli import main as cli_main
 from fleetops.errors import FleetopsError
 from fleetops.faults import create_zombie_memcgs
 from fleetops.lab import Lab
-from fleetops.lab_faults import install_crashloop_unit
+from fleetops.lab_faults import (
+    UCX_UNFIXED_VERSION,
+    UCX_WHEEL_VERSION,
+    install_crashloop_unit,
+    install_worker_service,
+    worker_pid,
+)
 from fleetops.report import render_scan
 from fleetops.scan import ScanOptions, exit_code, run_scan
 
@@ -48,6 +54,37 @@ def _localhost() -> list[Path]:
 
 def _zombies(report: dict[str, Any], host: str) -> Any:
     return report["hosts"][host]["facts"].get("memcg", {}).get("zombies")
+
+
+def _ucx_incident(lab: Lab, inventory: Path) -> None:
+    """Steps 12-15: the Mistral incident, found, fixed with set-env, rescanned clean."""
+    console.print(
+        Rule(
+            "12. the Mistral incident: vLLM-like services run the real UCX (libucx-cu12 from PyPI) with its defaults"
+        )
+    )
+    hosts = {"lab-02": UCX_UNFIXED_VERSION, "lab-03": UCX_WHEEL_VERSION}
+    for host, version in hosts.items():
+        unit = install_worker_service(lab, host, ucx_version=version)
+        console.print(
+            f"{host}: {unit} runs UCX {version}, pid {worker_pid(lab, host)}: a UCP context with mmap hooks on "
+            "(UCX_MEM_MMAP_HOOK_MODE=bistro) and an unbounded registration cache (UCX_RCACHE_MAX_UNRELEASED=inf)"
+        )
+    _scan(
+        "13. scan: the leaking setup is a warning on UCX 1.19, only info on 1.22 (fixed upstream in 1.21)",
+        ScanOptions(inventory=[inventory]),
+    )
+    console.print(
+        Rule(
+            "14. fleetops remediate set-env --env UCX_MEM_MMAP_HOOK_MODE=none --restart --apply: drop-in, restart"
+        )
+    )
+    rc = cli_main(
+        ["remediate", "set-env", "--unit", "ucx-worker", "--env", "UCX_MEM_MMAP_HOOK_MODE=none", "--restart",
+         "-i", str(inventory), "--limit", ",".join(hosts), "--max-parallel", "1", "--apply"]
+    )  # fmt: skip
+    console.print(f"[dim]remediate exit code {rc}[/]")
+    _scan("15. rescan: no UCX process runs with the leaking setup", ScanOptions(inventory=[inventory]))
 
 
 def run_demo() -> int:
@@ -89,8 +126,9 @@ def run_demo() -> int:
         rc = cli_main(["remediate", "fix", "-i", str(inventory), "--sample-seconds", "5", "--apply"])
         console.print(f"[dim]remediate exit code {rc}[/]")
         _scan("11. rescan: no crash loop left", ScanOptions(inventory=[inventory], sample_seconds=5))
+        _ucx_incident(lab, inventory)
     finally:
-        console.print(Rule("12. tear the lab down"))
+        console.print(Rule("16. tear the lab down"))
         lab.down()
     console.print("[bold green]demo complete[/]")
     return 0

@@ -5,6 +5,12 @@ or a culprit named by the zombie_memcg finding) is turned off; a host that had a
 whose zombie count (not only its growth) is over the warning threshold, is reclaimed. Growth with no
 culprit named is left for a human: reclaiming while an unknown cause keeps making zombies is futile. Rebooting
 what still needs it is a separate, slower rollout (`needs_reboot` in the reclaim result).
+
+A process running UCX with the leaking memory-hook setup (a ucx_mmap_hooks finding of warning or worse)
+gets the environment fix on the systemd service that owns it — ``UCX_MEM_MMAP_HOOK_MODE=none`` by default,
+``UCX_RCACHE_MAX_UNRELEASED=1024`` with ``--ucx-fix rcache-bound`` — through a drop-in, and the service
+is restarted (set_env). A UCX process no system service owns (a container, a user session) is left for a
+human, as is a unit that is also being turned off.
 """
 
 from __future__ import annotations
@@ -12,6 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 ACTIONABLE = ("warning", "critical")
+UCX_FIXES: dict[str, dict[str, str]] = {
+    "hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"},
+    "rcache-bound": {"UCX_RCACHE_MAX_UNRELEASED": "1024"},
+}
 
 
 def _too_many_zombies(data: dict[str, Any]) -> bool:
@@ -24,12 +34,34 @@ def _too_many_zombies(data: dict[str, Any]) -> bool:
     return pct is not None and pct < thresholds.get("headroom_critical_pct", 20.0)
 
 
-def fix_plan_from_report(report: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def _ucx_fix(
+    host: str, data: dict[str, Any], env: dict[str, str], set_env: list[dict[str, Any]], notes: list[str]
+) -> None:
+    unit = data.get("unit")
+    if data.get("fixable_unit") and unit:
+        if all(entry["unit"] != unit for entry in set_env):
+            set_env.append({"unit": unit, "env": dict(env)})
+        return
+    owner = f"{unit} ({data.get('unit_manager')} manager)" if unit else (data.get("cgroup") or "no unit")
+    notes.append(
+        f"{host}: pid {data.get('pid')} ({data.get('comm')}) runs UCX with the leaking hook setup but no "
+        f"system service owns it ({owner}): left for a human"
+    )
+
+
+def fix_plan_from_report(
+    report: dict[str, Any], ucx_fix: str = "hooks-off"
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """``({host: {"disable_units": [...], "reclaim": bool}}, notes)`` for hosts with something to fix.
+
+    A host with a UCX finding to fix also gets ``"set_env": [{"unit": ..., "env": {...}}]``
+    (``ucx_fix`` is a key of UCX_FIXES).
 
     Protected units are not filtered here: disable_unit refuses them on the host (built-in list plus
     --protected), which fails that host and so stops the rollout for a human to look.
     """
+    if ucx_fix not in UCX_FIXES:
+        raise ValueError(f"unknown UCX fix {ucx_fix!r} (one of {', '.join(UCX_FIXES)})")
     plan: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for host, entry in sorted(report["hosts"].items()):
@@ -38,6 +70,7 @@ def fix_plan_from_report(report: dict[str, Any]) -> tuple[dict[str, dict[str, An
             notes.append(f"{host}: {entry['status']} in the scan, left alone{why}")
             continue
         units: list[str] = []
+        set_env: list[dict[str, Any]] = []
         reclaim = False
         for finding in entry["findings"]:
             if finding["severity"] not in ACTIONABLE:
@@ -55,10 +88,15 @@ def fix_plan_from_report(report: dict[str, Any]) -> tuple[dict[str, dict[str, An
                     notes.append(
                         f"{host}: memory cgroups growing with no culprit named: left for a human to look at"
                     )
+            elif finding["check"] == "ucx_mmap_hooks":
+                _ucx_fix(host, finding["data"], UCX_FIXES[ucx_fix], set_env, notes)
         if units:
             reclaim = True
-        if units or reclaim:
+        set_env = [entry for entry in set_env if entry["unit"] not in units]
+        if units or reclaim or set_env:
             plan[host] = {"disable_units": units, "reclaim": reclaim}
+            if set_env:
+                plan[host]["set_env"] = set_env
     if not plan:
         notes.append("no host has a crash-looping unit or zombie memory cgroups to fix")
     return plan, notes

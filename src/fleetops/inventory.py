@@ -121,12 +121,19 @@ def _list_inventory(inventories: Sequence[Path], limit: str | None) -> dict[str,
     if proc.returncode != 0:
         raise UsageError(f"Failed to read inventory: {_ansible_error(proc.stderr)}")
     try:
-        data = json.loads(proc.stdout)
+        data = json.loads(proc.stdout, object_hook=_unwrap_unsafe)
     except json.JSONDecodeError as exc:
         raise UsageError(f"Failed to read inventory: ansible-inventory printed no JSON ({exc})") from None
     if not isinstance(data, dict):
         raise UsageError("Failed to read inventory: ansible-inventory printed no inventory object")
     return data
+
+
+def _unwrap_unsafe(obj: dict[str, Any]) -> Any:
+    """ansible-inventory writes plugin-provided strings as {"__ansible_unsafe": "..."}: read the value."""
+    if len(obj) == 1 and "__ansible_unsafe" in obj:
+        return obj["__ansible_unsafe"]
+    return obj
 
 
 def _ansible_error(stderr: str) -> str:

@@ -16,13 +16,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from fleetops import paths
+from fleetops.errors import UsageError
+from fleetops.inventory import load_hosts
 from fleetops.plan_cli import add_rollout_args, add_target_args, plan_document, plan_from_args
-from fleetops.runner import RunnerOptions, TaskResult, run_playbook
+from fleetops.rollout import (
+    HOST_FAILED,
+    HOST_SKIPPED,
+    Engine,
+    GateCheck,
+    Rollout,
+    RolloutError,
+    locked,
+    new_rollout,
+    preflight,
+)
 
 SCHEMA = "fleetops.rollout/v1"
 EXIT_OK = 0
@@ -42,6 +56,11 @@ class Remediation:
     # Optional: work out, before planning, which hosts need what (``fix`` scans first). Returns the
     # extra vars and the hosts to target (None: every host the inventory and --limit select).
     prepare: Callable[[argparse.Namespace, Console], tuple[dict[str, Any], list[str] | None]] | None = None
+    # Optional: what the batch gate checks on top of "answers, no new critical finding".
+    gate: GateCheck | None = None
+    # Optional: extra vars that make the playbook only probe the host (resume after a kill).
+    probe_vars: dict[str, Any] | None = None
+    cooldown: float = 0.0  # default --cooldown between batches
 
 
 def _disable_unit_args(p: argparse.ArgumentParser) -> None:
@@ -110,6 +129,7 @@ def _fix_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reboot-threshold", type=int, default=1000, metavar="N", help="see reclaim (default: 1000)"
     )
+    _set_env_ucx_fix_arg(p)
 
 
 def _fix_vars(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,14 +149,138 @@ def _fix_prepare(args: argparse.Namespace, console: Console) -> tuple[dict[str, 
     report = run_scan(
         ScanOptions(inventory=inventories, limit=args.limit, sample_seconds=args.sample_seconds)
     )
-    fix_plan, notes = fix_plan_from_report(report)
+    fix_plan, notes = fix_plan_from_report(report, ucx_fix=args.ucx_fix)
     for note in notes:
         console.print(f"[yellow]note: {note}[/]")
     for host, todo in fix_plan.items():
         console.print(
             f"  {host}: disable {', '.join(todo['disable_units']) or '-'}; reclaim {todo['reclaim']}"
+            + _set_env_plan_text(todo)
         )
     return {**_fix_vars(args), "fleetops_fix_plan": fix_plan}, sorted(fix_plan)
+
+
+def _unit_still_looping(post: dict[str, Any], units: list[str]) -> str | None:
+    looping = [
+        f["data"].get("unit")
+        for f in post.get("findings", [])
+        if f.get("check") == "crashloop_unit" and f["data"].get("unit") in units
+    ]
+    return f"gate: still crash looping after the fix: {', '.join(looping)}" if looping else None
+
+
+def _disable_unit_gate(
+    host: str, outcome: dict[str, Any], pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    unit = str(xv.get("fleetops_unit", ""))
+    return _unit_still_looping(post, [unit if "." in unit else unit + ".service"])
+
+
+def _fix_gate(
+    host: str, outcome: dict[str, Any], pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    todo = (xv.get("fleetops_fix_plan") or {}).get(host, {})
+    return _unit_still_looping(post, list(todo.get("disable_units", []))) or _set_env_still_leaking(
+        post, [entry["unit"] for entry in todo.get("set_env", [])]
+    )
+
+
+def _reboot_gate(
+    host: str, outcome: dict[str, Any], pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    before = (outcome.get("before") or {}).get("boot_id")
+    after = (outcome.get("after") or {}).get("boot_id")
+    if not before or not after:
+        return "gate: could not read the boot id before and after the reboot"
+    if before == after:
+        return "gate: boot id unchanged: the host did not reboot"
+    return None
+
+
+def _reboot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reboot-timeout", type=int, default=600, metavar="S", help="seconds to wait for a host to come back"
+    )
+
+
+def _reboot_vars(args: argparse.Namespace) -> dict[str, Any]:
+    return {"fleetops_reboot_timeout": args.reboot_timeout}
+
+
+def _set_env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return name, value
+
+
+def _set_env_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--unit", required=True, metavar="NAME", help="the service whose environment to set")
+    p.add_argument(
+        "--env",
+        action="append",
+        type=_set_env_pair,
+        required=True,
+        metavar="KEY=VALUE",
+        help="a variable to set (repeatable); names and values are validated on the host",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="restart the service when its environment changed (the batches stagger the restarts)",
+    )
+    p.add_argument(
+        "--drop-in",
+        default="50-fleetops-env.conf",
+        metavar="FILE",
+        help="the drop-in under /etc/systemd/system/UNIT.d/ (default: 50-fleetops-env.conf)",
+    )
+
+
+def _set_env_vars(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "fleetops_unit": args.unit,
+        "fleetops_env": dict(args.env),
+        "fleetops_restart": bool(args.restart),
+        "fleetops_drop_in": args.drop_in,
+    }
+
+
+def _set_env_ucx_fix_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ucx-fix",
+        choices=("hooks-off", "rcache-bound"),
+        default="hooks-off",
+        help="the environment fix for services running UCX with leaking memory hooks: "
+        "UCX_MEM_MMAP_HOOK_MODE=none (hooks-off, default) or UCX_RCACHE_MAX_UNRELEASED=1024 (rcache-bound)",
+    )
+
+
+def _set_env_plan_text(todo: dict[str, Any]) -> str:
+    return "".join(
+        f"; set-env {entry['unit']} {' '.join(f'{k}={v}' for k, v in entry['env'].items())} (restart)"
+        for entry in todo.get("set_env", [])
+    )
+
+
+def _set_env_still_leaking(post: dict[str, Any], units: list[str]) -> str | None:
+    leaking = [
+        f["summary"]
+        for f in post.get("findings", [])
+        if f.get("check") == "ucx_mmap_hooks"
+        and f.get("severity") in ("warning", "critical")
+        and (f.get("data") or {}).get("unit") in units
+    ]
+    return f"gate: still running UCX with the leaking setup: {'; '.join(leaking)}" if leaking else None
+
+
+def _set_env_gate(
+    host: str, outcome: dict[str, Any], pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    if not xv.get("fleetops_restart"):
+        return None  # without a restart the running processes keep their old environment
+    unit = str(xv.get("fleetops_unit", ""))
+    return _set_env_still_leaking(post, [unit if "." in unit else unit + ".service"])
 
 
 REMEDIATIONS: dict[str, Remediation] = {
@@ -149,6 +293,7 @@ REMEDIATIONS: dict[str, Remediation] = {
             help="stop, disable and mask a unit (and remove its container)",
             add_args=_disable_unit_args,
             extravars=_disable_unit_vars,
+            gate=_disable_unit_gate,
         ),
         Remediation(
             name="reclaim",
@@ -161,11 +306,32 @@ REMEDIATIONS: dict[str, Remediation] = {
         Remediation(
             name="fix",
             playbook="fleetops.node.remediate_fix",
-            actions=("fleetops.node.disable_unit", "fleetops.node.reclaim_memcg"),
-            help="scan, then fix what was found: turn off crash-looping units, reclaim zombie memcgs",
+            actions=("fleetops.node.disable_unit", "fleetops.node.reclaim_memcg", "fleetops.node.set_env"),
+            help="scan, then fix what was found: turn off crash-looping units, set the UCX fix, reclaim zombie memcgs",
             add_args=_fix_args,
             extravars=_fix_vars,
             prepare=_fix_prepare,
+            gate=_fix_gate,
+        ),
+        Remediation(
+            name="reboot",
+            playbook="fleetops.node.rolling_reboot",
+            actions=("ansible.builtin.reboot",),
+            help="reboot hosts a few at a time; each must come back with a new boot id",
+            add_args=_reboot_args,
+            extravars=_reboot_vars,
+            gate=_reboot_gate,
+            probe_vars={"fleetops_probe_only": True},
+            cooldown=10.0,
+        ),
+        Remediation(
+            name="set-env",
+            playbook="fleetops.node.remediate_set_env",
+            actions=("fleetops.node.set_env",),
+            help="set environment variables of a service (a systemd drop-in), restart it if asked",
+            add_args=_set_env_args,
+            extravars=_set_env_vars,
+            gate=_set_env_gate,
         ),
     )
 }
@@ -202,154 +368,237 @@ class FailureBudget:
         return math.floor((self.percent or Fraction(0)) * hosts / 100)
 
 
-def host_outcome(results: list[TaskResult], actions: tuple[str, ...]) -> dict[str, Any]:
-    """One host's outcome in a batch, from its task results (changed when any remediation task changed)."""
-    for tr in results:
-        if tr.status == "unreachable":
-            return {"status": "unreachable", "changed": False, "msg": tr.msg}
-    failed = next((tr for tr in results if tr.status == "failed"), None)
-    if failed is not None:
-        return {"status": "failed", "changed": False, "msg": failed.msg, "result": _slim(failed.result)}
-    done = [tr for tr in results if tr.action in actions and tr.status == "ok"]
-    if not done and not any(tr.action in actions for tr in results):
-        return {"status": "failed", "changed": False, "msg": "the remediation task did not run"}
-    return {
-        "status": "ok",
-        "changed": any(bool(tr.result.get("changed")) for tr in done),
-        "result": _slim(done[0].result) if len(done) == 1 else {"tasks": [_slim(tr.result) for tr in done]},
-    }
-
-
-def _slim(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in result.items() if not k.startswith("_ansible") and k not in ("invocation",)}
-
-
-def run_rollout(args: argparse.Namespace, remediation: Remediation, console: Console) -> dict[str, Any]:
+def _resolve_targets(
+    args: argparse.Namespace, remediation: Remediation, console: Console
+) -> dict[str, Any] | None:
+    """Extra vars for the rollout, narrowing args.limit to the hosts that need it; None: nothing to do."""
     extravars = remediation.extravars(args)
     if remediation.prepare is not None:
         extravars, targets = remediation.prepare(args, console)
         if targets is not None:
             if not targets:
-                return _empty_report(remediation, args)
+                return None
             args.limit = ",".join(targets)
+    return extravars
+
+
+def start_rollout(args: argparse.Namespace, remediation: Remediation, console: Console) -> Rollout | None:
+    extravars = _resolve_targets(args, remediation, console)
+    if extravars is None:
+        console.print("nothing to do: no host has a finding this remediation acts on")
+        return None
+    if not args.inventory:
+        default = paths.default_inventory()
+        if default is None:
+            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
+        args.inventory = [default]
+    hosts = load_hosts(list(args.inventory), args.limit, args.group_by)
+    reasons: dict[str, str | None] = {}
+    if args.apply:
+        reasons = preflight(hosts, timeout=args.preflight_timeout)
+        down = {h: why for h, why in reasons.items() if why}
+        for host, why in down.items():
+            console.print(f"[yellow]preflight: {host}: {why}[/]")
+        allowed = args.preflight_max_unreachable.tolerated(len(hosts))
+        if len(down) > allowed:
+            raise RolloutError(
+                f"Failed to start the rollout: preflight found {len(down)} of {len(hosts)} host(s) unreachable, "
+                f"more than the {allowed} allowed (--preflight-max-unreachable); nothing was changed"
+            )
+        if down:
+            args.exclude = [*args.exclude, *down]
+            console.print(
+                f"preflight: leaving out {len(down)} unreachable host(s); {len(hosts) - len(down)} ok"
+            )
     plan, group_by = plan_from_args(args)
-    doc = plan_document(remediation.name, plan, group_by)
-    budget = args.max_failures.tolerated(plan.hosts)
-    report: dict[str, Any] = {
-        "schema": SCHEMA,
-        "action": remediation.name,
-        "apply": bool(args.apply),
-        "plan": doc,
-        "max_failures": budget,
-        "batches": [],
-        "stopped": None,
-    }
-    failures = 0
-    for index, batch in enumerate(plan.batches, start=1):
-        mode = "apply" if args.apply else "dry run"
-        console.print(f"[bold]batch {index}/{len(plan.batches)}[/] ({mode}): {' '.join(batch)}")
-        started = time.time()
-        run = run_playbook(
-            RunnerOptions(
-                playbook=remediation.playbook,
-                inventory=list(args.inventory),
-                limit=",".join(batch),
-                extravars=extravars,
-                check=not args.apply,
-                diff=True,
-            )
+    rollout = new_rollout(
+        action=remediation.name,
+        apply=bool(args.apply),
+        inventory=list(args.inventory),
+        extravars=extravars,
+        plan=plan_document(remediation.name, plan, group_by),
+        max_failures=args.max_failures.tolerated(plan.hosts),
+        cooldown=remediation.cooldown if args.cooldown is None else args.cooldown,
+        gate=not args.no_gate,
+        state_path=args.state,
+    )
+    rollout.preflight = reasons
+    for host, reason in reasons.items():
+        if reason:
+            rollout.hosts[host] = HOST_SKIPPED
+            rollout.results[host] = {"status": "skipped", "changed": False, "msg": f"preflight: {reason}"}
+    return rollout
+
+
+def execute(rollout: Rollout, remediation: Remediation, console: Console, break_lock: bool) -> Rollout:
+    targets = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
+    with locked(rollout, targets, break_lock):
+        engine = Engine(
+            rollout=rollout,
+            playbook=remediation.playbook,
+            actions=remediation.actions,
+            gate_check=remediation.gate,
+            console=console,
+            probe_vars=remediation.probe_vars,
         )
-        hosts = {h: host_outcome(run.results_for(h), remediation.actions) for h in batch}
-        for host, outcome in hosts.items():
-            style = "green" if outcome["status"] == "ok" else "bold red"
-            what = "changed" if outcome["changed"] else "ok"
-            if not args.apply and outcome["changed"]:
-                what = "would change"
-            detail = outcome.get("msg") or ", ".join(outcome.get("result", {}).get("actions") or [])
-            console.print(
-                f"  [{style}]{host}: {what if outcome['status'] == 'ok' else outcome['status']}[/] {detail}"
-            )
-        report["batches"].append({"hosts": batch, "started": started, "results": hosts})
-        failures += sum(1 for o in hosts.values() if o["status"] != "ok")
-        if failures > budget:
-            pending = [h for b in plan.batches[index:] for h in b]
-            report["stopped"] = {
-                "after_batch": index,
-                "reason": f"{failures} failed host(s), more than the {budget} tolerated (--max-failures)",
-                "pending": pending,
-            }
-            console.print(
-                f"[bold red]circuit breaker: {report['stopped']['reason']}; {len(pending)} host(s) untouched[/]"
-            )
-            break
-    report["summary"] = _summary(report)
-    return report
+        if rollout.apply:
+            console.print(f"[dim]rollout {rollout.id}: state {rollout.state_path}[/]")
+        return engine.run()
 
 
-def _empty_report(remediation: Remediation, args: argparse.Namespace) -> dict[str, Any]:
-    report: dict[str, Any] = {
+def report_document(rollout: Rollout) -> dict[str, Any]:
+    """The ``fleetops.rollout/v1`` report of a rollout (also what `fleetops report STATE` prints as JSON)."""
+    return {
         "schema": SCHEMA,
-        "action": remediation.name,
-        "apply": bool(args.apply),
-        "plan": {"hosts": 0, "batches": []},
-        "batches": [],
-        "stopped": None,
-        "note": "nothing to fix: no host has a finding this remediation acts on",
+        "id": rollout.id,
+        "action": rollout.action,
+        "apply": rollout.apply,
+        "status": rollout.status,
+        "operator": rollout.operator,
+        "state": rollout.state_path,
+        "plan": rollout.plan,
+        "max_failures": rollout.max_failures,
+        "batches": [
+            {**b, "results": {h: rollout.results.get(h) for h in b["hosts"]}} for b in rollout.batches
+        ],
+        "hosts": rollout.hosts,
+        "stopped": rollout.stopped,
+        "summary": rollout.summary(),
     }
-    report["summary"] = _summary(report)
-    return report
 
 
-def _summary(report: dict[str, Any]) -> dict[str, int]:
-    counts = {"hosts": report["plan"]["hosts"], "ok": 0, "changed": 0, "failed": 0, "unreachable": 0}
-    for batch in report["batches"]:
-        for outcome in batch["results"].values():
-            counts[outcome["status"]] = counts.get(outcome["status"], 0) + 1
-            counts["changed"] += bool(outcome["changed"])
-    counts["pending"] = len(report["stopped"]["pending"]) if report["stopped"] else 0
-    return counts
+def _exit_code(rollout: Rollout) -> int:
+    s = rollout.summary()
+    return EXIT_FAILED if (s["failed"] or rollout.status != "done") else EXIT_OK
+
+
+def print_summary(rollout: Rollout, console: Console) -> None:
+    s = rollout.summary()
+    verb = "changed" if rollout.apply else "would change"
+    console.print(
+        f"{rollout.action}: {s['hosts']} host(s): {s['changed']} {verb}, {s['done']} done, {s['failed']} failed, "
+        f"{s['pending']} pending, {s['skipped']} skipped; status {rollout.status}"
+        + ("" if rollout.apply else " (dry run: add --apply to change hosts)")
+    )
 
 
 def cmd_remediate(args: argparse.Namespace) -> int:
-    remediation = REMEDIATIONS[args.remediation]
     console = Console(stderr=True, highlight=False)
-    report = run_rollout(args, remediation, console)
-    if args.format == "json":
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    if args.resume is not None:
+        if args.remediation is not None:
+            raise UsageError("--resume continues a saved rollout: give no ACTION with it")
+        rollout = Rollout.load(args.resume)
+        if rollout.status == "done":
+            console.print(f"rollout {rollout.id} is already done")
+        else:
+            console.print(f"resuming rollout {rollout.id} ({rollout.action}, status {rollout.status})")
+            rollout = execute(rollout, REMEDIATIONS[rollout.action], console, args.break_lock)
+        fmt = args.format
     else:
-        s = report["summary"]
-        verb = "changed" if args.apply else "would change"
-        Console(highlight=False).print(
-            f"{remediation.name}: {s['hosts']} host(s): {s['changed']} {verb}, {s['failed']} failed, "
-            f"{s['unreachable']} unreachable, {s['pending']} pending"
-            + ("" if args.apply else " (dry run: add --apply to change hosts)")
-        )
-    s = report["summary"]
-    return EXIT_FAILED if (s["failed"] or s["unreachable"] or report["stopped"]) else EXIT_OK
+        if args.remediation is None:
+            raise UsageError("remediate needs an ACTION (" + ", ".join(REMEDIATIONS) + ") or --resume STATE")
+        remediation = REMEDIATIONS[args.remediation]
+        started = start_rollout(args, remediation, console)
+        if started is None:
+            if args.format == "json":
+                sys.stdout.write(json.dumps({"schema": SCHEMA, "action": remediation.name, "apply": bool(args.apply),
+                                             "plan": {"hosts": 0, "batches": []}, "batches": [], "stopped": None,
+                                             "summary": {"hosts": 0, "changed": 0, "done": 0, "failed": 0,
+                                                         "pending": 0, "skipped": 0}}, indent=2) + "\n")  # fmt: skip
+            return EXIT_OK
+        rollout = execute(started, remediation, console, args.break_lock)
+        fmt = args.format
+    if fmt == "json":
+        sys.stdout.write(json.dumps(report_document(rollout), indent=2, default=str) + "\n")
+    else:
+        print_summary(rollout, Console(highlight=False))
+    return _exit_code(rollout)
+
+
+def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
+    rp.add_argument("--apply", action="store_true", help="change hosts (default: dry run, check mode + diff)")
+    rp.add_argument(
+        "--max-failures",
+        type=FailureBudget.parse,
+        default=FailureBudget(count=0),
+        metavar="N|P%",
+        help="failed hosts tolerated before the rollout stops (default: 0)",
+    )
+    rp.add_argument("--cooldown", type=float, default=None, metavar="S", help="seconds between batches")
+    rp.add_argument("--no-gate", action="store_true", help="skip the health gate after each batch")
+    rp.add_argument(
+        "--preflight-max-unreachable",
+        type=FailureBudget.parse,
+        default=FailureBudget(count=0),
+        metavar="N|P%",
+        help="unreachable hosts (ssh, host key, login) left out before the rollout refuses to start (default: 0)",
+    )
+    rp.add_argument("--preflight-timeout", type=float, default=5.0, metavar="S", help=argparse.SUPPRESS)
+    rp.add_argument("--state", type=Path, metavar="FILE", help="where to keep the rollout state (default: under "
+                    "$FLEETOPS_STATE_DIR, /var/lib/fleetops as root)")  # fmt: skip
+    rp.add_argument("--break-lock", action="store_true", help="take host locks held by a stale rollout")
+    rp.add_argument("--format", choices=("table", "json"), default="table")
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
-    """Add ``fleetops remediate ACTION ...`` with one sub-command per remediation."""
+    """Add ``fleetops remediate ACTION ...`` (one sub-command per remediation) and ``--resume STATE``."""
     p = subparsers.add_parser(
         "remediate",
         help="run a remediation in rolling batches (a dry run unless --apply)",
-        description="Run a remediation batch by batch (one ansible-runner invocation per batch), "
-        "planned with the same caps as `fleetops plan`. Dry run (check mode + diff) unless --apply.",
+        description="Run a remediation batch by batch (one ansible-runner invocation per batch), planned "
+        "with the same caps as `fleetops plan`, with a preflight, a health gate after each batch, a circuit "
+        "breaker, host locks, an audit log and resumable state. Dry run (check mode + diff) unless --apply.",
+        epilog="Exit codes: 0 done, 2 usage error, 3 a host failed or the rollout stopped, 4 hosts locked "
+        "by another rollout.",
     )
+    p.add_argument("--resume", type=Path, metavar="STATE", help="continue a rollout from its state file")
+    p.add_argument(
+        "--break-lock", action="store_true", help="with --resume: take locks held by a stale rollout"
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table")
     sub = p.add_subparsers(dest="remediation", metavar="ACTION", parser_class=type(p))
-    sub.required = True
     for remediation in REMEDIATIONS.values():
         rp = sub.add_parser(remediation.name, help=remediation.help, description=remediation.help)
         remediation.add_args(rp)
         add_target_args(rp)
         add_rollout_args(rp)
-        rp.add_argument("--apply", action="store_true", help="change hosts (default: dry run)")
-        rp.add_argument(
-            "--max-failures",
-            type=FailureBudget.parse,
-            default=FailureBudget(count=0),
-            metavar="N|P%",
-            help="failed hosts tolerated before the rollout stops (default: 0)",
+        _add_rollout_options(rp)
+        rp.set_defaults(resume=None)
+    p.set_defaults(func=cmd_remediate, remediation=None)
+
+
+def register_report[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
+    """``fleetops report STATE``: what a rollout did (batches, hosts, failures, what is left)."""
+    p = subparsers.add_parser("report", help="summarise a rollout from its state file")
+    p.add_argument("state", type=Path, metavar="STATE")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    rollout = Rollout.load(args.state)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(report_document(rollout), indent=2, default=str) + "\n")
+        return 0
+    console = Console(highlight=False)
+    console.print(f"[bold]rollout {rollout.id}[/]: {rollout.action}, {'apply' if rollout.apply else 'dry run'}, "
+                  f"by {rollout.operator}, status {rollout.status}")  # fmt: skip
+    table = Table()
+    for col in ("batch", "hosts", "started", "took", "results"):
+        table.add_column(col)
+    for b in rollout.batches:
+        took = f"{b['finished'] - b['started']:.1f}s" if b.get("finished") else "(cut short)"
+        results = ", ".join(f"{h}:{rollout.hosts.get(h)}" for h in b["hosts"])
+        started = time.strftime("%H:%M:%S", time.localtime(b["started"]))
+        table.add_row(str(b.get("index", "")), str(len(b["hosts"])), started, took, results)
+    console.print(table)
+    for host, outcome in rollout.results.items():
+        if rollout.hosts.get(host) in (HOST_FAILED, HOST_SKIPPED):
+            console.print(f"  [red]{host}[/]: {outcome.get('gate') or outcome.get('msg')}")
+    if rollout.stopped:
+        console.print(
+            f"[bold red]stopped[/] after batch {rollout.stopped['after_batch']}: {rollout.stopped['reason']}"
         )
-        rp.add_argument("--format", choices=("table", "json"), default="table")
-        rp.set_defaults(func=cmd_remediate)
+        console.print(f"pending ({len(rollout.stopped['pending'])}): {' '.join(rollout.stopped['pending'])}")
+    print_summary(rollout, console)
+    return 0 if rollout.status == "done" and not rollout.failures() else EXIT_FAILED

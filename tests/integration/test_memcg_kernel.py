@@ -22,6 +22,7 @@ from ansible_collections.fleetops.node.plugins.modules import node_health  # noq
 
 from fleetops import faults  # noqa: E402
 from fleetops.errors import FleetopsError  # noqa: E402
+from tests.localrun import run_command  # noqa: E402
 
 COUNT = 300
 SLACK = 30  # other processes on this machine create and free cgroups too
@@ -63,6 +64,7 @@ def test_real_zombies_are_counted_and_freed() -> None:
             "zombie_warning": max(1, during["zombies"] - 10),
             "zombie_critical": during["zombies"] + 100000,
             "headroom_critical_pct": 0.0,
+            "_run": run_command,
         }
         result = node_health.run_checks(params)
         assert result["errors"] == []

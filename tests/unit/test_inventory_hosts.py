@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,12 @@ def test_hosts_from_list_reads_every_group_and_the_hostvars() -> None:
     }
     hosts = hosts_from_list(data)
     assert [(h.name, h.group) for h in hosts] == [("a", "z1"), ("b", None), ("c", None), ("orphan", "z2")]
+
+
+def test_plugin_strings_marked_unsafe_are_read_as_plain_values() -> None:
+    from fleetops.inventory import _unwrap_unsafe
+
+    text = '{"h": {"ec2_az": {"__ansible_unsafe": "us-east-1a"}, "n": 1, "other": {"a": 1, "b": 2}}}'
+    assert json.loads(text, object_hook=_unwrap_unsafe) == {
+        "h": {"ec2_az": "us-east-1a", "n": 1, "other": {"a": 1, "b": 2}}
+    }

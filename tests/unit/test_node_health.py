@@ -87,6 +87,14 @@ def test_registry_matches_documented_choices() -> None:
         ({"zombie_warning": -1}, "zombie_warning must not be negative, got -1"),
         ({"sample_seconds": -0.5}, "sample_seconds must not be negative, got -0.5"),
         ({"headroom_critical_pct": 100.5}, "headroom_critical_pct must be at most 100, got 100.5"),
+        (
+            {"anon_growth_warning_mb_per_min": -1.0},
+            "anon_growth_warning_mb_per_min must not be negative, got -1.0",
+        ),
+        (
+            {"anon_growth_warning_mb_per_min": 500.0, "anon_growth_critical_mb_per_min": 400.0},
+            "anon_growth_warning_mb_per_min (500.0) must not be greater than anon_growth_critical_mb_per_min (400.0)",
+        ),
     ],
 )
 def test_validate(overrides: dict[str, Any], problem: str | None) -> None:
@@ -96,9 +104,19 @@ def test_validate(overrides: dict[str, Any], problem: str | None) -> None:
 def test_run_checks_on_this_host() -> None:
     result = node_health.run_checks(params())
     assert set(result) == {"facts", "findings", "errors", "checks", "duration_ms"}
-    assert result["checks"] == ["zombie_memcg", "crashloop_unit"]
+    assert result["checks"] == [
+        "zombie_memcg",
+        "crashloop_unit",
+        "anon_rss_growth",
+        "ucx_mmap_hooks",
+        "ec2_scheduled_event",
+    ]
     assert result["errors"] == []
     assert set(result["facts"]["memcg"]) == MEMCG_KEYS
+    # private per-process samples never leave the module
+    assert not [k for facts in result["facts"].values() for k in facts if k.startswith("_")]
+    assert result["facts"]["anon_rss"]["sampled"] is False
+    assert result["facts"]["ucx"]["processes_scanned"] > 0
     assert result["duration_ms"] > 0
 
 
@@ -140,7 +158,7 @@ def test_sampling_reports_growth(monkeypatch: pytest.MonkeyPatch) -> None:
     growth = result["facts"]["memcg"]["growth"]
     assert 0.2 <= growth["seconds"] < 1.0
     assert growth["zombies_per_min"] == pytest.approx(100 * 60 / growth["seconds"], rel=0.01)
-    (finding,) = result["findings"]
+    (finding,) = [f for f in result["findings"] if f["check"] == "zombie_memcg"]
     assert finding["severity"] == "warning"
     assert "zombies +" in finding["summary"]
     assert result["duration_ms"] >= 200
@@ -264,6 +282,11 @@ def test_ansible_doc_renders(tmp_path: Path) -> None:
         "crashloop_critical_per_min",
         "journal_window_seconds",
         "zombie_growth_warning_per_min",
+        "anon_growth_warning_mb_per_min",
+        "anon_growth_critical_mb_per_min",
+        "inventory_events",
+        "imds",
+        "imds_url",
     }
 
 
@@ -282,3 +305,57 @@ def test_a_failed_second_sample_keeps_the_first(monkeypatch: pytest.MonkeyPatch)
     assert result["errors"] == [
         {"check": "zombie_memcg", "msg": "Failed to read /proc/cgroups: Permission denied"}
     ]
+
+
+def test_ucx_findings_know_what_anon_rss_growth_saw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A UCX < 1.21 process with the leaking setup is critical when the same scan sees it grow."""
+    entry = {
+        "pid": 4242, "comm": "python3", "unit": "vllm.service", "unit_manager": "system", "fixable_unit": True,
+        "version": "1.19.0", "restart_pending": False,
+        "variables": {
+            "UCX_MEM_MMAP_HOOK_MODE": {"value": "bistro", "source": "default", "environ": None, "unit": None},
+            "UCX_RCACHE_MAX_UNRELEASED": {"value": "inf", "source": "default", "environ": None, "unit": None},
+        },
+    }  # fmt: skip
+    anon = iter([
+        {4242: [7, "python3", 1024, 2048, 4096], 1: [1, "init", 10, 10, 10]},
+        {4242: [7, "python3", 1024 + 80 * 1024, 2048 + 80 * 1024, 4096], 1: [1, "init", 10, 10, 10]},
+    ])  # fmt: skip
+
+    def anon_sample(params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "sampled": False,
+            "_procs": next(anon),
+            "_threshold": params["anon_growth_warning_mb_per_min"],
+        }
+
+    no_detail = {"smaps_rollup": None, "map_count": None, "cmdline": None, "unit": None, "unit_manager": None}
+    from ansible_collections.fleetops.node.plugins.module_utils import procs
+
+    monkeypatch.setattr(procs, "read_detail", lambda pid, proc: dict(no_detail))
+    monkeypatch.setitem(
+        node_health.DETECTORS,
+        "anon_rss_growth",
+        node_health.DETECTORS["anon_rss_growth"]._replace(
+            sample=anon_sample,
+            add_growth=lambda first, second, seconds: procs.add_growth(
+                first, second, seconds, read=procs.read_detail
+            ),
+        ),
+    )
+    monkeypatch.setitem(
+        node_health.DETECTORS,
+        "ucx_mmap_hooks",
+        node_health.DETECTORS["ucx_mmap_hooks"]._replace(sample=lambda params: {"processes": [dict(entry)]}),
+    )
+    one = node_health.run_checks(params(checks=["anon_rss_growth", "ucx_mmap_hooks"]))
+    assert [f["severity"] for f in one["findings"]] == ["warning"]  # one sample: growth unknown
+    anon = iter([
+        {4242: [7, "python3", 1024, 2048, 4096]},
+        {4242: [7, "python3", 1024 + 80 * 1024, 2048 + 80 * 1024, 4096]},
+    ])  # fmt: skip
+    two = node_health.run_checks(params(checks=["anon_rss_growth", "ucx_mmap_hooks"], sample_seconds=0.2))
+    growth, hooks = two["findings"]
+    assert growth["check"] == "anon_rss_growth" and growth["data"]["pid"] == 4242
+    assert hooks["check"] == "ucx_mmap_hooks" and hooks["severity"] == "critical"
+    assert hooks["data"]["growth"]["anon_mb_per_min"] == growth["data"]["anon_mb_per_min"]
