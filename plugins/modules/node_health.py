@@ -46,6 +46,9 @@ description:
   - A detector that cannot run (unreadable or malformed input) adds an entry to RV(errors);
     the module itself still succeeds.
   - Never changes anything on the host.
+  - Also a facts module. With C(fleetops.node.node_health) in the C(facts_modules) setting (or
+    C(ANSIBLE_FACTS_MODULES)), a plain C(gather_facts) returns its facts, findings and errors under
+    the one fact C(fleetops_node_health), so playbooks can branch on them.
 options:
   checks:
     description:
@@ -174,6 +177,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_facts:
+  description: The same data under one namespaced fact, for use as a facts module.
+  returned: always
+  type: dict
+  contains:
+    fleetops_node_health:
+      description: C(facts), C(findings), C(errors) and C(checks), as below.
+      type: dict
+      returned: always
 checks:
   description: The detectors that ran, in order.
   returned: always
@@ -547,7 +559,10 @@ def main():
     if problem:
         module.fail_json(msg="Failed to validate node_health options: %s" % problem)
     params = dict(module.params, _run=module.run_command)
-    module.exit_json(changed=False, **run_checks(params))
+    result = run_checks(params)
+    # As a facts module (facts_modules / gather_facts) the same data lands under one namespaced fact.
+    fact = dict((key, result[key]) for key in ("facts", "findings", "errors", "checks"))
+    module.exit_json(changed=False, ansible_facts={"fleetops_node_health": fact}, **result)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,12 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
         "memcg_id_headroom", "Memory cgroup IDs left before the 65,535 limit (mkdir fails: ENOSPC)"
     )
     findings = gauge("findings", "Findings by severity", ("host", "severity"))
+    looping = gauge("crashloop_units", "Services crash looping (crashloop_unit findings of warning or worse)")
+    ucx_risky = gauge(
+        "ucx_risky_processes",
+        "Processes with UCX mmap hooks on and an unbounded rcache (ucx_mmap_hooks findings)",
+    )
+    leaking = gauge("anon_rss_growing_processes", "Processes growing anonymous memory past the threshold")
     errors = gauge("detector_errors", "Detectors that could not run on the host")
 
     for host, entry in report["hosts"].items():
@@ -54,6 +60,13 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
                 counts[f["severity"]] = counts.get(f["severity"], 0) + 1
             for sev, n in counts.items():
                 findings.labels(host, sev).set(n)
+            by_check: dict[str, int] = {}
+            for f in entry["findings"]:
+                if f["severity"] in ("warning", "critical") or f["check"] == "ucx_mmap_hooks":
+                    by_check[f["check"]] = by_check.get(f["check"], 0) + 1
+            looping.labels(host).set(by_check.get("crashloop_unit", 0))
+            ucx_risky.labels(host).set(by_check.get("ucx_mmap_hooks", 0))
+            leaking.labels(host).set(by_check.get("anon_rss_growth", 0))
             errors.labels(host).set(len(entry.get("errors") or []))
 
     Gauge(f"{PREFIX}_scan_duration_seconds", "Wall time of the whole scan", registry=reg).set(

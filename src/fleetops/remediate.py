@@ -463,8 +463,20 @@ def report_document(rollout: Rollout) -> dict[str, Any]:
         ],
         "hosts": rollout.hosts,
         "stopped": rollout.stopped,
+        "needs_reboot": needs_reboot(rollout),
         "summary": rollout.summary(),
     }
+
+
+def needs_reboot(rollout: Rollout) -> list[str]:
+    """Hosts whose reclaim left zombies at or above its reboot threshold: the rolling reboot's input."""
+    hosts = []
+    for host, outcome in rollout.results.items():
+        result = (outcome or {}).get("result") or {}
+        results = result.get("tasks") if "tasks" in result else [result]
+        if any(isinstance(r, dict) and r.get("needs_reboot") for r in results or []):
+            hosts.append(host)
+    return sorted(hosts)
 
 
 def _exit_code(rollout: Rollout) -> int:
@@ -480,6 +492,12 @@ def print_summary(rollout: Rollout, console: Console) -> None:
         f"{s['pending']} pending, {s['skipped']} skipped; status {rollout.status}"
         + ("" if rollout.apply else " (dry run: add --apply to change hosts)")
     )
+    still = needs_reboot(rollout)
+    if still:
+        console.print(
+            f"[yellow]{len(still)} host(s) still need a reboot (zombies the reclaim could not free): "
+            f"{' '.join(still)}[/]\n  next: fleetops remediate reboot -i INVENTORY --limit {','.join(still)} --apply"
+        )
 
 
 def cmd_remediate(args: argparse.Namespace) -> int:

@@ -98,3 +98,14 @@ def test_prometheus_textfile_matches_the_json_report(tmp_path: Path) -> None:
         expected = sum(1 for f in report["hosts"]["localhost"]["findings"] if f["severity"] == sev)
         assert samples[("fleetops_findings", (("host", "localhost"), ("severity", sev)))] == expected
     assert samples[("fleetops_scan_hosts", (("status", "ok"),))] == report["summary"]["ok"]
+    findings = report["hosts"]["localhost"]["findings"]
+    for metric, check in (
+        ("fleetops_crashloop_units", "crashloop_unit"),
+        ("fleetops_ucx_risky_processes", "ucx_mmap_hooks"),
+        ("fleetops_anon_rss_growing_processes", "anon_rss_growth"),
+    ):
+        assert samples[(metric, host)] == sum(
+            1
+            for f in findings
+            if (f["check"] == check and f["severity"] != "info") or (f["check"] == check == "ucx_mmap_hooks")
+        )

@@ -149,3 +149,16 @@ def test_ssh_params_from_hostvars() -> None:
         "known_hosts": ["/var/lib/fleetops/lab/known_hosts"],
     }
     assert _ssh_params(InventoryHost("localhost", None, hostvars={"ansible_connection": "local"})) is None
+
+
+def test_fix_reports_the_hosts_that_still_need_a_reboot(tmp_path: Path) -> None:
+    from fleetops.remediate import needs_reboot
+
+    r = _rollout(tmp_path, [["a", "b", "c"]])
+    r.results["a"] = {
+        "status": "ok",
+        "result": {"tasks": [{"changed": True}, {"needs_reboot": True, "freed": 3}]},
+    }
+    r.results["b"] = {"status": "ok", "result": {"needs_reboot": False, "freed": 1500}}
+    r.results["c"] = {"status": "failed", "msg": "unreachable"}
+    assert needs_reboot(r) == ["a"]
