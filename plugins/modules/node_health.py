@@ -39,6 +39,11 @@ description:
     (C(UCX_RCACHE_MAX_UNRELEASED) unset or C(inf)) is the Mistral leak on UCX < 1.21 or an
     unknown version. That is a warning, or critical when C(anon_rss_growth) sees the process
     growing in the same scan. On UCX >= 1.21 (openucx/ucx#11248) the same setup is only info.
+  - C(crashloop_container) reports docker containers that are re-created or restarted over and over
+    (two docker calls for all of them). RestartCount only counts Docker's own restart policy; the ECS
+    agent re-creates its container on every start, so a new Id under the same name between two samples
+    (or a container created seconds ago and already exited) counts too. No docker, or a daemon that
+    does not answer, is no finding and no error.
   - C(ec2_scheduled_event) reports EC2 maintenance events scheduled for the instance, from the
     inventory (O(inventory_events), which the scan playbook fills from the C(fleetops.node.ec2)
     plugin's C(ec2_scheduled_events)) merged with the instance metadata service (IMDSv2), asked only
@@ -55,7 +60,7 @@ options:
       - Detectors to run. Default is all of them.
     type: list
     elements: str
-    choices: [zombie_memcg, crashloop_unit, anon_rss_growth, ucx_mmap_hooks, ec2_scheduled_event]
+    choices: [zombie_memcg, crashloop_unit, crashloop_container, anon_rss_growth, ucx_mmap_hooks, ec2_scheduled_event]
   sample_seconds:
     description:
       - When greater than 0, take two samples this many seconds apart and report growth
@@ -243,6 +248,13 @@ facts:
           C(cmdline), C(unit), C(unit_manager).
       returned: when anon_rss_growth ran without error
       type: dict
+    containers:
+      description:
+        - Facts of C(crashloop_container). C(docker) false (with C(reason)) without docker or a daemon;
+          C(containers) keyed by name with C(id), C(image), C(status), C(restart_count),
+          C(created_age_s), C(started_age_s), and with two samples C(recreated), C(restarts_per_min).
+      returned: when crashloop_container ran
+      type: dict
     ec2_events:
       description:
         - Facts of C(ec2_scheduled_event). C(events) (each with C(code), C(description), C(not_before),
@@ -312,7 +324,14 @@ import collections
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.fleetops.node.plugins.module_utils import crashloop, ec2events, memcg, procs, ucx
+from ansible_collections.fleetops.node.plugins.module_utils import (
+    containers,
+    crashloop,
+    ec2events,
+    memcg,
+    procs,
+    ucx,
+)
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     DetectorError,
     fmt_int,
@@ -373,6 +392,15 @@ DETECTORS = collections.OrderedDict(
                 sample=_crashloop_sample,
                 add_growth=crashloop.add_growth,
                 evaluate=lambda facts, params: crashloop.evaluate(facts, _crashloop_thresholds(params)),
+            ),
+        ),
+        (
+            "crashloop_container",
+            Detector(
+                fact_key="containers",
+                sample=lambda params: containers.collect(params.get("_run") or _no_runner, params.get("_docker")),
+                add_growth=containers.add_growth,
+                evaluate=lambda facts, params: containers.evaluate(facts, _crashloop_thresholds(params)),
             ),
         ),
         (
@@ -558,7 +586,7 @@ def main():
     problem = _validate(module.params)
     if problem:
         module.fail_json(msg="Failed to validate node_health options: %s" % problem)
-    params = dict(module.params, _run=module.run_command)
+    params = dict(module.params, _run=module.run_command, _docker=module.get_bin_path("docker"))
     result = run_checks(params)
     # As a facts module (facts_modules / gather_facts) the same data lands under one namespaced fact.
     fact = dict((key, result[key]) for key in ("facts", "findings", "errors", "checks"))

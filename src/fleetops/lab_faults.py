@@ -77,17 +77,7 @@ def install_crashloop_unit(
         script: (_SCRIPT.format(name=name, data_dir=data_dir, mb=mb), "0755"),
         f"{UNIT_DIR}/{unit}": (_UNIT.format(restart_sec=restart_sec, script=script), "0644"),
     }
-    for path, (text, mode) in files.items():
-        lab.run(
-            host,
-            f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && cat > {shlex.quote(path)} && chmod {mode} {shlex.quote(path)}",
-            input=text,
-            check=True,
-        )
-    lab.run(
-        host, f"systemctl daemon-reload && systemctl enable {'--now ' if start else ''}{unit}", check=True
-    )
-    return unit
+    return _install_unit(lab, host, files, unit, start)
 
 
 def remove_crashloop_unit(lab: Lab, host: str, *, name: str = "ecs") -> None:
@@ -300,17 +290,7 @@ def install_worker_service(
             "0644",
         ),
     }  # fmt: skip
-    for path, (text, mode) in files.items():
-        lab.run(
-            host,
-            f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && cat > {shlex.quote(path)} && chmod {mode} {shlex.quote(path)}",
-            input=text,
-            check=True,
-        )
-    lab.run(
-        host, f"systemctl daemon-reload && systemctl enable {'--now ' if start else ''}{unit}", check=True
-    )
-    return unit
+    return _install_unit(lab, host, files, unit, start)
 
 
 def worker_pid(lab: Lab, host: str, *, name: str = "ucx-worker", timeout: float = 30.0) -> int:
@@ -350,3 +330,18 @@ def remove_worker_service(lab: Lab, host: str, *, name: str = "ucx-worker") -> N
         f"{WORKER_STATE.format(name=name)}; systemctl daemon-reload; systemctl reset-failed",
         check=False,
     )
+
+
+def _install_unit(lab: Lab, host: str, files: dict[str, tuple[str, str]], unit: str, start: bool) -> str:
+    """Write ``files`` ({path: (text, mode)}) on a lab host, then daemon-reload and enable (and start) ``unit``."""
+    for path, (text, mode) in files.items():
+        lab.run(
+            host,
+            f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && cat > {shlex.quote(path)} && chmod {mode} {shlex.quote(path)}",
+            input=text,
+            check=True,
+        )
+    lab.run(
+        host, f"systemctl daemon-reload && systemctl enable {'--now ' if start else ''}{unit}", check=True
+    )
+    return unit

@@ -107,6 +107,7 @@ def test_run_checks_on_this_host() -> None:
     assert result["checks"] == [
         "zombie_memcg",
         "crashloop_unit",
+        "crashloop_container",
         "anon_rss_growth",
         "ucx_mmap_hooks",
         "ec2_scheduled_event",

@@ -36,7 +36,8 @@ def test_gather_facts_with_node_health_as_the_facts_module(tmp_path: Path) -> No
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (
-        "CHECKS=zombie_memcg,crashloop_unit,anon_rss_growth,ucx_mmap_hooks,ec2_scheduled_event" in proc.stdout
+        "CHECKS=zombie_memcg,crashloop_unit,crashloop_container,anon_rss_growth,ucx_mmap_hooks,ec2_scheduled_event"
+        in proc.stdout
     )
     assert "ERRORS=0" in proc.stdout
     assert "CG=1" in proc.stdout
