@@ -38,3 +38,33 @@ def fleetops(*args: str, timeout: float = 300, env: dict[str, str] | None = None
         stdin=subprocess.DEVNULL,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_module(
+    tmp_path: Path, module: str, args: str, *extra: str, python: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    """``ansible localhost -m MODULE -a ARGS`` on this machine; the result as the tree callback saved it."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {python or sys.executable}\n"
+    )
+    tree = tmp_path / "tree"
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
+        "ANSIBLE_CALLBACK_TREE_DIR": str(tree),
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible")), "localhost", "-i", str(inventory), "-m", module,
+         "-a", args, *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    result_file = tree / "localhost"
+    assert result_file.exists(), proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(result_file.read_text())
+    return proc.returncode, result

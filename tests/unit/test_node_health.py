@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import run_module
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "collections"))
 
@@ -174,43 +176,7 @@ def run_adhoc(
     tmp_path: Path, args: str, *extra: str, python: str | None = None
 ) -> tuple[int, dict[str, Any]]:
     """``ansible localhost -m fleetops.node.node_health``; the result as the tree callback saved it."""
-    inventory = tmp_path / "hosts.yml"
-    interpreter = python or sys.executable
-    inventory.write_text(
-        f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n      ansible_python_interpreter: {interpreter}\n"
-    )
-    tree = tmp_path / "tree"
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
-        "ANSIBLE_CALLBACK_TREE_DIR": str(tree),
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    proc = subprocess.run(
-        [
-            str(ANSIBLE),
-            "localhost",
-            "-i",
-            str(inventory),
-            "-m",
-            "fleetops.node.node_health",
-            "-a",
-            args,
-            *extra,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    result_file = tree / "localhost"
-    assert result_file.exists(), proc.stdout + proc.stderr
-    return proc.returncode, json.loads(result_file.read_text())
+    return run_module(tmp_path, "fleetops.node.node_health", args, *extra, python=python)
 
 
 def test_module_end_to_end(tmp_path: Path) -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,8 @@ from ansible_collections.fleetops.node.plugins.modules import set_env
 from hypothesis import given
 from hypothesis import strategies as st
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE = Path(sys.executable).with_name("ansible")
+from tests.helpers import run_module
+
 TRICKY = {
     "SPACES": "x y  z",
     "DQUOTE": 'q"uote',
@@ -137,43 +135,7 @@ def test_write_atomic_modes_and_no_leftovers(tmp_path: Path) -> None:
 
 
 def run_adhoc(tmp_path: Path, args: dict[str, Any], *extra: str) -> tuple[int, dict[str, Any]]:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
-        f"      ansible_python_interpreter: {sys.executable}\n"
-    )
-    tree = tmp_path / "tree"
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.builtin.tree",
-        "ANSIBLE_CALLBACK_TREE_DIR": str(tree),
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    proc = subprocess.run(
-        [
-            str(ANSIBLE),
-            "localhost",
-            "-i",
-            str(inventory),
-            "-m",
-            "fleetops.node.set_env",
-            "-a",
-            json.dumps(args),
-            *extra,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    result_file = tree / "localhost"
-    assert result_file.exists(), proc.stdout + proc.stderr
-    return proc.returncode, json.loads(result_file.read_text())
+    return run_module(tmp_path, "fleetops.node.set_env", json.dumps(args), *extra)
 
 
 @pytest.mark.parametrize(
