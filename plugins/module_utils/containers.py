@@ -23,7 +23,11 @@ import json
 import re
 import time
 
-from ansible_collections.fleetops.node.plugins.module_utils.findings import DetectorError, make_finding
+from ansible_collections.fleetops.node.plugins.module_utils.findings import (
+    DetectorError,
+    make_finding,
+    restart_rate_severity,
+)
 
 CHECK = "crashloop_container"
 RECENT_SECONDS = 60
@@ -128,10 +132,7 @@ def evaluate(facts, thresholds=None):
         rate = data.get("restarts_per_min")
         severity = None
         if rate is not None:
-            if rate >= limits["crashloop_critical_per_min"]:
-                severity = "critical"
-            elif rate >= limits["crashloop_warning_per_min"]:
-                severity = "warning"
+            severity = restart_rate_severity(rate, limits)
             what = "re-created or restarted %s times in %ss (%s/min)" % (
                 data["restarts_in_window"], facts.get("window_seconds"), rate)
         else:

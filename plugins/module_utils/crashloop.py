@@ -25,6 +25,7 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     DetectorError,
     fmt_int,
     make_finding,
+    restart_rate_severity,
 )
 from ansible_collections.fleetops.node.plugins.module_utils.systemd import is_systemd_host, parse_show
 
@@ -198,10 +199,7 @@ def evaluate(facts, thresholds=None):
         rate = data.get("restarts_per_min")
         severity = None
         if rate is not None:
-            if rate >= limits["crashloop_critical_per_min"]:
-                severity = "critical"
-            elif rate >= limits["crashloop_warning_per_min"]:
-                severity = "warning"
+            severity = restart_rate_severity(rate, limits)
         elif data["n_restarts"] >= limits["crashloop_min_restarts"] and data["sub_state"] == "auto-restart":
             severity = "warning"  # no rate source: between crashes with restarts piling up
         if severity is None and data["result"] == "start-limit-hit" and data["unit_file_state"] == "enabled":

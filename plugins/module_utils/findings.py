@@ -62,6 +62,15 @@ def make_finding(check, severity, summary, data=None):
     }
 
 
+def restart_rate_severity(rate, limits):
+    """critical / warning / None for a restarts-per-minute rate against the crashloop_* thresholds."""
+    if rate >= limits["crashloop_critical_per_min"]:
+        return "critical"
+    if rate >= limits["crashloop_warning_per_min"]:
+        return "warning"
+    return None
+
+
 def make_error(check, msg):
     """One errors entry: a detector that could not run (the module itself still succeeds)."""
     return {"check": check, "msg": str(msg)}
