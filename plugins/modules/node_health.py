@@ -48,6 +48,31 @@ description:
     inventory (O(inventory_events), which the scan playbook fills from the C(fleetops.node.ec2)
     plugin's C(ec2_scheduled_events)) merged with the instance metadata service (IMDSv2), asked only
     when the host's firmware says it is an EC2 instance, with short timeouts.
+  - C(unexpected_unit) lists the units enabled on the host (the links in systemd's C(*.wants) /
+    C(*.requires) directories as candidates, then one C(systemctl list-unit-files --state=enabled,enabled-runtime)
+    for them; listing every unit file costs ~0.6 s on systemd 252) and the C(Environment=) of the key services
+    (O(env_units), one C(systemctl show) call). With O(unit_allowlist), every enabled unit no pattern matches is a
+    warning that names it and whether the image (its vendor preset) enabled it; without one, facts only.
+  - C(ena_resets) finds interfaces on the EC2 C(ena) driver (C(/sys/class/net/*/device/driver)), reads one
+    C(ethtool -S) per ENA interface (C(total_resets), C(reset_fail), C(tx_timeout), C(wd_expired),
+    C(missing_tx_cmpl), ... whichever the driver has) and the driver's reset lines in the kernel log. Any reset or
+    TX timeout since the driver loaded, or between two samples, is a warning; C(reset_fail), a failed reset, or at
+    least O(ena_resets_critical) resets is critical. No ENA interface is no finding; ENA without C(ethtool) is an
+    error.
+  - C(cpu_starvation) (with O(sample_seconds)) reads the C(cpuN) lines of C(/proc/stat), C(/proc/softirqs) and
+    C(/proc/interrupts) at both ends and reports CPUs whose system + irq + softirq share of the interval reaches
+    O(cpu_system_warning_pct) (critical at O(cpu_system_critical_pct)), with the softirqs (C(NET_RX), ...) and
+    interrupts that grew on them. With one sample, facts only.
+  - C(gpu_health) parses the NVIDIA driver's Xid lines in the kernel log (code, PCI address, pid, process, time; Xid 154's
+    recovery action) and, when C(nvidia-smi) exists, one C(nvidia-smi --query-gpu) call for ECC and row-remap
+    counters. Severity follows the immediate action of NVIDIA's Xid catalog (79, 48, 74, 95, 119, ... critical;
+    63, 94 warning; application faults info); uncorrectable volatile ECC errors or a remap failure are critical, a
+    pending remap a warning. No GPU, no finding.
+  - The kernel log is read once per sample for C(ena_resets) and C(gpu_health), from C(/dev/kmsg) (the ring buffer, fixed
+    size, needs CAP_SYSLOG when C(kernel.dmesg_restrict=1)), else C(journalctl -k -b --grep), else nothing (said
+    in the facts' C(kernel_log)).
+  - Every call also returns C(facts.host) (kernel release, OS, architecture, boot id) from C(os.uname()) and
+    C(/etc/os-release), with no process run, for a drift report (C(fleetops drift)) to compare.
   - A detector that cannot run (unreadable or malformed input) adds an entry to RV(errors);
     the module itself still succeeds.
   - Never changes anything on the host.
@@ -60,7 +85,8 @@ options:
       - Detectors to run. Default is all of them.
     type: list
     elements: str
-    choices: [zombie_memcg, crashloop_unit, crashloop_container, anon_rss_growth, ucx_mmap_hooks, ec2_scheduled_event]
+    choices: [zombie_memcg, crashloop_unit, crashloop_container, anon_rss_growth, ucx_mmap_hooks, ec2_scheduled_event, unexpected_unit,
+              ena_resets, cpu_starvation, gpu_health]
   sample_seconds:
     description:
       - When greater than 0, take two samples this many seconds apart and report growth
@@ -136,6 +162,41 @@ options:
     description: The metadata service's base URL (a proxy, or a test server).
     type: str
     default: http://169.254.169.254
+  unit_allowlist:
+    description:
+      - The fleet's allow-list of enabled units, as unit-name glob patterns (C(systemd-*), C(getty@*), C(ssh.service));
+        a pattern without a unit type also matches C(NAME.service). The scan playbook passes the group var
+        C(fleetops_unit_allowlist).
+      - When given (not empty), C(unexpected_unit) makes a warning for every enabled unit no pattern matches. When
+        empty, it reports facts only.
+    type: list
+    elements: str
+    default: []
+  env_units:
+    description:
+      - The services whose C(Environment=) C(unexpected_unit) reads (one C(systemctl show) call). Empty means the
+        enabled services (not templates), at most 64.
+    type: list
+    elements: str
+    default: []
+  ena_resets_critical:
+    description:
+      - C(ena_resets) is critical when an ENA interface has reset at least this many times since the driver loaded
+        (C(total_resets), else C(tx_timeout) + C(wd_expired), else the kernel log's reset lines).
+    type: int
+    default: 3
+  cpu_system_warning_pct:
+    description:
+      - With two samples, a C(cpu_starvation) warning for a CPU that spent at least this percentage of the interval
+        in the kernel (system + irq + softirq).
+      - From 0 to 100, not greater than O(cpu_system_critical_pct).
+    type: float
+    default: 50
+  cpu_system_critical_pct:
+    description:
+      - With two samples, a critical C(cpu_starvation) finding for a CPU at or over this percentage (at most 100).
+    type: float
+    default: 90
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -272,6 +333,61 @@ facts:
           values), C(hooks_on), C(rcache_bounded), C(restart_pending), C(fixable_unit).
       returned: when ucx_mmap_hooks ran without error
       type: dict
+    units:
+      description:
+        - Facts of C(unexpected_unit). C(systemd) false (with C(reason)) on a host without systemd.
+        - C(enabled), the sorted names of the enabled unit files (templates as C(getty@.service)); C(unit_files)
+          keyed by unit with C(state) (C(enabled) or C(enabled-runtime)) and C(preset) (the vendor preset, or null);
+          C(candidates) (unit names linked from the dependency directories).
+        - C(environment) keyed by service with its C(Environment=) as a dict of variable names to values (values of secret-looking
+          names replaced by a digest); C(environment_units) (the services asked), C(environment_truncated);
+          C(collect_ms).
+      returned: when unexpected_unit ran without error
+      type: dict
+    host:
+      description:
+        - What the host is, for drift reports; always collected, no process run.
+        - C(kernel) (release), C(arch), C(os) (PRETTY_NAME of os-release), C(os_id), C(os_version_id), C(boot_id).
+      returned: always
+      type: dict
+      sample:
+        kernel: 6.1.0-29-cloud-amd64
+        arch: x86_64
+        os: Debian GNU/Linux 12 (bookworm)
+        os_id: debian
+        os_version_id: "12"
+        boot_id: 3c1f3c55-5d9f-4a35-9a53-4f44b6f0d0a1
+    ena:
+      description:
+        - Facts of C(ena_resets). C(interfaces) keyed by ENA interface (empty, with C(reason), on a host without
+          one), each with C(pci), C(counters) (the device-wide C(ethtool -S) counters the driver has),
+          C(resets), C(resets_basis), C(log) (kernel-log reset lines by kind) and, with two samples, C(increase).
+        - C(kernel_log) (C(source) kmsg, journal or null, C(error), C(read_ms)); C(recent) (the last reset lines);
+          C(window_seconds) with two samples.
+      returned: when ena_resets ran without error
+      type: dict
+    cpu:
+      description:
+        - Facts of C(cpu_starvation). C(cpus); C(sampled) false with one sample (C(reason) says a rate needs
+          O(sample_seconds)).
+        - With two samples C(window_seconds), C(kernel_pct) (per CPU number, system + irq + softirq percent),
+          C(max_kernel_pct), C(max_cpu), and C(hot), the CPUs over half the warning mark, each with C(cpu),
+          C(kernel_pct), C(system_pct), C(irq_pct), C(softirq_pct), C(user_pct), C(idle_pct), C(steal_pct) and
+          C(top_softirqs) / C(top_interrupts) (C(name), C(delta)).
+      returned: when cpu_starvation ran without error
+      type: dict
+    gpu:
+      description:
+        - Facts of C(gpu_health). C(nvidia_smi) (installed), C(smi_error), C(gpus) (per GPU C(index), C(pci_bus_id),
+          C(uuid), C(name), C(ecc_mode), C(ecc_uncorrected_volatile), C(ecc_corrected_volatile),
+          C(ecc_uncorrected_aggregate), C(retired_pages_pending), C(remapped_rows_correctable),
+          C(remapped_rows_uncorrectable), C(remapped_rows_pending), C(remapped_rows_failure); null where the GPU
+          says N/A).
+        - C(xid) keyed by Xid code with C(count), C(severity), C(pcis), C(last) (C(code), C(pci), C(pid), C(name),
+          C(detail), C(recovery_action), C(time)); C(xid_events) (the last 50), C(xid_total), C(kernel_log);
+          C(new_xid_events) with two samples.
+      returned: when gpu_health ran without error
+      type: dict
 findings:
   description: Findings; zombie_memcg gives at most one, crashloop_unit one per looping unit.
   returned: always
@@ -326,11 +442,16 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.fleetops.node.plugins.module_utils import (
     containers,
+    cpustat,
     crashloop,
     ec2events,
+    ena,
+    gpu,
+    kernlog,
     memcg,
     procs,
     ucx,
+    units,
 )
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     DetectorError,
@@ -363,6 +484,15 @@ def _anon_thresholds(params):
     return dict(
         (key, params[key]) for key in ("anon_growth_warning_mb_per_min", "anon_growth_critical_mb_per_min")
     )
+
+
+def _kernel_log(params):
+    """The kernel log, read once per sampling round for every detector that wants it (kernlog)."""
+    return kernlog.cached(params.get("_kernel_log"), params.get("_run"))
+
+
+def _cpu_thresholds(params):
+    return dict((key, params[key]) for key in ("cpu_system_warning_pct", "cpu_system_critical_pct"))
 
 
 def _crashloop_sample(params):
@@ -432,6 +562,42 @@ DETECTORS = collections.OrderedDict(
                 evaluate=lambda facts, params: ec2events.evaluate(facts),
             ),
         ),
+        (
+            "unexpected_unit",
+            Detector(
+                fact_key="units",
+                sample=lambda params: units.collect(params.get("_run") or _no_runner, params["env_units"]),
+                add_growth=units.add_growth,
+                evaluate=lambda facts, params: units.evaluate(facts, params["unit_allowlist"]),
+            ),
+        ),
+        (
+            "ena_resets",
+            Detector(
+                fact_key="ena",
+                sample=lambda params: ena.collect(params.get("_run") or _no_runner, lambda: _kernel_log(params)),
+                add_growth=ena.add_growth,
+                evaluate=lambda facts, params: ena.evaluate(facts, {"ena_resets_critical": params["ena_resets_critical"]}),
+            ),
+        ),
+        (
+            "cpu_starvation",
+            Detector(
+                fact_key="cpu",
+                sample=lambda params: cpustat.sample(warning_pct=params["cpu_system_warning_pct"]),
+                add_growth=cpustat.add_growth,
+                evaluate=lambda facts, params: cpustat.evaluate(facts, _cpu_thresholds(params)),
+            ),
+        ),
+        (
+            "gpu_health",
+            Detector(
+                fact_key="gpu",
+                sample=lambda params: gpu.collect(params.get("_run") or _no_runner, _kernel_log(params)),
+                add_growth=gpu.add_growth,
+                evaluate=lambda facts, params: gpu.evaluate(facts),
+            ),
+        ),
     ]
 )
 
@@ -490,6 +656,9 @@ def _validate(params):
         "zombie_growth_warning_per_min",
         "anon_growth_warning_mb_per_min",
         "anon_growth_critical_mb_per_min",
+        "ena_resets_critical",
+        "cpu_system_warning_pct",
+        "cpu_system_critical_pct",
     ):
         if params[key] < 0:
             return "%s must not be negative, got %s" % (key, params[key])
@@ -505,12 +674,23 @@ def _validate(params):
         )
     if params["headroom_critical_pct"] > 100:
         return "headroom_critical_pct must be at most 100, got %s" % params["headroom_critical_pct"]
+    if params["cpu_system_critical_pct"] > 100:
+        return "cpu_system_critical_pct must be at most 100, got %s" % params["cpu_system_critical_pct"]
+    if params["cpu_system_warning_pct"] > params["cpu_system_critical_pct"]:
+        return "cpu_system_warning_pct (%s) must not be greater than cpu_system_critical_pct (%s)" % (
+            params["cpu_system_warning_pct"],
+            params["cpu_system_critical_pct"],
+        )
+    problem = units.validate_patterns(params["unit_allowlist"]) or units.validate_env_units(params["env_units"])
+    if problem:
+        return problem
     return None
 
 
 def _sample(names, params, errors):
     """{name: facts} for each detector that ran; failures go to ``errors``."""
     samples = collections.OrderedDict()
+    params = dict(params, _kernel_log={})  # one kernel-log read per round, shared (kernlog.cached)
     for name in names:
         try:
             samples[name] = DETECTORS[name].sample(params)
@@ -534,6 +714,11 @@ ARGUMENT_SPEC = dict(
     inventory_events=dict(type="list", elements="dict", default=[]),
     imds=dict(type="str", choices=["auto", "always", "never"], default="auto"),
     imds_url=dict(type="str", default="http://169.254.169.254"),
+    unit_allowlist=dict(type="list", elements="str", default=[]),
+    env_units=dict(type="list", elements="str", default=[]),
+    ena_resets_critical=dict(type="int", default=3),
+    cpu_system_warning_pct=dict(type="float", default=50),
+    cpu_system_critical_pct=dict(type="float", default=90),
 )
 # What run_checks() uses for options an in-process caller leaves out.
 DEFAULTS = dict((key, spec.get("default")) for key, spec in ARGUMENT_SPEC.items())
@@ -569,6 +754,7 @@ def run_checks(params):
         findings.extend(detector.evaluate(detector_facts, params))
     findings = _attribute(facts, findings, params)
     findings = _ucx_growth(facts, findings, params)
+    facts["host"] = units.host_facts()  # always: what the host is, for drift reports (no process run)
     return {
         "facts": facts,
         "findings": findings,

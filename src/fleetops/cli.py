@@ -143,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         "unreachable after min(S/2, ansible's timeout of 10) s (default: 120; 0: no limit)",
     )
     scan.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    scan.add_argument(
+        "--unit-allowlist",
+        type=Path,
+        metavar="FILE",
+        help="the fleet's allow-list of enabled units (a YAML list of unit-name globs, or a group_vars file "
+        "with fleetops_unit_allowlist), for every host: each enabled unit it does not match is an "
+        "unexpected_unit warning (default: the inventory's fleetops_unit_allowlist)",
+    )
     scan.set_defaults(func=cmd_scan)
 
     from fleetops.lab.cli import register as register_lab
@@ -156,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_remediate(sub)
     register_report(sub)
+    from fleetops.drift_cli import register as register_drift
+
+    register_drift(sub)
     return parser
 
 
@@ -187,6 +198,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         forks=args.forks,
         host_timeout=args.host_timeout,
     )
+    if args.unit_allowlist is not None:
+        from fleetops.drift import load_unit_allowlist
+
+        opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(args.unit_allowlist)
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
 

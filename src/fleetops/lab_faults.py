@@ -332,6 +332,30 @@ def remove_worker_service(lab: Lab, host: str, *, name: str = "ucx-worker") -> N
     )
 
 
+ENV_DROP_IN = "/etc/systemd/system/{unit}.d/40-fleetops-lab-env.conf"
+
+
+def install_env_dropin(lab: Lab, host: str, unit: str, environment: dict[str, str]) -> str:
+    """Drift: give one host's ``unit`` a different environment (a drop-in, then daemon-reload; no restart).
+
+    Returns the drop-in's path. Values must not need quoting beyond systemd's double quotes.
+    """
+    path = ENV_DROP_IN.format(unit=unit)
+    text = "[Service]\n" + "".join(f'Environment="{k}={v}"\n' for k, v in environment.items())
+    lab.run(
+        host,
+        f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && cat > {shlex.quote(path)} && systemctl daemon-reload",
+        input=text,
+        check=True,
+    )
+    return path
+
+
+def remove_env_dropin(lab: Lab, host: str, unit: str) -> None:
+    """Undo install_env_dropin."""
+    lab.run(host, f"rm -f {shlex.quote(ENV_DROP_IN.format(unit=unit))}; systemctl daemon-reload", check=False)
+
+
 def _install_unit(lab: Lab, host: str, files: dict[str, tuple[str, str]], unit: str, start: bool) -> str:
     """Write ``files`` ({path: (text, mode)}) on a lab host, then daemon-reload and enable (and start) ``unit``."""
     for path, (text, mode) in files.items():

@@ -38,7 +38,29 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
         "Processes with UCX mmap hooks on and an unbounded rcache (ucx_mmap_hooks findings)",
     )
     leaking = gauge("anon_rss_growing_processes", "Processes growing anonymous memory past the threshold")
+    unexpected = gauge(
+        "unexpected_units", "Enabled units not on the fleet's allow-list (unexpected_unit findings)"
+    )
+    enabled_units = gauge("enabled_units", "Unit files enabled on the host (unexpected_unit facts)")
+    host_info = gauge(
+        "host_info", "1, labelled with the host's kernel and OS (drift)", ("host", "kernel", "os")
+    )
     errors = gauge("detector_errors", "Detectors that could not run on the host")
+    ena_resets = gauge(
+        "ena_resets", "ENA NIC resets since the driver loaded, all ENA interfaces (ena_resets)"
+    )
+    ena_reset_fail = gauge("ena_reset_failures", "ENA resets that failed (reset_fail), all ENA interfaces")
+    cpu_kernel = gauge(
+        "cpu_system_max_pct",
+        "Highest per-CPU share of the sampling window in the kernel (system+irq+softirq); only when sampled",
+    )
+    xid_events = gauge(
+        "gpu_xid_events", "NVIDIA Xid events in the kernel log this boot, by severity", ("host", "severity")
+    )
+    ecc_uncorrected = gauge(
+        "gpu_ecc_uncorrected", "Uncorrectable ECC errors since the driver loaded (volatile), all GPUs"
+    )
+    remap_flags = gauge("gpu_remap_problems", "GPUs with a pending row remap or a remap failure")
 
     for host, entry in report["hosts"].items():
         up.labels(host).set(1 if entry["status"] == "ok" else 0)
@@ -67,7 +89,16 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
             looping.labels(host).set(by_check.get("crashloop_unit", 0))
             ucx_risky.labels(host).set(by_check.get("ucx_mmap_hooks", 0))
             leaking.labels(host).set(by_check.get("anon_rss_growth", 0))
+            unexpected.labels(host).set(by_check.get("unexpected_unit", 0))
+            units = (entry.get("facts") or {}).get("units") or {}
+            if units.get("systemd"):
+                enabled_units.labels(host).set(len(units.get("enabled") or ()))
+            info = (entry.get("facts") or {}).get("host") or {}
+            if info.get("kernel"):
+                host_info.labels(host, str(info["kernel"]), str(info.get("os") or "")).set(1)
             errors.labels(host).set(len(entry.get("errors") or []))
+            _hardware_gauges(host, entry.get("facts") or {}, ena_resets, ena_reset_fail, cpu_kernel, xid_events,
+                             ecc_uncorrected, remap_flags)  # fmt: skip
 
     Gauge(f"{PREFIX}_scan_duration_seconds", "Wall time of the whole scan", registry=reg).set(
         float(report.get("duration_s", 0.0))
@@ -76,6 +107,41 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
     for key in ("ok", "unreachable", "failed"):
         summary.labels(key).set(report["summary"][key])
     return reg
+
+
+def _hardware_gauges(
+    host: str,
+    facts: dict[str, Any],
+    ena_resets: Gauge,
+    ena_reset_fail: Gauge,
+    cpu_kernel: Gauge,
+    xid_events: Gauge,
+    ecc_uncorrected: Gauge,
+    remap_flags: Gauge,
+) -> None:
+    """ena_resets, cpu_starvation and gpu_health facts as gauges (a gauge only where its detector ran)."""
+    ena = facts.get("ena")
+    if ena is not None:
+        interfaces = (ena.get("interfaces") or {}).values()
+        ena_resets.labels(host).set(sum(i.get("resets") or 0 for i in interfaces))
+        ena_reset_fail.labels(host).set(
+            sum((i.get("counters") or {}).get("reset_fail", 0) for i in interfaces)
+        )
+    cpu = facts.get("cpu") or {}
+    if cpu.get("sampled") and cpu.get("max_kernel_pct") is not None:
+        cpu_kernel.labels(host).set(float(cpu["max_kernel_pct"]))
+    gpu = facts.get("gpu")
+    if gpu is not None:
+        by_severity = dict.fromkeys(SEVERITIES, 0)
+        for entry in (gpu.get("xid") or {}).values():
+            by_severity[entry["severity"]] = by_severity.get(entry["severity"], 0) + int(entry["count"])
+        for severity, count in by_severity.items():
+            xid_events.labels(host, severity).set(count)
+        gpus = gpu.get("gpus") or []
+        ecc_uncorrected.labels(host).set(sum(g.get("ecc_uncorrected_volatile") or 0 for g in gpus))
+        remap_flags.labels(host).set(
+            sum(1 for g in gpus if g.get("remapped_rows_pending") or g.get("remapped_rows_failure"))
+        )
 
 
 def write_textfile(report: dict[str, Any], path: Path) -> None:

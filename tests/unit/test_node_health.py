@@ -113,6 +113,10 @@ def test_run_checks_on_this_host() -> None:
         "anon_rss_growth",
         "ucx_mmap_hooks",
         "ec2_scheduled_event",
+        "unexpected_unit",
+        "ena_resets",
+        "cpu_starvation",
+        "gpu_health",
     ]
     assert result["errors"] == []
     assert set(result["facts"]["memcg"]) == MEMCG_KEYS
@@ -132,7 +136,7 @@ def test_a_failing_detector_becomes_an_error_entry(monkeypatch: pytest.MonkeyPat
     )
     result = node_health.run_checks(params(checks=["zombie_memcg", "zombie_memcg"]))
     assert result["checks"] == ["zombie_memcg"]
-    assert result["facts"] == {}
+    assert list(result["facts"]) == ["host"]  # what the host is: always there, no detector
     assert result["findings"] == []
     assert result["errors"] == [
         {
@@ -254,6 +258,11 @@ def test_ansible_doc_renders(tmp_path: Path) -> None:
         "inventory_events",
         "imds",
         "imds_url",
+        "unit_allowlist",
+        "env_units",
+        "ena_resets_critical",
+        "cpu_system_warning_pct",
+        "cpu_system_critical_pct",
     }
 
 
