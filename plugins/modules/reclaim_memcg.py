@@ -21,13 +21,22 @@ description:
     reboot. RV(needs_reboot) says whether zombies at or above O(reboot_threshold) remain.
   - Fix the cause first (for example M(fleetops.node.disable_unit) on the crash-looping unit), or the
     zombies come back.
-  - Idempotent in effect. The change is reported only when memory cgroups were actually freed (or,
-    in check mode, when there are at least O(min_zombies) to free).
+  - C(changed) means the reclaim ran. It drops the page cache (in check mode, would) exactly when the
+    zombie count is at or above O(min_zombies), so check mode predicts the real run from the same
+    reading, and a run that brought the count under O(min_zombies) leaves the next one nothing to do
+    (C(changed=false)). RV(freed) says what the kernel's count fell by; it is evidence, not the
+    change, because the count is machine-wide and other activity can move it either way.
+  - Pick O(min_zombies) above the floor that C(drop_caches) cannot free on the host (zombies pinned by
+    mapped, shmem or swap memory); while that floor is at or above it, every run reclaims again and
+    reports a change, and RV(needs_reboot) says whether a reboot is due.
 options:
   min_zombies:
     description:
-      - Do nothing when fewer zombies than this exist (in a cgroup namespace, where zombies are
-        unknown, the host-wide total of memory cgroups is used instead).
+      - Reclaim only when at least this many zombies exist (RV(pending)); below it do nothing and
+        report no change.
+      - In a cgroup namespace (a container, an nspawn guest), where zombies cannot be counted, the
+        host-wide total of memory cgroups (live and dying, every container's) is compared instead;
+        set it above that total's normal level.
     type: int
     default: 1
   settle_seconds:
@@ -62,6 +71,10 @@ EXAMPLES = r"""
   fleetops.node.reclaim_memcg:
   register: reclaim
 
+- name: Inside a container (zombies not countable), reclaim only when the host-wide memcg total is high
+  fleetops.node.reclaim_memcg:
+    min_zombies: 5000
+
 - name: Reboot only hosts where reclaim was not enough
   ansible.builtin.reboot:
   when: reclaim.needs_reboot
@@ -76,8 +89,22 @@ after:
   description: The zombie_memcg facts after the reclaim and the settle time (equal to before in check mode).
   returned: always
   type: dict
+pending:
+  description: The count compared with O(min_zombies) before the reclaim (see RV(pending_basis)).
+  returned: always
+  type: int
+  sample: 1512
+pending_basis:
+  description: What RV(pending) counts, C(zombies), or C(host-wide total) in a cgroup namespace.
+  returned: always
+  type: str
+  sample: zombies
+reclaimed:
+  description: The page cache was dropped (in check mode, would be); the same as C(changed).
+  returned: always
+  type: bool
 freed:
-  description: Memory cgroups freed (the drop of the kernel's total count).
+  description: Memory cgroups freed (the drop of the kernel's total count; 0 in check mode or when nothing was reclaimed).
   returned: always
   type: int
   sample: 1493
@@ -105,10 +132,14 @@ def _measure(module):
 
 
 def _pending(facts):
-    """Zombies to free; in a namespace, where they cannot be counted, the host-wide total."""
-    if facts.get("cgroup_version") is None:
-        return 0
-    return facts["zombies"] if facts["zombies"] is not None else facts["total"]
+    """(count compared with min_zombies, what it counts): zombies, or in a namespace the host-wide total."""
+    if facts["zombies"] is not None:
+        return facts["zombies"], "zombies"
+    return facts["total"], "host-wide total"
+
+
+def _text(facts, pending, basis):
+    return "memcg total %d, %s %d\n" % (facts["total"], basis, pending)
 
 
 def _needs_reboot(facts, threshold):
@@ -134,14 +165,24 @@ def main():
     before = _measure(module)
     if before.get("cgroup_version") is None:
         module.fail_json(msg="Failed to reclaim memory cgroups: %s" % before.get("reason"), before=before)
-    result = dict(changed=False, before=before, after=before, freed=0,
-                  needs_reboot=_needs_reboot(before, p["reboot_threshold"]))
-    if _pending(before) < p["min_zombies"]:
-        module.exit_json(**result)
-    if module.check_mode:
-        result["changed"] = True
+    pending, basis = _pending(before)
+    reclaim = pending >= p["min_zombies"]
+    result = dict(
+        changed=reclaim,
+        reclaimed=reclaim,
+        pending=pending,
+        pending_basis=basis,
+        before=before,
+        after=before,
+        freed=0,
+        needs_reboot=_needs_reboot(before, p["reboot_threshold"]),
+    )
+    if not reclaim or module.check_mode:
         if module._diff:
-            result["diff"] = dict(before="memcg total %d\n" % before["total"], after="memcg total <= %d\n" % before["total"])
+            text = _text(before, pending, basis)
+            # check mode: what the reclaim would do; nothing to reclaim: no difference
+            after = "sync; echo 1 > %s; then %s" % (DROP_CACHES, text) if reclaim else text
+            result["diff"] = dict(before=text, after=after)
         module.exit_json(**result)
 
     try:
@@ -153,8 +194,11 @@ def main():
             with open(os.path.join(root, "memory.reclaim"), "w") as handle:
                 handle.write("%d\n" % p["v2_reclaim_bytes"])
     except (IOError, OSError) as err:
-        module.fail_json(msg="Failed to reclaim memory cgroups: %s (%s)" % (err.strerror or err, getattr(err, "filename", "")),
-                         before=before)
+        module.fail_json(
+            msg="Failed to reclaim memory cgroups: %s (%s)"
+            % (err.strerror or err, getattr(err, "filename", "")),
+            before=before,
+        )
 
     # Dying cgroups are freed asynchronously (css_free_rwork_fn): poll until the count settles.
     deadline = time.monotonic() + p["settle_seconds"]
@@ -167,9 +211,9 @@ def main():
             break
         after = latest
     freed = max(0, before["total"] - after["total"])
-    result.update(changed=freed > 0, after=after, freed=freed, needs_reboot=_needs_reboot(after, p["reboot_threshold"]))
+    result.update(after=after, freed=freed, needs_reboot=_needs_reboot(after, p["reboot_threshold"]))
     if module._diff:
-        result["diff"] = dict(before="memcg total %d\n" % before["total"], after="memcg total %d\n" % after["total"])
+        result["diff"] = dict(before=_text(before, pending, basis), after=_text(after, *_pending(after)))
     module.exit_json(**result)
 
 

@@ -6,6 +6,14 @@ whose zombie count (not only its growth) is over the warning threshold, is recla
 culprit named is left for a human: reclaiming while an unknown cause keeps making zombies is futile. Rebooting
 what still needs it is a separate, slower rollout (`needs_reboot` in the reclaim result).
 
+A container docker keeps re-creating (a crashloop_container finding of warning or worse) is stopped at its
+cause: the systemd unit that owns it (the finding's ``owner_unit``: a PODMAN_SYSTEMD_UNIT label, the
+``docker run`` / ``docker start`` client in a service, or a known creator such as ecs-init, which re-creates
+``ecs-agent`` from ``ecs.service``) is turned off like a crash-looping unit, and disable_unit removes the
+container it leaves (``"containers": {unit: [names]}`` in the host's plan). A container no unit could be
+attributed to (docker's own restart policy, a client run by hand) or owned by a protected unit
+(docker.service, containerd.service, ...) is left alone, with a note.
+
 A process running UCX with the leaking memory-hook setup (a ucx_mmap_hooks finding of warning or worse)
 gets the environment fix on the systemd service that owns it — ``UCX_MEM_MMAP_HOOK_MODE=none`` by default,
 ``UCX_RCACHE_MAX_UNRELEASED=1024`` with ``--ucx-fix rcache-bound`` — through a drop-in, and the service
@@ -49,13 +57,41 @@ def _ucx_fix(
     )
 
 
+def _container_fix(
+    host: str, data: dict[str, Any], units: list[str], containers: dict[str, list[str]], notes: list[str]
+) -> None:
+    name = data.get("name") or "?"
+    unit = data.get("owner_unit")
+    if unit and data.get("owner_protected"):
+        notes.append(
+            f"{host}: container {name} crash loops and is owned by {unit}, a protected unit: left for a human"
+        )
+        return
+    if not unit:
+        why = data.get("owner_basis") or "no owner label, client process or known creator found"
+        policy = data.get("restart_policy")
+        if policy and policy != "no":
+            why += f"; docker itself restarts it (restart policy {policy})"
+        notes.append(
+            f"{host}: container {name} ({data.get('image') or 'unknown image'}) crash loops but could not be "
+            f"attributed to a unit ({why}): left alone"
+        )
+        return
+    if unit not in units:
+        units.append(unit)
+    owned = containers.setdefault(unit, [])
+    if name not in owned:
+        owned.append(name)
+
+
 def fix_plan_from_report(
     report: dict[str, Any], ucx_fix: str = "hooks-off"
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """``({host: {"disable_units": [...], "reclaim": bool}}, notes)`` for hosts with something to fix.
 
     A host with a UCX finding to fix also gets ``"set_env": [{"unit": ..., "env": {...}}]``
-    (``ucx_fix`` is a key of UCX_FIXES).
+    (``ucx_fix`` is a key of UCX_FIXES); one whose crash-looping containers were attributed to units gets
+    ``"containers": {unit: [container, ...]}`` (those units are in ``disable_units``).
 
     Protected units are not filtered here: disable_unit refuses them on the host (built-in list plus
     --protected), which fails that host and so stops the rollout for a human to look.
@@ -71,6 +107,7 @@ def fix_plan_from_report(
             continue
         units: list[str] = []
         set_env: list[dict[str, Any]] = []
+        containers: dict[str, list[str]] = {}
         reclaim = False
         for finding in entry["findings"]:
             if finding["severity"] not in ACTIONABLE:
@@ -88,6 +125,8 @@ def fix_plan_from_report(
                     notes.append(
                         f"{host}: memory cgroups growing with no culprit named: left for a human to look at"
                     )
+            elif finding["check"] == "crashloop_container":
+                _container_fix(host, finding["data"], units, containers, notes)
             elif finding["check"] == "ucx_mmap_hooks":
                 _ucx_fix(host, finding["data"], UCX_FIXES[ucx_fix], set_env, notes)
         if units:
@@ -97,6 +136,8 @@ def fix_plan_from_report(
             plan[host] = {"disable_units": units, "reclaim": reclaim}
             if set_env:
                 plan[host]["set_env"] = set_env
+            if containers:
+                plan[host]["containers"] = containers
     if not plan:
         notes.append("no host has a crash-looping unit or zombie memory cgroups to fix")
     return plan, notes
