@@ -25,6 +25,7 @@ from rich.table import Table
 from fleetops import paths
 from fleetops.errors import UsageError
 from fleetops.inventory import load_hosts
+from fleetops.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, connection_for, lease_targets, rollout_id
 from fleetops.plan_cli import add_rollout_args, add_target_args, plan_document, plan_from_args
 from fleetops.rollout import (
     HOST_FAILED,
@@ -41,6 +42,13 @@ from fleetops.rollout import (
 SCHEMA = "fleetops.rollout/v1"
 EXIT_OK = 0
 EXIT_FAILED = 3
+EXIT_INTERRUPTED = 130
+ROLLOUT_EPILOG = (
+    "While it runs: progress on stderr (a live line on a terminal, plain 'progress:' lines otherwise). "
+    "Ctrl-C stops after the current batch with the state saved (a second Ctrl-C aborts the batch; "
+    "--resume probes its hosts first). Exit codes: 0 done, 2 usage error, 3 a host failed or the rollout "
+    "stopped, 4 hosts locked (lock file or EC2 lease) by another rollout, 130 interrupted."
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class Remediation:
     gate: GateCheck | None = None
     # Optional: extra vars that make the playbook only probe the host (resume after a kill).
     probe_vars: dict[str, Any] | None = None
+    # Optional: extra vars for a second pass over the hosts that passed their gate (None: no pass).
+    post_vars: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
     cooldown: float = 0.0  # default --cooldown between batches
 
 
@@ -201,10 +211,61 @@ def _reboot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reboot-timeout", type=int, default=600, metavar="S", help="seconds to wait for a host to come back"
     )
+    p.add_argument(
+        "--pre-hook",
+        metavar="CMD",
+        help="command run on the controller before each host's reboot, no shell ({host}: the inventory "
+        "name, {node}: the k8s_node_name hostvar, else the inventory name); failing, the host fails "
+        "and is not rebooted",
+    )
+    p.add_argument(
+        "--post-hook",
+        metavar="CMD",
+        help="command run on the controller after each host came back and passed its gate (same {host}, "
+        "{node}); failing, the host fails",
+    )
+    p.add_argument(
+        "--kube-drain",
+        action="store_true",
+        help="before each reboot kubectl cordon + drain the host's node (--ignore-daemonsets "
+        "--delete-emptydir-data; evictions respect PodDisruptionBudgets), uncordon it after the gate; "
+        "skipped with a note when the controller has no kubectl or no kubeconfig; a failing drain "
+        "fails the host, which is not rebooted",
+    )
+    p.add_argument(
+        "--drain-timeout", type=int, default=600, metavar="S", help="kubectl drain --timeout (default: 600)"
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig for --kube-drain (default: $KUBECONFIG, else ~/.kube/config, else in-cluster)",
+    )
+    p.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl to run (default: kubectl)")
 
 
 def _reboot_vars(args: argparse.Namespace) -> dict[str, Any]:
-    return {"fleetops_reboot_timeout": args.reboot_timeout}
+    xv: dict[str, Any] = {"fleetops_reboot_timeout": args.reboot_timeout}
+    if args.pre_hook:
+        xv["fleetops_pre_hook"] = args.pre_hook
+    if args.post_hook:
+        xv["fleetops_post_hook"] = args.post_hook
+    if args.kube_drain:
+        xv.update(
+            fleetops_kube_drain=True,
+            fleetops_drain_timeout=args.drain_timeout,
+            fleetops_kubectl=args.kubectl,
+        )
+        if args.kubeconfig:
+            xv["fleetops_kubeconfig"] = str(Path(args.kubeconfig).expanduser().resolve())
+    if args.post_hook or args.kube_drain:
+        xv["fleetops_phase"] = "reboot"  # uncordon and the post hook run after the gate (post_vars)
+    return xv
+
+
+def _reboot_post_vars(extravars: dict[str, Any]) -> dict[str, Any] | None:
+    if extravars.get("fleetops_phase") == "reboot":
+        return {"fleetops_phase": "post"}
+    return None
 
 
 def _set_env_pair(text: str) -> tuple[str, str]:
@@ -322,6 +383,7 @@ REMEDIATIONS: dict[str, Remediation] = {
             extravars=_reboot_vars,
             gate=_reboot_gate,
             probe_vars={"fleetops_probe_only": True},
+            post_vars=_reboot_post_vars,
             cooldown=10.0,
         ),
         Remediation(
@@ -423,6 +485,12 @@ def start_rollout(args: argparse.Namespace, remediation: Remediation, console: C
         state_path=args.state,
     )
     rollout.preflight = reasons
+    if "fleetops_kube_drain" in rollout.extravars:
+        rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
+    if args.apply and not args.no_ec2_lease:
+        instances = lease_targets(h for h in hosts if h.name in rollout.hosts)
+        if instances and connection_for(list(args.inventory)) is not None:
+            rollout.lease = {"ttl": args.lease_ttl, "settle": args.lease_settle, "instances": instances}
     for host, reason in reasons.items():
         if reason:
             rollout.hosts[host] = HOST_SKIPPED
@@ -430,9 +498,9 @@ def start_rollout(args: argparse.Namespace, remediation: Remediation, console: C
     return rollout
 
 
-def execute(rollout: Rollout, remediation: Remediation, console: Console, break_lock: bool) -> Rollout:
+def execute(rollout: Rollout, remediation: Remediation, console: Console, break_lock: bool | str) -> Rollout:
     targets = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
-    with locked(rollout, targets, break_lock):
+    with locked(rollout, targets, break_lock, console) as guard:
         engine = Engine(
             rollout=rollout,
             playbook=remediation.playbook,
@@ -440,6 +508,8 @@ def execute(rollout: Rollout, remediation: Remediation, console: Console, break_
             gate_check=remediation.gate,
             console=console,
             probe_vars=remediation.probe_vars,
+            post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
+            guard=guard,
         )
         if rollout.apply:
             console.print(f"[dim]rollout {rollout.id}: state {rollout.state_path}[/]")
@@ -480,6 +550,8 @@ def needs_reboot(rollout: Rollout) -> list[str]:
 
 
 def _exit_code(rollout: Rollout) -> int:
+    if rollout.status == "interrupted":
+        return EXIT_INTERRUPTED
     s = rollout.summary()
     return EXIT_FAILED if (s["failed"] or rollout.status != "done") else EXIT_OK
 
@@ -501,7 +573,7 @@ def print_summary(rollout: Rollout, console: Console) -> None:
 
 
 def cmd_remediate(args: argparse.Namespace) -> int:
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines unbroken (CI, AWX)
     if args.resume is not None:
         if args.remediation is not None:
             raise UsageError("--resume continues a saved rollout: give no ACTION with it")
@@ -554,7 +626,30 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     rp.add_argument("--preflight-timeout", type=float, default=5.0, metavar="S", help=argparse.SUPPRESS)
     rp.add_argument("--state", type=Path, metavar="FILE", help="where to keep the rollout state (default: under "
                     "$FLEETOPS_STATE_DIR, /var/lib/fleetops as root)")  # fmt: skip
-    rp.add_argument("--break-lock", action="store_true", help="take host locks held by a stale rollout")
+    rp.add_argument(
+        "--break-lock",
+        nargs="?",
+        const=True,
+        default=False,
+        type=rollout_id,
+        metavar="ROLLOUT",
+        help="take host locks and EC2 leases held by a stale rollout (any, or only ROLLOUT's); an "
+        "expired EC2 lease is taken over without it",
+    )
+    rp.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="S",
+        help="EC2 inventories: the instances' lease tag expires S seconds after its last renewal "
+        f"(renewed every S/3 while the rollout runs; default: {DEFAULT_TTL_S:g})",
+    )
+    rp.add_argument("--lease-settle", type=float, default=DEFAULT_SETTLE_S, help=argparse.SUPPRESS)
+    rp.add_argument(
+        "--no-ec2-lease",
+        action="store_true",
+        help="do not tag EC2 instances with a lease (the local lock still holds; e.g. no ec2:CreateTags)",
+    )
     rp.add_argument("--format", choices=("table", "json"), default="table")
 
 
@@ -566,17 +661,24 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         description="Run a remediation batch by batch (one ansible-runner invocation per batch), planned "
         "with the same caps as `fleetops plan`, with a preflight, a health gate after each batch, a circuit "
         "breaker, host locks, an audit log and resumable state. Dry run (check mode + diff) unless --apply.",
-        epilog="Exit codes: 0 done, 2 usage error, 3 a host failed or the rollout stopped, 4 hosts locked "
-        "by another rollout.",
+        epilog=ROLLOUT_EPILOG,
     )
     p.add_argument("--resume", type=Path, metavar="STATE", help="continue a rollout from its state file")
     p.add_argument(
-        "--break-lock", action="store_true", help="with --resume: take locks held by a stale rollout"
+        "--break-lock",
+        nargs="?",
+        const=True,
+        default=False,
+        type=rollout_id,
+        metavar="ROLLOUT",
+        help="with --resume: take locks and EC2 leases held by a stale rollout (any, or only ROLLOUT's)",
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
     sub = p.add_subparsers(dest="remediation", metavar="ACTION", parser_class=type(p))
     for remediation in REMEDIATIONS.values():
-        rp = sub.add_parser(remediation.name, help=remediation.help, description=remediation.help)
+        rp = sub.add_parser(
+            remediation.name, help=remediation.help, description=remediation.help, epilog=ROLLOUT_EPILOG
+        )
         remediation.add_args(rp)
         add_target_args(rp)
         add_rollout_args(rp)

@@ -12,7 +12,12 @@
   tolerated), the rollout stops; hosts not yet reached stay untouched (``pending``).
 - **State** on disk after every step (``--resume STATE`` continues it; a host caught mid-batch by a
   kill is probed, not redone blindly: a reboot whose boot id already changed is not repeated),
-  **host locks** so two rollouts never act on the same host, and an **audit log** (JSON lines).
+  **host locks** so two rollouts never act on the same host (plus an EC2 tag lease, see
+  ``fleetops.lease``, when the targets are EC2 instances), and an **audit log** (JSON lines).
+- **Ctrl-C** stops after the current batch (state saved, exit 130); a second Ctrl-C aborts the batch
+  now, leaving its hosts ``running`` in the state: ``--resume`` probes them before doing anything.
+- **Progress**: a transient line on a terminal (batches done, hosts in flight, failures), plain
+  ``progress:`` lines otherwise (CI, AWX); all of it on stderr, so ``--format json`` stays clean.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import getpass
 import json
 import os
 import shlex
+import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -33,10 +40,18 @@ from typing import Any
 
 import paramiko
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from fleetops.errors import FleetopsError
 from fleetops.inventory import InventoryHost
-from fleetops.runner import RunnerOptions, TaskResult, run_playbook
+from fleetops.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 
 STATE_SCHEMA = "fleetops.rollout-state/v1"
 HOST_PENDING, HOST_RUNNING, HOST_DONE, HOST_FAILED, HOST_SKIPPED = (
@@ -108,6 +123,8 @@ class Rollout:
     batches: list[dict[str, Any]] = field(default_factory=list)  # {"hosts", "started", "finished"}
     preflight: dict[str, str | None] = field(default_factory=dict)  # host -> None or why unreachable
     stopped: dict[str, Any] | None = None
+    # EC2 tag lease: {"ttl": seconds, "instances": {host: {"instance", "region"}}}; None: not EC2
+    lease: dict[str, Any] | None = None
     schema: str = STATE_SCHEMA
 
     def save(self) -> None:
@@ -194,14 +211,15 @@ class HostLocks:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
         return self.dir / f"{safe}.lock"
 
-    def acquire(self, hosts: Sequence[str], rollout: Rollout, break_lock: bool = False) -> None:
+    def acquire(self, hosts: Sequence[str], rollout: Rollout, break_lock: bool | str = False) -> None:
+        """Take every host's lock or none; ``break_lock``: True breaks any other holder, a rollout id only that one."""
         self.dir.mkdir(parents=True, exist_ok=True)
         conflicts: list[str] = []
         for host in hosts:
             path = self._path(host)
             holder = _read_lock(path)
             if holder and holder.get("rollout") != rollout.id:
-                if break_lock:
+                if break_lock is True or (break_lock and break_lock == holder.get("rollout")):
                     path.unlink(missing_ok=True)
                     continue
                 alive = (
@@ -215,7 +233,7 @@ class HostLocks:
             raise LockError(
                 f"Failed to lock {len(conflicts)} host(s) held by another rollout: {'; '.join(conflicts[:5])}"
                 + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
-                + ". Wait for it, resume it, or pass --break-lock if it is stale"
+                + ". Wait for it, resume it, or pass --break-lock [ROLLOUT] if it is stale"
             )
         record = {
             "rollout": rollout.id,
@@ -405,13 +423,30 @@ def _boot_ids(results: list[TaskResult]) -> dict[str, Any]:
     return {"before": {"boot_id": ids[0]}, "after": {"boot_id": ids[-1]} if len(ids) > 1 else None}
 
 
+def _notes(results: list[TaskResult]) -> list[str]:
+    """What the playbook said for the operator: ``debug`` messages that start with ``fleetops:``."""
+    return [
+        str(tr.result["msg"]).removeprefix("fleetops:").strip()
+        for tr in results
+        if tr.action in ("ansible.builtin.debug", "debug")
+        and tr.status == "ok"
+        and str(tr.result.get("msg", "")).startswith("fleetops:")
+    ]
+
+
 def host_outcome(results: list[TaskResult], actions: tuple[str, ...]) -> dict[str, Any]:
-    """One host's outcome in a batch, from its task results (changed when any remediation task changed)."""
+    """One host's outcome in a batch, from its task results (changed when any remediation task changed).
+
+    A failure's message is the last failed task's: a block's rescue that fails the host explains why.
+    """
     boots = _boot_ids(results)
+    notes = _notes(results)
+    if notes:
+        boots = {**boots, "notes": notes}
     for tr in results:
         if tr.status == "unreachable":
             return {"status": "unreachable", "changed": False, "msg": tr.msg, **boots}
-    failed = next((tr for tr in results if tr.status == "failed"), None)
+    failed = next((tr for tr in reversed(results) if tr.status == "failed"), None)
     if failed is not None:
         return {
             "status": "failed",
@@ -456,6 +491,94 @@ def generic_gate(before: dict[str, Any] | None, after: dict[str, Any]) -> str | 
     return None
 
 
+class RolloutProgress:
+    """Live progress: batches done / total, hosts in flight, failures.
+
+    On a terminal a transient rich progress line (it disappears when the rollout ends); otherwise
+    (CI, AWX, a pipe) one plain ``progress:`` line per batch start and end. Always on the engine's
+    console (stderr): stdout stays the JSON report's.
+    """
+
+    def __init__(self, console: Console, rollout: Rollout, live: bool | None = None) -> None:
+        self.console, self.rollout = console, rollout
+        self.total = len(rollout.plan["batches"])
+        self.live = console.is_terminal if live is None else live
+        self.in_flight: list[str] = []
+        self.batch = 0
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    def _counts(self) -> tuple[int, int, int]:
+        s = self.rollout.summary()
+        return s["done"] + s["failed"] + s["skipped"], s["failed"], s["hosts"]
+
+    def _describe(self) -> str:
+        _, failed, _ = self._counts()
+        done_batches = sum(1 for b in self.rollout.batches if b.get("finished"))
+        flight = " ".join(self.in_flight[:6]) + (" ..." if len(self.in_flight) > 6 else "")
+        return (
+            f"batches {done_batches}/{self.total} · in flight {len(self.in_flight)}"
+            + (f" ({flight})" if flight else "")
+            + f" · failed {failed}"
+        )
+
+    def __enter__(self) -> RolloutProgress:
+        if self.live:
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("hosts"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._bar.start()
+            finished, _, hosts = self._counts()
+            self._task = self._bar.add_task(self._describe(), total=hosts, completed=finished)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def _update(self) -> None:
+        if self._bar is not None:
+            finished, _, hosts = self._counts()
+            self._bar.update(self._task, description=self._describe(), completed=finished, total=hosts)
+
+    def batch_started(self, index: int, hosts: Sequence[str]) -> None:
+        self.batch, self.in_flight = index, list(hosts)
+        if self._bar is None:
+            finished, failed, total = self._counts()
+            self.console.print(
+                f"progress: batch {index}/{self.total} started: {len(hosts)} host(s) in flight; "
+                f"hosts finished {finished}/{total}, failed {failed}"
+            )
+        self._update()
+
+    def host_finished(self, host: str) -> None:
+        if host in self.in_flight:
+            self.in_flight.remove(host)
+            self._update()
+
+    def batch_finished(self, index: int) -> None:
+        self.in_flight = []
+        if self._bar is None:
+            finished, failed, total = self._counts()
+            done_batches = sum(1 for b in self.rollout.batches if b.get("finished"))
+            self.console.print(
+                f"progress: batch {index}/{self.total} finished: batches done {done_batches}/{self.total}, "
+                f"hosts finished {finished}/{total}, failed {failed}"
+            )
+        self._update()
+
+
+STOP_MESSAGE = "stopping after the current batch; Ctrl-C again to abort now"
+
+
 @dataclass
 class Engine:
     """Runs (or resumes) one rollout; ``scan`` and ``run`` are injectable for tests."""
@@ -466,7 +589,12 @@ class Engine:
     gate_check: GateCheck | None
     console: Console
     probe_vars: dict[str, Any] | None = None  # extra vars that make the playbook only probe (resume)
+    # extra vars for a second pass over the hosts that passed their gate (reboot: uncordon, post hook)
+    post_vars: dict[str, Any] | None = None
+    guard: Callable[[], str | None] | None = None  # why no further batch may start (EC2 lease lost)
     baseline: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> scan entry before
+    stop_requested: threading.Event = field(default_factory=threading.Event)  # first Ctrl-C
+    progress: RolloutProgress | None = None
 
     def _scan(self, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
         from fleetops.scan import ScanOptions, run_scan
@@ -477,10 +605,14 @@ class Engine:
         hosts_out: dict[str, dict[str, Any]] = report["hosts"]
         return hosts_out
 
-    def _run_batch(
-        self, hosts: Sequence[str], extravars: dict[str, Any], check: bool | None = None
-    ) -> dict[str, dict[str, Any]]:
-        run = run_playbook(
+    def _run(self, hosts: Sequence[str], extravars: dict[str, Any], check: bool | None = None) -> PlaybookRun:
+        progress = self.progress
+
+        def seen(tr: TaskResult) -> None:
+            if progress is not None and (tr.action in self.actions or tr.status in ("failed", "unreachable")):
+                progress.host_finished(tr.host)
+
+        return run_playbook(
             RunnerOptions(
                 playbook=self.playbook,
                 inventory=[Path(p) for p in self.rollout.inventory],
@@ -488,8 +620,14 @@ class Engine:
                 extravars=extravars,
                 check=(not self.rollout.apply) if check is None else check,
                 diff=True,
-            )
+            ),
+            on_result=seen,
         )
+
+    def _run_batch(
+        self, hosts: Sequence[str], extravars: dict[str, Any], check: bool | None = None
+    ) -> dict[str, dict[str, Any]]:
+        run = self._run(hosts, extravars, check)
         return {h: host_outcome(run.results_for(h), self.actions) for h in hosts}
 
     def _print(self, host: str, outcome: dict[str, Any]) -> None:
@@ -517,6 +655,40 @@ class Engine:
         if self.rollout.apply:
             audit(self.rollout, host, outcome)
         self._print(host, outcome)
+        if self.progress is not None:
+            self.progress.host_finished(host)
+
+    def _post(self, outcomes: dict[str, dict[str, Any]]) -> None:
+        """After the gate: the second pass (uncordon, post hook) for the hosts that passed it.
+
+        A host that failed its gate gets none: a node that came back broken stays cordoned.
+        """
+        if self.post_vars is None or not self.rollout.apply:
+            return
+        passed = [h for h, o in outcomes.items() if o["status"] == "ok" and not o.get("gate")]
+        for host, outcome in outcomes.items():
+            if host not in passed and outcome.get("gate"):
+                outcome["gate"] += " (post-reboot hooks not run: a cordoned node stays cordoned)"
+        if not passed:
+            return
+        run = self._run(passed, {**self.rollout.extravars, **self.post_vars}, check=False)
+        for host in passed:
+            results = run.results_for(host)
+            bad = next((tr for tr in reversed(results) if tr.status in ("failed", "unreachable")), None)
+            if bad is not None:
+                outcomes[host]["status"] = "failed"
+                outcomes[host]["msg"] = f"post-reboot hook failed ({bad.task}): {bad.msg}"
+            elif not results:
+                outcomes[host]["status"] = "failed"
+                outcomes[host]["msg"] = "post-reboot hooks did not run"
+            notes = _notes(results)
+            if notes:
+                outcomes[host]["notes"] = [*outcomes[host].get("notes", []), *notes]
+
+    def _say_notes(self, outcomes: dict[str, dict[str, Any]]) -> None:
+        notes = dict.fromkeys(n for o in outcomes.values() for n in o.get("notes", []))
+        for note in notes:
+            self.console.print(f"[cyan]note: {note}[/]")
 
     def recover(self) -> None:
         """After a kill: hosts caught mid-batch are probed — finished ones are not redone."""
@@ -532,6 +704,7 @@ class Engine:
             self.rollout.save()
             return
         probed = self._run_batch(caught, {**self.rollout.extravars, **self.probe_vars}, check=False)
+        rebooted: dict[str, dict[str, Any]] = {}
         for host in caught:
             before = (self.rollout.results.get(host) or {}).get("before") or {}
             now = probed[host].get("before") or {}
@@ -539,7 +712,7 @@ class Engine:
                 self.console.print(f"  {host}: already rebooted (boot id changed): not rebooting again")
                 outcome = {"status": "ok", "changed": True, "before": before, "after": now, "result": {}}
                 self._gate_one(host, outcome)
-                self._record(host, outcome)
+                rebooted[host] = outcome
             elif probed[host]["status"] != "ok":
                 # It may be mid-reboot: never act on it blindly; a later resume re-checks it.
                 outcome = {"status": "failed", "changed": False, "before": before,
@@ -547,6 +720,9 @@ class Engine:
                 self._record(host, outcome)
             else:
                 self.rollout.hosts[host] = HOST_PENDING
+        self._post(rebooted)
+        for host, outcome in rebooted.items():
+            self._record(host, outcome)
         self.rollout.save()
 
     def _gate_one(self, host: str, outcome: dict[str, Any], after: dict[str, Any] | None = None) -> None:
@@ -567,6 +743,7 @@ class Engine:
             f"resume: re-checking {len(failed)} host(s) that failed before: {' '.join(failed)}"
         )
         after = self._scan(failed)
+        outcomes: dict[str, dict[str, Any]] = {}
         for host in failed:
             outcome = dict(self.rollout.results.get(host) or {"status": "ok", "changed": False})
             if outcome.get("status") != "ok":
@@ -579,95 +756,218 @@ class Engine:
                     outcome["after"] = probed.get("before")
             outcome.pop("gate", None)
             self._gate_one(host, outcome, after.get(host, {"status": "missing"}))
+            outcomes[host] = outcome
+        self._post(outcomes)
+        for host, outcome in outcomes.items():
             self._record(host, outcome)
         self.rollout.save()
+
+    @contextlib.contextmanager
+    def _ctrl_c(self) -> Iterator[None]:
+        """First Ctrl-C: finish the running batch, then stop (state saved). Second: abort the batch now."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        aborting = False
+
+        def handler(signum: int, frame: object) -> None:
+            nonlocal aborting
+            if aborting:
+                return  # already aborting: let the state be saved
+            if self.stop_requested.is_set():
+                aborting = True
+                raise KeyboardInterrupt
+            self.stop_requested.set()
+            self.console.print(f"[yellow]{STOP_MESSAGE}[/]")
+
+        signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def run(self) -> Rollout:
         r = self.rollout
         r.status = "running"
+        r.stopped = None
         r.save()
+        if self.progress is None:
+            self.progress = RolloutProgress(self.console, r)
+        with self._ctrl_c(), self.progress:
+            try:
+                return self._run_all()
+            except KeyboardInterrupt:
+                self._interrupted(aborted=True)
+                return r
+
+    def _run_all(self) -> Rollout:
+        r = self.rollout
         if r.apply and r.gate:
             self.baseline = self._scan([h for h, s in r.hosts.items() if s != HOST_SKIPPED])
         self.recover()
         self.regate_failed()
         batches = r.plan["batches"]
-        try:
-            for index, batch in enumerate(batches, start=1):
-                if r.failures() > r.max_failures:
-                    self._stop(index - 1)
-                    return r
-                todo = [h for h in batch if r.hosts.get(h) == HOST_PENDING]
-                if not todo:
-                    continue
-                mode = "apply" if r.apply else "dry run"
-                self.console.print(f"[bold]batch {index}/{len(batches)}[/] ({mode}): {' '.join(todo)}")
-                for host in todo:
-                    r.hosts[host] = HOST_RUNNING
-                r.batches.append({"index": index, "hosts": todo, "started": time.time(), "finished": None})
-                if r.apply and self.probe_vars is not None:
-                    # Record what "before" looks like (e.g. the boot id) before acting, so a resume after
-                    # a kill mid-batch can tell a host that already rebooted from one that did not.
-                    probed = self._run_batch(todo, {**r.extravars, **self.probe_vars}, check=False)
-                    for host in todo:
-                        r.results[host] = {
-                            "status": "running",
-                            "changed": False,
-                            "before": probed[host].get("before"),
-                        }
-                r.save()
-                outcomes = self._run_batch(todo, r.extravars)
-                for host in todo:  # the pre-reboot boot id is saved before the gate (resume needs it)
-                    r.results[host] = outcomes[host]
-                r.save()
-                if r.apply and r.gate:
-                    after = self._scan(todo)
-                    for host in todo:
-                        if outcomes[host]["status"] == "ok":
-                            self._gate_one(host, outcomes[host], after.get(host, {"status": "missing"}))
-                for host in todo:
-                    self._record(host, outcomes[host])
-                r.batches[-1]["finished"] = time.time()
-                r.save()
-                if r.failures() > r.max_failures:
-                    self._stop(index)
-                    return r
-                if r.apply and r.cooldown and index < len(batches):
-                    self.console.print(f"[dim]cooldown {r.cooldown:g}s[/]")
-                    time.sleep(r.cooldown)
-        except KeyboardInterrupt:
-            r.status = "interrupted"
-            r.save()
-            raise
+        for index, batch in enumerate(batches, start=1):
+            if r.failures() > r.max_failures:
+                self._stop(index - 1)
+                return r
+            todo = [h for h in batch if r.hosts.get(h) == HOST_PENDING]
+            if not todo:
+                continue
+            if self.stop_requested.is_set():
+                self._interrupted(aborted=False)
+                return r
+            reason = self.guard() if self.guard is not None else None
+            if reason:
+                self._stop(index - 1, reason)
+                return r
+            self._batch(index, len(batches), todo)
+            if r.failures() > r.max_failures:
+                self._stop(index)
+                return r
+            more = any(r.hosts.get(h) == HOST_PENDING for b in batches[index:] for h in b)
+            if more and self.stop_requested.is_set():
+                self._interrupted(aborted=False)
+                return r
+            if r.apply and r.cooldown and more:
+                self.console.print(f"[dim]cooldown {r.cooldown:g}s[/]")
+                self.stop_requested.wait(r.cooldown)  # a Ctrl-C ends the cooldown at once
         r.status = "done"
         r.stopped = None
         r.save()
         return r
 
-    def _stop(self, after_batch: int) -> None:
+    def _batch(self, index: int, total: int, todo: list[str]) -> None:
+        r = self.rollout
+        mode = "apply" if r.apply else "dry run"
+        self.console.print(f"[bold]batch {index}/{total}[/] ({mode}): {' '.join(todo)}")
+        for host in todo:
+            r.hosts[host] = HOST_RUNNING
+        r.batches.append({"index": index, "hosts": todo, "started": time.time(), "finished": None})
+        if self.progress is not None:
+            self.progress.batch_started(index, todo)
+        if r.apply and self.probe_vars is not None:
+            # Record what "before" looks like (e.g. the boot id) before acting, so a resume after
+            # a kill mid-batch can tell a host that already rebooted from one that did not.
+            probed = self._run_batch(todo, {**r.extravars, **self.probe_vars}, check=False)
+            for host in todo:
+                r.results[host] = {
+                    "status": "running",
+                    "changed": False,
+                    "before": probed[host].get("before"),
+                }
+        r.save()
+        outcomes = self._run_batch(todo, r.extravars)
+        for host in todo:  # the pre-reboot boot id is saved before the gate (resume needs it)
+            r.results[host] = outcomes[host]
+        r.save()
+        self._say_notes(outcomes)
+        if r.apply and r.gate:
+            after = self._scan(todo)
+            for host in todo:
+                if outcomes[host]["status"] == "ok":
+                    self._gate_one(host, outcomes[host], after.get(host, {"status": "missing"}))
+        self._post(outcomes)
+        for host in todo:
+            self._record(host, outcomes[host])
+        r.batches[-1]["finished"] = time.time()
+        r.save()
+        if self.progress is not None:
+            self.progress.batch_finished(index)
+
+    def _interrupted(self, aborted: bool) -> None:
+        """Ctrl-C: save the state and say how to go on. Aborted mid-batch: its hosts stay ``running``
+        (in doubt): ``--resume`` probes them first, as after a kill."""
+        r = self.rollout
+        in_doubt = [h for h, s in r.hosts.items() if s == HOST_RUNNING]
+        pending = r.pending()
+        done_batches = sum(1 for b in r.batches if b.get("finished"))
+        r.status = "interrupted"
+        r.stopped = {
+            "after_batch": done_batches,
+            "reason": "aborted mid-batch (Ctrl-C twice)" if aborted else "stopped after the batch (Ctrl-C)",
+            "pending": pending,
+            "in_doubt": in_doubt,
+        }
+        r.save()
+        doubt = f"; {len(in_doubt)} in doubt (probed on resume): {' '.join(in_doubt)}" if in_doubt else ""
+        self.console.print(
+            f"[bold yellow]interrupted[/] after {done_batches} batch(es), state saved: {len(pending)} host(s) "
+            f"pending{doubt}\n  resume with: fleetops remediate --resume {r.state_path}"
+        )
+
+    def _stop(self, after_batch: int, reason: str | None = None) -> None:
         r = self.rollout
         pending = r.pending()
         r.status = "stopped"
         r.stopped = {
             "after_batch": after_batch,
-            "reason": f"{r.failures()} failed host(s), more than the {r.max_failures} tolerated (--max-failures)",
+            "reason": reason
+            or f"{r.failures()} failed host(s), more than the {r.max_failures} tolerated (--max-failures)",
             "pending": pending,
         }
         r.save()
         self.console.print(
-            f"[bold red]circuit breaker: {r.stopped['reason']}; {len(pending)} host(s) untouched[/]"
-            f" (resume with: fleetops remediate --resume {r.state_path})"
+            f"[bold red]{'stopped' if reason else 'circuit breaker'}: {r.stopped['reason']}; "
+            f"{len(pending)} host(s) untouched[/] (resume with: fleetops remediate --resume {r.state_path})"
         )
 
 
 @contextlib.contextmanager
-def locked(rollout: Rollout, hosts: Sequence[str], break_lock: bool) -> Iterator[None]:
-    """Hold every host's lock for the rollout's lifetime (apply only: a dry run changes nothing)."""
+def locked(
+    rollout: Rollout, hosts: Sequence[str], break_lock: bool | str, console: Console | None = None
+) -> Iterator[Callable[[], str | None] | None]:
+    """Hold every host's lock (and the EC2 lease, when the hosts are EC2 instances) for the rollout's
+    lifetime; yields the guard the engine asks before each batch (None: nothing to ask).
+
+    Apply only: a dry run changes nothing.
+    """
     if not rollout.apply:
-        yield
+        yield None
         return
     locks = HostLocks()
     locks.acquire(hosts, rollout, break_lock)
+    lease = None
     try:
-        yield
+        lease = _ec2_lease(rollout, hosts, console)
+        if lease is not None:
+            lease.acquire(break_lock)
+            lease.start()
+        yield lease.check if lease is not None else None
     finally:
-        locks.release()
+        try:
+            if lease is not None:
+                lease.release()
+        finally:
+            locks.release()
+
+
+def _ec2_lease(rollout: Rollout, hosts: Sequence[str], console: Console | None) -> Any:
+    """The rollout's EC2 lease (fleetops.lease.Ec2Lease), or None when its hosts are not EC2 instances."""
+    if not rollout.lease or not rollout.lease.get("instances"):
+        return None
+    from fleetops.lease import DEFAULT_SETTLE_S, Ec2Lease, connection_for
+
+    wanted = set(hosts)
+    instances = {h: t for h, t in rollout.lease["instances"].items() if h in wanted}
+    if not instances:
+        return None
+    connection = connection_for([Path(p) for p in rollout.inventory])
+
+    def say(line: str) -> None:
+        if console is not None:
+            console.print(f"[dim]{line}[/]")
+
+    if connection is None:
+        say("lease: no fleetops.node.ec2 inventory source found: no EC2 lease (the local lock still holds)")
+        return None
+    return Ec2Lease(
+        connection=connection,
+        instances=instances,
+        rollout=rollout.id,
+        operator=rollout.operator,
+        ttl=float(rollout.lease.get("ttl") or 900),
+        settle=float(rollout.lease.get("settle", DEFAULT_SETTLE_S)),
+        say=say,
+    )

@@ -30,7 +30,7 @@ HOSTS = [f"lab-{i:02d}" for i in range(1, 7)]
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     lab = Lab()
-    lab.up(6)
+    lab.up(6, ec2=True)  # the same hosts also as EC2 instances of a local moto endpoint (the lease test)
     try:
         yield lab
     finally:
@@ -238,3 +238,251 @@ def test_preflight_refuses_when_too_many_hosts_are_unreachable_and_changes_nothi
     summary = fleetops("report", str(state), env=env)
     assert summary.rc == 0, summary.stderr
     assert "status done" in summary.stdout and "skipped" in summary.stdout
+
+
+# ------------------------------------------------------------------ Ctrl-C, EC2 lease, progress
+
+
+def _ec2_lease_tags(lab: Lab) -> dict[str, list[str]]:
+    """Name tag -> the instance's fleetops:lease:* tag keys, read from the lab's EC2 endpoint."""
+    from fleetops.lab.ec2sim import client
+
+    config = yaml.safe_load(lab.ec2_inventory_path().read_text())
+    ec2 = client(config["endpoint_url"], config["regions"][0])
+    names = {}
+    leases: dict[str, list[str]] = {}
+    for tag in ec2.describe_tags()["Tags"]:
+        if tag["Key"] == "Name":
+            names[tag["ResourceId"]] = tag["Value"]
+    for tag in ec2.describe_tags()["Tags"]:
+        if tag["Key"].startswith("fleetops:lease:"):
+            leases.setdefault(names.get(tag["ResourceId"], tag["ResourceId"]), []).append(tag["Key"])
+    return leases
+
+
+def test_ctrl_c_stops_after_the_batch_ec2_lease_refuses_another_controller_and_resume_finishes(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    state = tmp_path / "sigint.json"
+    stderr = tmp_path / "first.stderr"
+    before = _boots(lab)
+    cmd = [str(FLEETOPS), "remediate", "reboot", "-i", str(lab.ec2_inventory_path()), "--apply",
+           "--per-group-max", "1", "--max-parallel", "100%", "--canary", "1", "--cooldown", "0",
+           "--lease-settle", "0.5", "--state", str(state), "--format", "json"]  # fmt: skip
+    with stderr.open("w") as err:
+        first = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=err,
+                                 text=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                if state.exists() and "running" in json.loads(state.read_text())["hosts"].values():
+                    break
+                time.sleep(0.2)
+            else:
+                pytest.fail("the rollout never started a batch: " + stderr.read_text())
+            rollout_id = json.loads(state.read_text())["id"]
+            # Every targeted instance carries this rollout's lease tag while it runs.
+            assert _ec2_lease_tags(lab) == {h: [f"fleetops:lease:{rollout_id}"] for h in HOSTS}
+            # Another controller (its own state dir: no shared lock file) is refused by the lease.
+            other = {**env, "FLEETOPS_STATE_DIR": str(tmp_path / "other-controller")}
+            second = fleetops(
+                "remediate", "reboot", "-i", str(lab.ec2_inventory_path()), "--apply", "--lease-settle", "0",
+                "--preflight-timeout", "10", env=other, timeout=300,
+            )  # fmt: skip
+            assert second.rc == 4, second.stderr
+            assert "Failed to take the EC2 lease on 6 instance(s) held by another rollout" in second.stderr
+            assert f"rollout {rollout_id} by " in second.stderr and "expires 20" in second.stderr
+            first.send_signal(signal.SIGINT)  # one Ctrl-C, mid-batch
+            out, _ = first.communicate(timeout=300)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+    text = stderr.read_text()
+    assert first.returncode == 130, text
+    assert "stopping after the current batch; Ctrl-C again to abort now" in text
+    assert f"resume with: fleetops remediate --resume {state}" in text
+    assert "progress: batch 1/4 started" in text and "progress: batch 1/4 finished" in text  # not a TTY
+    report = json.loads(out)  # stdout: the JSON report only
+    assert report["status"] == "interrupted"
+    saved = json.loads(state.read_text())
+    assert saved["status"] == "interrupted"
+    (canary,) = saved["batches"][0]["hosts"]
+    assert (
+        saved["batches"][0]["finished"] and len(saved["batches"]) == 1
+    )  # the batch completed, no other began
+    assert saved["hosts"][canary] == "done"
+    assert sorted(saved["stopped"]["pending"]) == sorted(h for h in HOSTS if h != canary)
+    assert all(saved["hosts"][h] == "pending" for h in HOSTS if h != canary)
+    mid = _boots(lab)
+    assert mid[canary][1] == before[canary][1] + 1
+    assert all(mid[h] == before[h] for h in HOSTS if h != canary)
+    assert _ec2_lease_tags(lab) == {}  # released on the way out
+
+    resumed = fleetops("remediate", "--resume", str(state), "--format", "json", env=env, timeout=600)
+    assert resumed.rc == 0, resumed.stderr
+    assert resumed.json()["status"] == "done"
+    after = _boots(lab)
+    for host in HOSTS:
+        assert after[host][1] == before[host][1] + 1, host  # every host exactly once
+    assert _ec2_lease_tags(lab) == {}
+
+
+# ------------------------------------------------------------------ hooks around reboots
+
+# A stand-in for kubectl: no Kubernetes cluster can run on these machines, so this script plays the
+# API server's part for the few verbs the playbook uses. It records every argv (with the time) and
+# keeps each node's cordon state and annotations in a JSON file; drain fails for the nodes listed in
+# FAKE_KUBECTL_FAIL_DRAIN, the way a PodDisruptionBudget refuses an eviction.
+STAND_IN = """#!{python}
+import fcntl, json, os, sys, time
+log = os.environ["FAKE_KUBECTL_LOG"]
+args = sys.argv[1:]
+with open(log + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(log, "a") as f:
+        f.write(json.dumps({{"t": time.time(), "argv": args}}) + "\\n")
+    if "--kubeconfig" in args:
+        i = args.index("--kubeconfig")
+        del args[i : i + 2]
+    try:
+        with open(log + ".state") as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        state = {{}}
+    def node(name):
+        return state.setdefault(name, {{"unschedulable": False, "annotations": {{}}}})
+    verb = args[0] if args else ""
+    rc = 0
+    if verb == "version":
+        print("Client Version: v1.31.0 (stand-in)")
+    elif verb == "get":
+        n = node(args[2])
+        spec = {{"unschedulable": True}} if n["unschedulable"] else {{}}
+        print(json.dumps({{"metadata": {{"name": args[2], "annotations": n["annotations"]}}, "spec": spec}}))
+    elif verb in ("cordon", "uncordon"):
+        node(args[1])["unschedulable"] = verb == "cordon"
+        print("node/%s %sed" % (args[1], verb))
+    elif verb == "annotate":
+        name, change = [a for a in args[1:] if not a.startswith("--") and a != "node"][:2]
+        if change.endswith("-"):
+            node(name)["annotations"].pop(change[:-1], None)
+        else:
+            key, value = change.split("=", 1)
+            node(name)["annotations"][key] = value
+    elif verb == "drain":
+        if args[1] in os.environ.get("FAKE_KUBECTL_FAIL_DRAIN", "").split(","):
+            sys.stderr.write("error: Cannot evict pod as it would violate the pod's disruption budget.\\n")
+            rc = 1
+    with open(log + ".state", "w") as f:
+        json.dump(state, f)
+sys.exit(rc)
+"""
+
+
+def _stand_in(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    kubectl = bindir / "kubectl"
+    kubectl.write_text(STAND_IN.format(python=sys.executable))
+    kubectl.chmod(0o755)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    log = tmp_path / "kubectl.log"
+    env = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "KUBECONFIG": str(kubeconfig),
+        "FAKE_KUBECTL_LOG": str(log),
+    }
+    return env, log
+
+
+def _calls(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _boot_window(lab: Lab, host: str) -> tuple[float, float]:
+    """(time of the previous boot's last journal entry, time of this boot's first): the reboot."""
+    out = lab.run(
+        host,
+        "journalctl -b -1 -o short-unix -q --no-pager -n 1 | cut -d' ' -f1;"
+        " journalctl -b 0 -o short-unix -q --no-pager | head -1 | cut -d' ' -f1",
+        check=True,
+    ).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def test_kube_drain_hooks_order_a_failing_drain_and_the_clean_skip(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    kenv, log = _stand_in(tmp_path)
+    before = _boots(lab)
+    hook = (
+        f"{tmp_path / 'bin' / 'kubectl'} hook"  # the stand-in records hooks too ("hook" is no kubectl verb)
+    )
+    result = fleetops(
+        "remediate", "reboot", "-i", str(lab.inventory_path()), "--limit", "lab-01,lab-02", "--apply",
+        "--kube-drain", "--drain-timeout", "30", "--pre-hook", f"{hook} pre {{host}}", "--post-hook",
+        f"{hook} post {{node}}", "--max-parallel", "100%", "--per-group-max", "1", "--canary", "0",
+        "--max-failures", "1", "--cooldown", "0", "--format", "json",
+        env={**env, **kenv, "FAKE_KUBECTL_FAIL_DRAIN": "lab-02"}, timeout=600,
+    )  # fmt: skip
+    assert result.rc == 3, result.stderr  # lab-02 failed
+    report = result.json()
+    assert report["hosts"] == {"lab-01": "done", "lab-02": "failed"}
+    assert (
+        "kubectl drain lab-02 failed, so the host was not rebooted (node uncordoned again)"
+        in (report["batches"][0]["results"]["lab-02"]["msg"])
+    )
+    assert "disruption budget" in report["batches"][0]["results"]["lab-02"]["msg"]
+    after = _boots(lab)
+    assert after["lab-01"][1] == before["lab-01"][1] + 1
+    assert after["lab-02"] == before["lab-02"]  # the failed drain kept it from rebooting
+
+    calls = _calls(log)
+    verbs = {"hook", "cordon", "drain", "uncordon"}
+
+    def seq(host: str) -> list[tuple[float, str]]:
+        return [
+            (c["t"], " ".join(a for a in c["argv"][:2] if a != "--kubeconfig"))
+            for c in calls
+            if c["argv"] and c["argv"][0] in verbs and host in c["argv"]
+        ]
+
+    one = seq("lab-01")
+    assert [v for _, v in one] == [
+        "hook pre",
+        "cordon lab-01",
+        "drain lab-01",
+        "uncordon lab-01",
+        "hook post",
+    ]
+    down, up = _boot_window(lab, "lab-01")
+    times = dict((v, t) for t, v in one)
+    assert (
+        times["drain lab-01"] < down < up < times["uncordon lab-01"]
+    )  # cordon -> drain -> reboot -> uncordon
+    assert all("--kubeconfig" not in c["argv"] for c in calls)  # KUBECONFIG from the environment
+    drain = next(c["argv"] for c in calls if c["argv"][:2] == ["drain", "lab-01"])
+    assert drain[2:] == ["--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s"]
+    assert [v for _, v in seq("lab-02")] == ["hook pre", "cordon lab-02", "drain lab-02", "uncordon lab-02"]
+
+    # No kubeconfig on the controller: the kubectl hooks are skipped with one note, the reboot runs.
+    before = _boots(lab)
+    skipped = fleetops(
+        "remediate", "reboot", "-i", str(lab.inventory_path()), "--limit", "lab-03", "--apply", "--kube-drain",
+        "--canary", "0", "--cooldown", "0", "--format", "json",
+        env={**env, **kenv, "KUBECONFIG": str(tmp_path / "missing")}, timeout=600,
+    )  # fmt: skip
+    assert skipped.rc == 0, skipped.stderr
+    assert skipped.stderr.count("note: kubectl hooks skipped: no kubeconfig on the controller") == 1
+    assert _boots(lab)["lab-03"][1] == before["lab-03"][1] + 1
+    # No kubectl at all (a dry run is enough to show the check): skipped the same way, no failure.
+    dry = fleetops(
+        "remediate", "reboot", "-i", str(lab.inventory_path()), "--limit", "lab-03", "--kube-drain",
+        "--kubectl", str(tmp_path / "no-such-kubectl"), "--canary", "0", env={**env, **kenv},
+    )  # fmt: skip
+    assert dry.rc == 0, dry.stderr
+    assert "note: kubectl hooks skipped: no kubectl" in dry.stderr

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from fleetops.inventory import InventoryHost
 from fleetops.remediate import FailureBudget
 from fleetops.rollout import (
+    Engine,
     HostLocks,
     LockError,
     Rollout,
@@ -162,3 +167,91 @@ def test_fix_reports_the_hosts_that_still_need_a_reboot(tmp_path: Path) -> None:
     r.results["b"] = {"status": "ok", "result": {"needs_reboot": False, "freed": 1500}}
     r.results["c"] = {"status": "failed", "msg": "unreachable"}
     assert needs_reboot(r) == ["a"]
+
+
+# ---- Ctrl-C, progress, named --break-lock (the engine with its playbook runs stubbed: no hosts here)
+
+
+class _Stubbed(Engine):
+    """The engine with runner and scan replaced: every host succeeds; ``on_batch`` runs mid-batch."""
+
+    on_batch: Any = None
+
+    def _run_batch(self, hosts: Any, extravars: Any, check: Any = None) -> dict[str, dict[str, Any]]:
+        if self.on_batch is not None:
+            self.on_batch(len(self.rollout.batches))
+        return {h: {"status": "ok", "changed": True, "result": {}} for h in hosts}
+
+    def _scan(self, hosts: Any) -> dict[str, dict[str, Any]]:
+        return {h: {"status": "ok", "findings": []} for h in hosts}
+
+
+def _engine(tmp_path: Path, batches: list[list[str]]) -> tuple[_Stubbed, io.StringIO]:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    rollout = _rollout(tmp_path, batches)
+    return _Stubbed(rollout=rollout, playbook="x", actions=("x",), gate_check=None, console=console), out
+
+
+def test_first_ctrl_c_finishes_the_batch_then_stops_with_the_state_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    engine, out = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
+    engine.on_batch = lambda n: os.kill(os.getpid(), signal.SIGINT) if n == 2 else None
+    rollout = engine.run()
+    assert rollout.status == "interrupted"
+    assert rollout.hosts == {"a": "done", "b": "done", "c": "done", "d": "pending"}  # batch 2 completed
+    saved = Rollout.load(tmp_path / "state.json")
+    assert saved.status == "interrupted" and saved.stopped is not None
+    assert saved.stopped["pending"] == ["d"] and saved.stopped["in_doubt"] == []
+    text = out.getvalue()
+    assert "stopping after the current batch; Ctrl-C again to abort now" in text
+    assert f"resume with: fleetops remediate --resume {tmp_path / 'state.json'}" in text
+    assert "progress: batch 2/3 finished: batches done 2/3, hosts finished 3/4, failed 0" in text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    # --resume goes on from there
+    resumed, _ = _engine(tmp_path, [])
+    resumed.rollout = saved
+    assert resumed.run().status == "done" and set(saved.hosts.values()) == {"done"}
+
+
+def test_second_ctrl_c_aborts_the_batch_and_leaves_its_hosts_in_doubt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    engine, _ = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
+
+    def twice(n: int) -> None:
+        if n == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    engine.on_batch = twice
+    rollout = engine.run()
+    assert rollout.status == "interrupted"
+    saved = Rollout.load(tmp_path / "state.json")
+    # b and c were in flight: kept "running", which --resume probes before acting (as after a kill)
+    assert saved.hosts == {"a": "done", "b": "running", "c": "running", "d": "pending"}
+    assert saved.stopped is not None and saved.stopped["in_doubt"] == ["b", "c"]
+    assert saved.pending() == ["b", "c", "d"]
+
+
+def test_progress_is_a_transient_line_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    engine, out = _engine(tmp_path, [["a"], ["b"]])
+    engine.console = Console(file=out, force_terminal=True, width=200)
+    seen: list[str] = []
+    engine.on_batch = lambda n: seen.append(engine.progress._describe() if engine.progress else "")
+    assert engine.run().status == "done"
+    assert seen == ["batches 0/2 · in flight 1 (a) · failed 0", "batches 1/2 · in flight 1 (b) · failed 0"]
+    assert "progress:" not in out.getvalue()  # no plain lines on a terminal
+
+
+def test_break_lock_can_name_the_rollout_whose_locks_it_breaks(tmp_path: Path) -> None:
+    first, second = _rollout(tmp_path, [["a"]]), _rollout(tmp_path, [["a"]])
+    HostLocks(tmp_path / "locks").acquire(["a"], first)
+    with pytest.raises(LockError):
+        HostLocks(tmp_path / "locks").acquire(["a"], second, break_lock="20000101T000000Z-000000")
+    HostLocks(tmp_path / "locks").acquire(["a"], second, break_lock=first.id)
+    assert json.loads((tmp_path / "locks" / "a.lock").read_text())["rollout"] == second.id
