@@ -73,18 +73,8 @@ class Listing:
         return {v["ec2_tags"]["Name"]: h for h, v in self.hostvars.items() if "Name" in v["ec2_tags"]}
 
 
-def run_sources(
-    tmp_path: Path,
-    sources: dict[str, dict[str, Any]],
-    env: dict[str, str] | None = None,
-    verbose: bool = False,
-) -> Listing:
-    """Write tmp_path/<name>.fleet_ec2.yml per source; `ansible-inventory -i ... --list` as a user would."""
-    paths = []
-    for name, config in sources.items():
-        path = tmp_path / f"{name}.fleet_ec2.yml"
-        path.write_text(yaml.safe_dump({"plugin": "fleetops.node.ec2", **config}, sort_keys=False))
-        paths.append(str(path))
+def ansible_env(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment less AWS_*/ANSIBLE_*, plus the collection path and dummy credentials."""
     full_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "ANSIBLE_")) and k != "BOTO_CONFIG"
     }
@@ -100,6 +90,22 @@ def run_sources(
         AWS_EC2_METADATA_DISABLED="true",
     )
     full_env.update(env or {})
+    return full_env
+
+
+def run_sources(
+    tmp_path: Path,
+    sources: dict[str, dict[str, Any]],
+    env: dict[str, str] | None = None,
+    verbose: bool = False,
+) -> Listing:
+    """Write tmp_path/<name>.fleet_ec2.yml per source; `ansible-inventory -i ... --list` as a user would."""
+    paths = []
+    for name, config in sources.items():
+        path = tmp_path / f"{name}.fleet_ec2.yml"
+        path.write_text(yaml.safe_dump({"plugin": "fleetops.node.ec2", **config}, sort_keys=False))
+        paths.append(str(path))
+    full_env = ansible_env(tmp_path, env)
     output = tmp_path / "inventory.json"
     output.unlink(missing_ok=True)
     args = [str(ANSIBLE_INVENTORY), *(a for p in paths for a in ("-i", p)), "--list", "--output", str(output)]
@@ -637,6 +643,126 @@ def test_cache_serves_the_same_query_and_only_that_query(tmp_path: Path, proxy: 
     assert third.rc == 0, third.stderr
     assert set(third.hostvars) == {"gpu-a1", "gpu-b1"}
     assert proxy.calls == {"DescribeInstances": 1, "DescribeInstanceStatus": 1}
+
+    # The cache holds shaped hosts: other hostnames or host variables are another key too.
+    for other in ({"hostnames": ["instance-id"]}, {"aws_ec2_hostvars": True}):
+        proxy.reset_counters()
+        listing = run_inventory(tmp_path, {**config, **other})
+        assert listing.rc == 0, listing.stderr
+        assert proxy.calls == {"DescribeInstances": 1, "DescribeInstanceStatus": 1}, other
+        again = run_inventory(tmp_path, {**config, **other})
+        assert again.rc == 0, again.stderr
+        assert again.data == listing.data
+        assert proxy.calls == {"DescribeInstances": 1, "DescribeInstanceStatus": 1}, other
+    assert set(listing.hostvars) == set(first.hostvars)
+    assert listing.hostvars["gpu-a1"]["private_ip_address"] == "10.42.1.11"
+
+    # compose, groups and keyed_groups apply to cached hosts on every listing
+    proxy.reset_counters()
+    composed = run_inventory(tmp_path, {**config, "compose": {"rack": "ec2_az ~ '-r1'"}})
+    assert composed.rc == 0, composed.stderr
+    assert proxy.calls.total() == 0
+    assert composed.hostvars["gpu-a1"]["rack"] == "us-east-1a-r1"
+
+
+# Builds the inventory in one process twice, the second time with _HostvarsWriter's batch path off
+# (one set_variable per variable), and prints what each made: every variable with its exact type
+# and its data tags (origin, trust) all the way down, group membership in order, and whether any
+# container is shared between hosts. Ansible's tags are private API: read here, never in the plugin.
+_SNAPSHOT = r"""
+import json, sys
+from ansible.plugins.loader import init_plugin_loader, inventory_loader
+init_plugin_loader([sys.argv[1]])
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.module_utils._internal._datatag import AnsibleTagHelper
+
+module = sys.modules[type(inventory_loader.get("fleetops.node.ec2")).__module__]
+
+def describe(value, containers):
+    tags = sorted(repr(tag) for tag in AnsibleTagHelper.tags(value))
+    if isinstance(value, dict):
+        containers.append(id(value))
+        inner = {k: describe(v, containers) for k, v in value.items()}
+    elif isinstance(value, list):
+        containers.append(id(value))
+        inner = [describe(v, containers) for v in value]
+    else:
+        inner = value
+    return [type(value).__name__, tags, inner]
+
+result = {}
+for batch in (True, False):
+    module._HostvarsWriter.batch = batch
+    inventory = InventoryManager(loader=DataLoader(), sources=sys.argv[2:])
+    containers = []
+    hosts = {name: describe(dict(host.vars), containers) for name, host in inventory.hosts.items()}
+    groups = {name: [[h.name for h in g.hosts], [c.name for c in g.child_groups], describe(dict(g.vars), [])]
+              for name, g in inventory.groups.items()}
+    result[str(batch)] = {"hosts": hosts, "groups": groups, "shared": len(containers) - len(set(containers))}
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [
+        pytest.param([{}], id="defaults"),
+        pytest.param(
+            [
+                {
+                    "hostnames": ["tag:Name", "instance-id"],
+                    "strict": True,
+                    "keyed_groups": [{"key": "ec2_tags.team | default('none')", "prefix": "team"}],
+                    "compose": {"ansible_host": "'lab-' ~ ec2_private_ip", "gpu_count": "ec2_tags | length"},
+                    "groups": {"maintenance_due": "ec2_scheduled_events | length > 0"},
+                }
+            ],
+            id="constructed",
+        ),
+        pytest.param([{"aws_ec2_hostvars": True, "hostvars_prefix": "aws_"}], id="aws_ec2_hostvars"),
+        # names Ansible warns about, a host that is also a group's name, hosts an earlier source made
+        pytest.param([{"aws_ec2_hostvars": True, "hostvars_prefix": "aws-"}], id="invalid-names"),
+        pytest.param(
+            [{"hostnames": ["tag:fleetops"]}, {"hostnames": ["tag:Name", "instance-id"]}], id="clashes"
+        ),
+        pytest.param(
+            [{"hostnames": ["tag:Name"]}, {"hostnames": ["tag:Name"], "compose": {"x": "1"}}], id="twice"
+        ),
+    ],
+)
+def test_batched_hostvars_are_what_one_set_variable_per_variable_makes(
+    tmp_path: Path, proxy: Ec2Proxy, configs: list[dict[str, Any]]
+) -> None:
+    sources = []
+    for n, config in enumerate(configs):
+        path = tmp_path / f"s{n}.fleet_ec2.yml"
+        config = {"plugin": "fleetops.node.ec2", "regions": [REGION], "endpoint_url": proxy.url, **config}
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        sources.append(str(path))
+    if configs[0].get("hostnames") == ["tag:fleetops"]:
+        # a host named like a group: its variables go to the group, as with set_variable
+        sources.insert(0, str(tmp_path / "groups.yml"))
+        Path(sources[0]).write_text("all:\n  children:\n    gpu:\n      vars:\n        rack: r1\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SNAPSHOT, str(REPO / "collections"), *sources],
+        capture_output=True,
+        text=True,
+        env=ansible_env(tmp_path),
+        cwd=tmp_path,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    batched, ordinary = result["True"], result["False"]
+    assert len(batched["hosts"]) >= 2
+    assert batched["hosts"] == ordinary["hosts"]
+    assert batched["groups"] == ordinary["groups"]
+    assert batched["shared"] == ordinary["shared"] == 0
+    # tagged with the source, as set_variable does
+    zones = [variables["ec2_az"] for _, _, variables in batched["hosts"].values() if "ec2_az" in variables]
+    assert zones and all(any(tag.startswith("Origin(") for tag in tags) for _, tags, _ in zones)
 
 
 def test_5000_instances_list_across_pages_and_cache_makes_no_call(
