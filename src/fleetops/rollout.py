@@ -63,6 +63,10 @@ HOST_PENDING, HOST_RUNNING, HOST_DONE, HOST_FAILED, HOST_SKIPPED = (
 )
 
 
+# What every batch run passes to the remediation playbooks (their `serial` / `max_fail_percentage` knobs).
+BATCH_VARS: dict[str, Any] = {"fleetops_serial": "100%", "fleetops_max_fail_percentage": 100}
+
+
 class RolloutError(FleetopsError):
     """The rollout cannot start or continue (bad state file, preflight refused)."""
 
@@ -617,7 +621,9 @@ class Engine:
                 playbook=self.playbook,
                 inventory=[Path(p) for p in self.rollout.inventory],
                 limit=",".join(hosts),
-                extravars=extravars,
+                # the batch is the plan's: all of it at once, failures judged by the breaker (the
+                # playbooks default to one host at a time, stop at the first failure, for plain runs)
+                extravars={**BATCH_VARS, **extravars},
                 check=(not self.rollout.apply) if check is None else check,
                 diff=True,
             ),
