@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from rich.console import Console
 
 from fleetops import __version__, paths
@@ -151,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
         "with fleetops_unit_allowlist), for every host: each enabled unit it does not match is an "
         "unexpected_unit warning (default: the inventory's fleetops_unit_allowlist)",
     )
+    scan.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        metavar="VARS",
+        default=[],
+        help="a knob of playbooks/scan.yml, as ansible-playbook takes it: KEY=VALUE, a YAML/JSON mapping, or "
+        "@FILE (repeatable; later ones win), e.g. -e fleetops_cpu_system_warning_pct=30",
+    )
     scan.set_defaults(func=cmd_scan)
 
     from fleetops.lab.cli import register as register_lab
@@ -168,6 +179,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_drift(sub)
     return parser
+
+
+def parse_extra_vars(spec: str) -> dict[str, Any]:
+    """One -e value the way ansible-playbook reads it: @FILE, a YAML/JSON mapping, or KEY=VALUE pairs."""
+    if spec.startswith("@"):
+        path = Path(spec[1:])
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise UsageError(f"-e {spec}: cannot read {path}: {err.strerror or err}") from err
+        return _vars_mapping(text, f"-e {spec}")
+    if spec.lstrip().startswith("{"):
+        return _vars_mapping(spec, "-e")
+    out: dict[str, Any] = {}
+    for pair in shlex.split(spec):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"-e {spec!r}: expected KEY=VALUE, a mapping or @FILE, got {pair!r}")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+def _vars_mapping(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UsageError(f"{where}: not YAML/JSON: {str(err).splitlines()[0]}") from err
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise UsageError(f"{where}: expected a mapping of variable names to values")
+    return data
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -198,6 +242,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
         forks=args.forks,
         host_timeout=args.host_timeout,
     )
+    for spec in args.extra_vars:
+        opts.extravars.update(parse_extra_vars(spec))
     if args.unit_allowlist is not None:
         from fleetops.drift import load_unit_allowlist
 

@@ -562,13 +562,15 @@ def print_summary(rollout: Rollout, console: Console) -> None:
     console.print(
         f"{rollout.action}: {s['hosts']} host(s): {s['changed']} {verb}, {s['done']} done, {s['failed']} failed, "
         f"{s['pending']} pending, {s['skipped']} skipped; status {rollout.status}"
-        + ("" if rollout.apply else " (dry run: add --apply to change hosts)")
+        + ("" if rollout.apply else " (dry run: add --apply to change hosts)"),
+        soft_wrap=True,  # one line whatever the console's width (CI, AWX, logs)
     )
     still = needs_reboot(rollout)
     if still:
         console.print(
             f"[yellow]{len(still)} host(s) still need a reboot (zombies the reclaim could not free): "
-            f"{' '.join(still)}[/]\n  next: fleetops remediate reboot -i INVENTORY --limit {','.join(still)} --apply"
+            f"{' '.join(still)}[/]\n  next: fleetops remediate reboot -i INVENTORY --limit {','.join(still)} --apply",
+            soft_wrap=True,
         )
 
 
