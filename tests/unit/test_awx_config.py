@@ -237,7 +237,7 @@ def _survey_errors(spec: dict[str, Any]) -> list[str]:
 def test_job_templates_cover_the_scan_and_every_remediation_playbook() -> None:
     jts = _job_templates()
     playbooks = {jt["playbook"] for jt in jts}
-    wanted = {"playbooks/scan.yml"} | {
+    wanted = {"playbooks/scan.yml", "playbooks/rolling_reboot.yml"} | {
         str(p.relative_to(REPO)) for p in (REPO / "playbooks").glob("remediate_*.yml")
     }
     assert wanted <= playbooks, (
@@ -286,7 +286,8 @@ def test_remediations_are_dry_runs_unless_launched_as_run() -> None:
     assert args["allow_simultaneous"] is False and args["survey_enabled"] is True
     jts = {jt["playbook"]: jt for jt in _job_templates()}
     for pb, jt in jts.items():
-        assert jt.get("remediation", False) is pb.startswith("playbooks/remediate_"), pb
+        changes_hosts = pb.startswith("playbooks/remediate_") or pb == "playbooks/rolling_reboot.yml"
+        assert jt.get("remediation", False) is changes_hosts, pb
     scan = jts["playbooks/scan.yml"]
     assert scan["job_type"] == "run"
     assert scan["job_slice_count"] == "{{ fleetops_awx_scan_slices }}"
