@@ -52,6 +52,7 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     DetectorError,
     fmt_int,
     make_finding,
+    which,
 )
 
 CHECK = "ena_resets"
@@ -83,7 +84,6 @@ _ENA_LINE = re.compile(
     r"^ena (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?: (?P<iface>[^\s:]+))?: (?P<msg>.*)$"
 )
 _WATCHDOG = re.compile(r"^NETDEV WATCHDOG: (?P<iface>\S+) \(ena\): (?P<msg>.*)$")
-SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/bin", "/bin")
 DEFAULT_THRESHOLDS = {"ena_resets_critical": 3}
 MAX_RECENT = 10
 
@@ -159,14 +159,6 @@ def parse_log(lines):
     return counts, events
 
 
-def _which(name):
-    for folder in os.environ.get("PATH", "").split(os.pathsep) + list(SBIN):
-        path = os.path.join(folder or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def resets(counters, log_counts):
     """``(count, basis)``: resets since the driver loaded, from the best source there is."""
     if "total_resets" in counters:
@@ -183,7 +175,7 @@ def collect(run, log=None, sys_class_net="/sys/class/net", ethtool=None):
     interfaces = find_interfaces(sys_class_net)
     if not interfaces:
         return {"interfaces": {}, "reason": "no interface uses the ena driver"}
-    ethtool = ethtool or _which("ethtool")
+    ethtool = ethtool or which("ethtool")
     if ethtool is None:
         raise EnaError(
             "run",

@@ -16,6 +16,11 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
+
+# Where system tools live when PATH (an ssh session's, a cron job's) leaves the sbin folders out.
+SYSTEM_BIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/bin", "/bin", "/usr/local/bin")
+
 
 SEVERITIES = ("info", "warning", "critical")
 _SEVERITY_RANK = dict((name, rank) for rank, name in enumerate(SEVERITIES))
@@ -86,3 +91,13 @@ def fmt_rate(value):
     if value == int(value):
         return "{:+,}".format(int(value))
     return "{:+,.1f}".format(value)
+
+
+def which(name):
+    """The path of an executable ``name`` on PATH or in SYSTEM_BIN_DIRS, or None (AnsibleModule.get_bin_path
+    for callers that run without a module: tests, bench/gpu_health_probe.py)."""
+    for folder in os.environ.get("PATH", "").split(os.pathsep) + list(SYSTEM_BIN_DIRS):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None

@@ -73,7 +73,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import os
 import re
 
 from ansible_collections.fleetops.node.plugins.module_utils import kernlog
@@ -82,6 +81,7 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     fmt_int,
     make_finding,
     severity_rank,
+    which,
 )
 
 CHECK = "gpu_health"
@@ -135,7 +135,6 @@ _RECOVERY = re.compile(
     r"(?P<to_code>0x[0-9a-fA-F]+) \((?P<to_name>[^)]*)\)"
 )
 _FALLEN = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F:.]+)")
-BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin")
 MAX_EVENTS = 50
 
 
@@ -257,19 +256,11 @@ def parse_smi_csv(text):
     return gpus
 
 
-def _which(name):
-    for folder in os.environ.get("PATH", "").split(os.pathsep) + list(BIN_DIRS):
-        path = os.path.join(folder or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def collect(run, log=None, nvidia_smi=None):
     """One sample. ``run(argv) -> (rc, stdout, stderr)``; ``log`` is a ``kernlog.read`` result."""
     log = log if log is not None else kernlog.read(run)
     events = parse_log(log["lines"])
-    smi = nvidia_smi or _which("nvidia-smi")
+    smi = nvidia_smi or which("nvidia-smi")
     gpus = []
     smi_error = None
     if smi is not None:

@@ -112,7 +112,7 @@ def test_ena_without_ethtool_is_a_clear_detector_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     net = _sysfs(tmp_path, {"ens5": ("0000:00:05.0", "ena")})
-    monkeypatch.setattr(ena, "_which", lambda name: None)
+    monkeypatch.setattr(ena, "which", lambda name: None)
     with pytest.raises(ena.EnaError) as err:
         ena.collect(run_command, _log(""), sys_class_net=str(net))
     assert str(err.value) == (
@@ -273,7 +273,7 @@ def test_one_read_per_round_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(kernlog, "read", counting)
     monkeypatch.setattr(ena, "find_interfaces", lambda sys_class_net="": {"eth0": "0000:00:05.0"})
-    monkeypatch.setattr(ena, "_which", lambda name: "/usr/sbin/ethtool")
+    monkeypatch.setattr(ena, "which", lambda name: "/usr/sbin/ethtool")
     run = _ethtool_run({"eth0": ETHTOOL})
     result = node_health.run_checks(
         {"checks": ["ena_resets", "gpu_health"], "_run": run, "sample_seconds": 0.05}
