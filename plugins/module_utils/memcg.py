@@ -8,9 +8,28 @@
 Pure parsers (text in, data out), a ``collect()`` that reads the real files (every path
 injectable for tests) and an ``evaluate()`` that turns facts into findings.
 
-Cost is O(1) in the number of zombies: one read of /proc/cgroups, /proc/self/mountinfo and (v2)
-the root cgroup.stat, plus a directory walk that is O(live cgroups). It never reads memory.stat
-of any cgroup (that walk is the kubelet problem this detector looks for).
+Cost is O(1) in the number of zombies: one read of /proc/cgroups, /proc/self/mountinfo,
+/proc/swaps and (v2) the root cgroup.stat, plus a directory walk that is O(live cgroups). It never
+reads memory.stat of any cgroup (that walk is the kubelet problem this detector looks for).
+
+Which memcgs hold one of the 65,535 memcg IDs (facts ``id_used`` and ``id_headroom_basis``):
+every memcg gets an ID when it is created, and before Linux 4.7 kept it until it was freed,
+dying or not. Commit 73f576c04b94 ("mm: memcontrol: fix cgroup creation failure after many small
+jobs", first in 4.7, marked for stable 3.19+) made the ID private to the memcg and gives it back
+at offline: mm/memcontrol.c mem_cgroup_css_offline() ends with mem_cgroup_id_put(), and the last
+put calls mem_cgroup_id_remove() (and drops the css reference the ID held). Its message: "there
+are only two instances that actually need an ID after a cgroup is deleted: cache shadow entries
+and swapout records"; shadow entries reference it weakly. Swap-outs pin it: mem_cgroup_swapout()
+(memcg1_swapout() in newer v1 code) and __mem_cgroup_try_charge_swap() take ID references
+(mem_cgroup_id_get_many()) and store the ID with swap_cgroup_record(); mem_cgroup_uncharge_swap()
+puts them when the swap entry is freed. A dying memcg whose ID is gone never gets one back
+(1f47b61fb407 charges a later swap-out to the first ancestor that still has its ID). So on a
+>= 4.7 host with no page in swap (/proc/swaps: no area, or every area's Used 0) dying memcgs hold
+no ID and the IDs in use are the live memcgs: Pinterest counted 68,680 memcgs, more than the
+65,535 IDs, and this machine's 6.18 kernel still created memcgs with 66,051 counted. Otherwise
+(swap in use, a cgroup namespace that cannot count the host's live memcgs, an older or unknown
+kernel, an unreadable /proc/swaps) the headroom is against every memcg, dying included: the
+worst case. Older kernels that carry a stable backport are treated as the worst case too.
 
 Stdlib only; importable on Python >= 3.9.
 """
@@ -32,17 +51,21 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
 CHECK = "zombie_memcg"
 
 # include/linux/memcontrol.h: ((1U << MEM_CGROUP_ID_SHIFT) - 1) with MEM_CGROUP_ID_SHIFT 16.
-# At the limit, mkdir of a memory cgroup fails with ENOSPC. Headroom is computed against every
-# counted memcg (dying included): the worst case. Since 4.8 (73f576c04b94) mem_cgroup_css_offline
-# drops the ID unless swap entries hold it, so page-cache zombies alone do not use IDs up
-# (measured on 6.18: mkdir still succeeds with 66,051 memcgs counted).
+# At the limit, mkdir of a memory cgroup fails with ENOSPC. Since 4.7 (73f576c04b94)
+# mem_cgroup_css_offline() puts the ID unless swap entries hold it, so page-cache zombies alone do
+# not use IDs up (measured on 6.18: mkdir still succeeds with 66,051 memcgs counted). Headroom is
+# against the live memcgs when that holds and against every memcg otherwise (the module
+# docstring, _ids_in_use).
 MEM_CGROUP_ID_MAX = 65535
+# The first mainline release whose mem_cgroup_css_offline() gives the memcg ID back (73f576c04b94).
+ID_RELEASED_AT_OFFLINE_SINCE = (4, 7)
 # include/linux/proc_ns.h: the inode of the initial cgroup namespace.
 PROC_CGROUP_INIT_INO = 0xEFFFFFFB
 
 PROC_CGROUPS = "/proc/cgroups"
 MOUNTINFO = "/proc/self/mountinfo"
 CGROUP_NS = "/proc/self/ns/cgroup"
+PROC_SWAPS = "/proc/swaps"
 
 DEFAULT_THRESHOLDS = {
     "zombie_warning": 1000,
@@ -73,7 +96,28 @@ BASIS_V2_NAMESPACE = (
 BASIS_TOTAL_PROC = "; total is num_cgroups of the memory line of /proc/cgroups (host-wide)"
 BASIS_TOTAL_STAT = "; total is live + dying from cgroup.stat (/proc/cgroups has no memory line)"
 
+# id_headroom_basis: which memcgs the headroom counts as holding an ID, and why those.
+ID_BASIS_LIVE_NO_SWAP = (
+    "live memcgs: no swap is active, so dying memcgs hold no ID (released at offline since Linux 4.7)"
+)
+ID_BASIS_LIVE_SWAP_EMPTY = (
+    "live memcgs: swap is on but holds no page (Used 0 in /proc/swaps), so dying memcgs hold no ID "
+    "(released at offline since Linux 4.7)"
+)
+ID_BASIS_SWAP_USED = "every memcg, dying included: swap is in use, and swapped-out pages keep a dying memcg's ID"
+ID_BASIS_NAMESPACE = (
+    "every memcg, dying included: worst case, live memcgs host-wide are unknown in a cgroup namespace"
+)
+ID_BASIS_SWAP_UNKNOWN = "every memcg, dying included: worst case, swap state unknown (%s)"
+ID_BASIS_OLD_KERNEL = (
+    "every memcg, dying included: before Linux 4.7 (this is %s) a dying memcg keeps its ID until it is freed"
+)
+ID_BASIS_KERNEL_UNKNOWN = "every memcg, dying included: worst case, kernel release %r not understood"
+
 _PROC_CGROUPS_FIELDS = ("subsys_name", "hierarchy", "num_cgroups", "enabled")
+# mm/swapfile.c swap_show(): the header, then one line per area, "%*s%s\t%lu\t%s%lu\t%s%d\n"
+# (the path padded to 40 columns, "partition" or "file\t", Size and Used in KiB, Priority).
+_PROC_SWAPS_FIELDS = ("Filename", "Type", "Size", "Used", "Priority")
 _MOUNTINFO_ESCAPES = {"\\040": " ", "\\011": "\t", "\\012": "\n", "\\134": "\\"}
 
 
@@ -264,13 +308,67 @@ def parse_ns_link(link, kind="cgroup", source=CGROUP_NS):
     return _int_field(link[len(prefix):-1], "inode", source, 1)
 
 
-def id_headroom(total):
-    """(free memcg IDs, free %) for a memcg total, against MEM_CGROUP_ID_MAX.
+def parse_proc_swaps(text, source=PROC_SWAPS):
+    """Parse /proc/swaps into a list of active swap areas, in file order.
+
+    Each area is a dict: filename, type, size_kib, used_kib, priority (int). The header alone
+    means no swap area is active. Raises MemcgError on a missing header, a truncated file, a
+    wrong field count or a non-integer Size / Used / Priority.
+    """
+    _require_complete(text, source)
+    lines = text.split("\n")[:-1]
+    if tuple(lines[0].split()) != _PROC_SWAPS_FIELDS:
+        raise MemcgError(
+            "parse", source, "line 1: expected the header '%s', got %r" % (" ".join(_PROC_SWAPS_FIELDS), lines[0][:80])
+        )
+    areas = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split()  # seq_file_path() escapes blanks in the path: always 5 fields
+        if len(fields) != len(_PROC_SWAPS_FIELDS):
+            raise MemcgError(
+                "parse",
+                source,
+                "line %d: expected %d fields (%s), got %d: %r"
+                % (lineno, len(_PROC_SWAPS_FIELDS), " ".join(_PROC_SWAPS_FIELDS), len(fields), line[:80]),
+            )
+        try:
+            priority = int(fields[4], 10)
+        except ValueError:
+            raise MemcgError("parse", source, "line %d: Priority %r is not an integer" % (lineno, fields[4]))
+        areas.append(
+            {
+                "filename": _unescape_mountinfo(fields[0]),
+                "type": fields[1],
+                "size_kib": _int_field(fields[2], "Size", source, lineno),
+                "used_kib": _int_field(fields[3], "Used", source, lineno),
+                "priority": priority,
+            }
+        )
+    return areas
+
+
+def parse_kernel_release(release):
+    """(major, minor) of a kernel release such as ``6.18.44-fc-v595``, or None."""
+    parts = release.split(".", 2)
+    if len(parts) < 2 or not parts[0].isdigit():
+        return None
+    digits = 0
+    while digits < len(parts[1]) and parts[1][digits] in "0123456789":
+        digits += 1
+    if not digits:
+        return None
+    return int(parts[0]), int(parts[1][:digits])
+
+
+def id_headroom(used):
+    """(free memcg IDs, free %) for ``used`` memcg IDs, against MEM_CGROUP_ID_MAX.
 
     The percentage is rounded down to 2 decimals in integer arithmetic, so it is under a
     threshold exactly when the true share is (52,429 used: 19.99, not 20.0).
     """
-    free = max(0, MEM_CGROUP_ID_MAX - total)
+    free = max(0, MEM_CGROUP_ID_MAX - used)
     return free, (free * 10000 // MEM_CGROUP_ID_MAX) / 100.0
 
 
@@ -354,6 +452,46 @@ def _scope(ns_inode, ns_text, mount):
     return "host", "initial cgroup namespace (%s)%s" % (ns_text, where)
 
 
+def _swap_state(path):
+    """(KiB in swap or None when unknown, number of active areas, why unknown)."""
+    try:
+        areas = parse_proc_swaps(_read(path), path)
+    except (IOError, OSError) as err:
+        return None, 0, "%s: %s" % (path, err.strerror or err)
+    except MemcgError as err:
+        return None, 0, str(err)
+    return sum(area["used_kib"] for area in areas), len(areas), ""
+
+
+def _kernel_state(release):
+    """(release, (major, minor) or None); ``release`` None: this kernel's."""
+    if release is None:
+        release = os.uname()[2]
+    return release, parse_kernel_release(release)
+
+
+def _ids_in_use(scope, live, total, ids):
+    """(id_used, id_headroom_basis): how many memcgs hold an ID, and which ones and why.
+
+    ``ids`` is (_swap_state(), _kernel_state()). The live memcgs when the scope is the host,
+    the kernel gives IDs back at offline and no page is in swap; every memcg (the worst case)
+    otherwise. Live is capped at the total: on cgroup v2 before 6.12 it counts the cgroups of
+    all controllers, and the IDs in use never exceed the memcgs.
+    """
+    (swap_kib, swap_areas, swap_error), (release, version) = ids
+    if scope != "host" or live is None:
+        return total, ID_BASIS_NAMESPACE
+    if version is None:
+        return total, ID_BASIS_KERNEL_UNKNOWN % release
+    if version < ID_RELEASED_AT_OFFLINE_SINCE:
+        return total, ID_BASIS_OLD_KERNEL % release
+    if swap_kib is None:
+        return total, ID_BASIS_SWAP_UNKNOWN % swap_error
+    if swap_kib > 0:
+        return total, ID_BASIS_SWAP_USED
+    return min(live, total), ID_BASIS_LIVE_SWAP_EMPTY if swap_areas else ID_BASIS_LIVE_NO_SWAP
+
+
 def _empty_facts(scope, scope_reason, reason):
     return {
         "cgroup_version": None,
@@ -361,8 +499,10 @@ def _empty_facts(scope, scope_reason, reason):
         "total": None,
         "live": None,
         "zombies": None,
+        "id_used": None,
         "id_headroom": None,
         "id_headroom_pct": None,
+        "id_headroom_basis": "",
         "basis": "",
         "scope_reason": scope_reason,
         "hierarchy": None,
@@ -370,16 +510,19 @@ def _empty_facts(scope, scope_reason, reason):
     }
 
 
-def _facts(version, scope, total, live, zombies, basis, scope_reason, hierarchy):
-    free, free_pct = id_headroom(total)
+def _facts(version, scope, total, live, zombies, basis, scope_reason, hierarchy, ids):
+    used, id_basis = _ids_in_use(scope, live, total, ids)
+    free, free_pct = id_headroom(used)
     return {
         "cgroup_version": version,
         "scope": scope,
         "total": total,
         "live": live,
         "zombies": zombies,
+        "id_used": used,
         "id_headroom": free,
         "id_headroom_pct": free_pct,
+        "id_headroom_basis": id_basis,
         "basis": basis,
         "scope_reason": scope_reason,
         "hierarchy": hierarchy,
@@ -387,23 +530,23 @@ def _facts(version, scope, total, live, zombies, basis, scope_reason, hierarchy)
     }
 
 
-def _collect_v1(memory_line, mount, ns_inode, ns_text, fs_root):
+def _collect_v1(memory_line, mount, ns_inode, ns_text, fs_root, ids):
     total = memory_line["num_cgroups"]
     if mount is None:
         reason = (
             "the cgroup v1 memory hierarchy (hierarchy %d in /proc/cgroups) is not mounted in this "
             "mount namespace; only the host-wide total is known" % memory_line["hierarchy"]
         )
-        return _facts(1, "namespace", total, None, None, BASIS_V1_NAMESPACE, reason, None)
+        return _facts(1, "namespace", total, None, None, BASIS_V1_NAMESPACE, reason, None, ids)
     scope, scope_reason = _scope(ns_inode, ns_text, mount)
     hierarchy = mount["mount_point"]
     live = count_cgroup_dirs(_host_path(fs_root, hierarchy), label=hierarchy)
     if scope == "namespace":
-        return _facts(1, scope, total, live, None, BASIS_V1_NAMESPACE, scope_reason, hierarchy)
-    return _facts(1, scope, total, live, max(0, total - live), BASIS_V1, scope_reason, hierarchy)
+        return _facts(1, scope, total, live, None, BASIS_V1_NAMESPACE, scope_reason, hierarchy, ids)
+    return _facts(1, scope, total, live, max(0, total - live), BASIS_V1, scope_reason, hierarchy, ids)
 
 
-def _collect_v2(memory_line, mount, ns_inode, ns_text, fs_root):
+def _collect_v2(memory_line, mount, ns_inode, ns_text, fs_root, ids):
     hierarchy = mount["mount_point"]
     stat_label = hierarchy.rstrip("/") + "/cgroup.stat"
     stat = parse_cgroup_stat(_read_or_fail(_host_path(fs_root, stat_label), stat_label), stat_label)
@@ -426,15 +569,24 @@ def _collect_v2(memory_line, mount, ns_inode, ns_text, fs_root):
     if scope == "namespace":
         if memory_line is None:
             scope_reason += "; /proc/cgroups has no memory line, so total and headroom cover only this subtree"
-        return _facts(2, scope, total, live, None, BASIS_V2_NAMESPACE, scope_reason, hierarchy)
-    return _facts(2, scope, total, live, dying, basis, scope_reason, hierarchy)
+        return _facts(2, scope, total, live, None, BASIS_V2_NAMESPACE, scope_reason, hierarchy, ids)
+    return _facts(2, scope, total, live, dying, basis, scope_reason, hierarchy, ids)
 
 
-def collect(proc_cgroups=PROC_CGROUPS, mountinfo=MOUNTINFO, cgroupns=CGROUP_NS, fs_root="/"):
+def collect(
+    proc_cgroups=PROC_CGROUPS,
+    mountinfo=MOUNTINFO,
+    cgroupns=CGROUP_NS,
+    fs_root="/",
+    proc_swaps=PROC_SWAPS,
+    kernel_release=None,
+):
     """Measure zombie memcgs on this host: the ``memcg`` facts (without growth).
 
     ``fs_root`` prefixes the mount points found in mountinfo (tests point it at a temporary
-    tree). Raises MemcgError when an input cannot be read or parsed.
+    tree). ``proc_swaps`` and ``kernel_release`` (default ``os.uname().release``) decide which
+    memcgs hold an ID; an unreadable or malformed /proc/swaps is no error (the headroom is then
+    the worst case). Raises MemcgError when another input cannot be read or parsed.
     """
     try:
         cgroups = parse_proc_cgroups(_read(proc_cgroups), proc_cgroups)
@@ -452,6 +604,7 @@ def collect(proc_cgroups=PROC_CGROUPS, mountinfo=MOUNTINFO, cgroupns=CGROUP_NS, 
             scope, scope_reason, "the memory controller is disabled (enabled 0 in /proc/cgroups: cgroup_disable=memory)"
         )
 
+    ids = (_swap_state(proc_swaps), _kernel_state(kernel_release))
     v1_mount = find_memory_mount_v1(mounts)
     if v1_mount is not None or (memory_line is not None and memory_line["hierarchy"] != 0):
         if memory_line is None:
@@ -460,14 +613,14 @@ def collect(proc_cgroups=PROC_CGROUPS, mountinfo=MOUNTINFO, cgroupns=CGROUP_NS, 
                 proc_cgroups,
                 "no memory line although a cgroup v1 memory hierarchy is mounted at %s" % v1_mount["mount_point"],
             )
-        return _collect_v1(memory_line, v1_mount, ns_inode, ns_text, fs_root)
+        return _collect_v1(memory_line, v1_mount, ns_inode, ns_text, fs_root, ids)
 
     v2_mount = find_cgroup2_mount(mounts)
     if v2_mount is not None:
         label = v2_mount["mount_point"].rstrip("/") + "/cgroup.controllers"
         controllers = parse_cgroup_controllers(_read_or_fail(_host_path(fs_root, label), label), label)
         if "memory" in controllers:
-            return _collect_v2(memory_line, v2_mount, ns_inode, ns_text, fs_root)
+            return _collect_v2(memory_line, v2_mount, ns_inode, ns_text, fs_root, ids)
 
     scope, scope_reason = _scope(ns_inode, ns_text, None)
     if memory_line is None:
@@ -511,8 +664,10 @@ def evaluate(facts, thresholds=None):
     """Findings for the memcg facts: at most one, of the worst severity.
 
     warning: zombies >= zombie_warning; critical: zombies >= zombie_critical or
-    id_headroom_pct < headroom_critical_pct. In namespace scope (zombies unknown) an info
-    finding explains the scope unless the host-wide headroom is critical.
+    id_headroom_pct < headroom_critical_pct. The headroom is against ``id_used`` (live memcgs
+    or every memcg, see _ids_in_use) and a critical headroom says which, from
+    ``id_headroom_basis``. In namespace scope (zombies unknown) an info finding explains the
+    scope unless the host-wide headroom is critical.
     """
     limits = dict(DEFAULT_THRESHOLDS)
     limits.update(thresholds or {})
@@ -520,6 +675,7 @@ def evaluate(facts, thresholds=None):
         return []
     zombies, total, live = facts["zombies"], facts["total"], facts["live"]
     free, free_pct = facts["id_headroom"], facts["id_headroom_pct"]
+    id_basis = facts.get("id_headroom_basis") or ""
     growth = facts.get("growth")
 
     noun = "dying cgroups (all controllers)" if facts["basis"].startswith(BASIS_V2_DESCENDANTS) else "zombie memory cgroups"
@@ -532,6 +688,9 @@ def evaluate(facts, thresholds=None):
             _fmt_pct(free_pct),
             _fmt_pct(limits["headroom_critical_pct"]),
         )
+
+    if headroom_low and id_basis:
+        headroom_text += "; counted against " + id_basis
 
     severity = None
     parts = []
@@ -572,8 +731,10 @@ def evaluate(facts, thresholds=None):
         "zombies": zombies,
         "total": total,
         "live": live,
+        "id_used": facts.get("id_used"),
         "id_headroom": free,
         "id_headroom_pct": free_pct,
+        "id_headroom_basis": id_basis,
         "id_max": MEM_CGROUP_ID_MAX,
         "cgroup_version": facts["cgroup_version"],
         "scope": facts["scope"],

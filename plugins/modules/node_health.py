@@ -23,11 +23,12 @@ description:
     C(zombie_memcg) finding names the likely culprits, with the evidence.
   - C(zombie_memcg) counts dying ("zombie") memory cgroups and the headroom to the 65,535
     memcg ID limit, on cgroup v1 and v2. Its cost does not grow with the number of zombies
-    (one read of C(/proc/cgroups), C(/proc/self/mountinfo), the root C(cgroup.stat), and a
-    directory walk linear in the live cgroups); it never reads C(memory.stat) of any cgroup.
+    (one read of C(/proc/cgroups), C(/proc/self/mountinfo), C(/proc/swaps), the root
+    C(cgroup.stat), and a directory walk linear in the live cgroups); it never reads
+    C(memory.stat) of any cgroup.
   - Inside a cgroup namespace or a container that sees only a subtree of the hierarchy, the
-    zombie count cannot be known; the host-wide total and headroom are still reported, with
-    the scope and the reason.
+    zombie count cannot be known; the host-wide total and the worst-case headroom (every memcg
+    counted) are still reported, with the scope and the reason.
   - C(anon_rss_growth) (with O(sample_seconds)) reports processes whose anonymous memory grows
     faster than O(anon_growth_warning_mb_per_min). Both samples read only C(/proc/PID/stat) and
     C(/proc/PID/statm) of every process (constant cost each, no page-table walk); the processes
@@ -211,11 +212,13 @@ notes:
     world-readable.
   - Since kernel 6.12 C(/proc/cgroups) omits controllers not available on cgroup v1, so on a
     cgroup v2 host the memory line may be missing; the counts then come from C(cgroup.stat).
-  - C(id_headroom) is 65,535 minus every memcg the kernel counts, dying ones included, which is the
-    worst case. Since Linux 4.8 a dying memcg gives its ID back when it goes offline unless swap
-    entries still reference it, so page-cache zombies alone do not exhaust IDs (on a 6.18
-    kernel, mkdir still worked with 66,051 memcgs counted); live memcgs and swap-pinned
-    zombies do.
+  - C(id_headroom) is 65,535 minus C(id_used), the memcgs that hold an ID. Since Linux 4.7
+    (73f576c04b94) a dying memcg gives its ID back when it goes offline unless swap entries still
+    reference it, so page-cache zombies alone do not exhaust IDs (on a 6.18 kernel, mkdir still
+    worked with 66,051 memcgs counted). So C(id_used) is the live memcgs on the host when no page
+    is in swap (C(/proc/swaps), one more small read); every memcg, dying included (the worst
+    case), when swap is in use, in a cgroup namespace, on an older kernel, or when C(/proc/swaps)
+    cannot be read. C(id_headroom_basis) says which and why.
 seealso:
   - name: Kernel cgroup v2 documentation
     description: cgroup.stat and its nr_dying_subsys_<controller> fields.
@@ -270,9 +273,11 @@ facts:
           C(reason) says why and the counts are null).
         - C(scope) is C(host) or C(namespace); in namespace scope C(zombies) is null, C(total)
           and C(id_headroom) are host-wide, and C(scope_reason) says why.
-        - C(total), C(live), C(zombies), C(id_headroom) (free IDs of 65,535),
-          C(id_headroom_pct), C(basis) (how the counts were made), C(hierarchy) (the mount
-          point), C(reason) (null when measured).
+        - C(total), C(live), C(zombies), C(id_used) (the memcgs counted as holding an ID, the
+          live ones or every memcg when dying ones may hold IDs too), C(id_headroom) (free IDs of
+          65,535, against C(id_used)), C(id_headroom_pct), C(id_headroom_basis) (which memcgs
+          C(id_used) counts, and why), C(basis) (how the counts were made), C(hierarchy) (the
+          mount point), C(reason) (null when measured).
         - C(growth) (only when sampled) has C(seconds), C(total_per_min), C(live_per_min),
           C(zombies_per_min) (null when zombies are unknown).
       returned: when zombie_memcg ran without error
@@ -283,8 +288,10 @@ facts:
         total: 1564
         live: 41
         zombies: 1523
-        id_headroom: 63971
-        id_headroom_pct: 97.61
+        id_used: 41
+        id_headroom: 65494
+        id_headroom_pct: 99.93
+        id_headroom_basis: "live memcgs: no swap is active, so dying memcgs hold no ID (released at offline since Linux 4.7)"
         basis: "cgroup v1: num_cgroups of the memory line of /proc/cgroups (live + dying memcgs) minus the directories under the memory hierarchy"
         scope_reason: "initial cgroup namespace (cgroup:[4026531835]) and the hierarchy is mounted at its root"
         hierarchy: /sys/fs/cgroup/memory
@@ -408,7 +415,7 @@ findings:
       description: One readable line.
       type: str
       returned: always
-      sample: "1,523 zombie memory cgroups (warning at 1,000); 63,971 of 65,535 memcg IDs free"
+      sample: "1,523 zombie memory cgroups (warning at 1,000); 65,494 of 65,535 memcg IDs free"
     data:
       description: The numbers behind the finding (counts, thresholds, growth when sampled).
       type: dict

@@ -35,7 +35,12 @@ def test_scan_lab_fleet_reports_namespace_scope(lab: Lab) -> None:
         # The host-wide count minus the guest's own directories is not a zombie count: never report it.
         assert memcg["zombies"] is None
         assert memcg["total"] > 0
+        # live memcgs host-wide are unknown in a namespace: the headroom counts every memcg (worst case)
+        assert memcg["id_used"] == memcg["total"]
         assert memcg["id_headroom"] == 65535 - memcg["total"]
+        assert memcg["id_headroom_basis"] == (
+            "every memcg, dying included: worst case, live memcgs host-wide are unknown in a cgroup namespace"
+        )
     assert report["summary"]["ok"] == 3
     assert result.rc in (0, 1), result.stderr
 

@@ -17,6 +17,8 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import Dete
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "memcg"
 INIT_NS = "cgroup:[4026531835]"
+RELEASE = "6.18.44-fc-v595"  # this machine's kernel, where the fixtures come from
+NO_SWAP = "proc_swaps.none_6.18.txt"
 
 
 def fixture(name: str) -> str:
@@ -220,6 +222,80 @@ def test_id_headroom() -> None:
     assert memcg.id_headroom(65535) == (0, 0.0)
     assert memcg.id_headroom(68680) == (0, 0.0)  # Pinterest's count: clamped, never negative
     assert memcg.id_headroom(52428) == (13107, 20.0)
+    assert memcg.id_headroom(used=0) == (65535, 100.0)
+
+
+def test_proc_swaps_real_no_swap() -> None:
+    assert memcg.parse_proc_swaps(fixture(NO_SWAP)) == []
+
+
+def test_proc_swaps_kernel_format() -> None:
+    assert memcg.parse_proc_swaps(fixture("proc_swaps.partition_unused.txt")) == [
+        {
+            "filename": "/dev/nvme0n1p3",
+            "type": "partition",
+            "size_kib": 8388604,
+            "used_kib": 0,
+            "priority": -2,
+        }
+    ]
+    assert memcg.parse_proc_swaps(fixture("proc_swaps.in_use.txt")) == [
+        {
+            "filename": "/dev/zram0",
+            "type": "partition",
+            "size_kib": 16777212,
+            "used_kib": 4398892,
+            "priority": 100,
+        },
+        {"filename": "/swapfile", "type": "file", "size_kib": 1048572, "used_kib": 0, "priority": -2},
+    ]
+    # seq_file_path() escapes a blank in the path as \040
+    text = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n/swap\\040file  file\t\t4\t\t1\t\t-3\n"
+    (area,) = memcg.parse_proc_swaps(text)
+    assert (area["filename"], area["used_kib"]) == ("/swap file", 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("", "file is empty"),
+        (
+            "/dev/sda2 partition 8388604 0 -2\n",
+            "line 1: expected the header 'Filename Type Size Used Priority'",
+        ),
+        ("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority", "truncated"),
+        ("Filename Type Size Used Priority\n/dev/sda2 partition 8388604 -2\n", "line 2: expected 5 fields"),
+        (
+            "Filename Type Size Used Priority\n/dev/sda2 partition 8388604 x -2\n",
+            "line 2: Used 'x' is not an integer",
+        ),
+        ("Filename Type Size Used Priority\n/dev/sda2 partition 8388604 0 high\n", "Priority 'high'"),
+    ],
+)
+def test_proc_swaps_rejects(text: str, cause: str) -> None:
+    with pytest.raises(memcg.MemcgError) as err:
+        memcg.parse_proc_swaps(text)
+    assert str(err.value).startswith("Failed to parse /proc/swaps: ")
+    assert cause in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("release", "expected"),
+    [
+        (RELEASE, (6, 18)),
+        ("4.7.0", (4, 7)),
+        ("4.19.0-27-amd64", (4, 19)),
+        ("3.10.0-1160.el7.x86_64", (3, 10)),
+        ("5.4", (5, 4)),
+        ("6.8rc1", (6, 8)),
+        ("6", None),
+        ("", None),
+        ("v6.18", None),
+        ("6.x", None),
+    ],
+)
+def test_parse_kernel_release(release: str, expected: tuple[int, int] | None) -> None:
+    assert memcg.parse_kernel_release(release) == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,8 +311,13 @@ def make_host(
     ns_link: str | None = INIT_NS,
     dirs: tuple[str, ...] = (),
     files: dict[str, str] | None = None,
+    proc_swaps: str | None = NO_SWAP,
+    kernel_release: str = RELEASE,
 ) -> dict[str, Any]:
-    """A fake host under tmp_path; returns collect()'s keyword arguments."""
+    """A fake host under tmp_path; returns collect()'s keyword arguments.
+
+    ``proc_swaps`` names a fixture (None: no /proc/swaps file).
+    """
     fs_root = tmp_path / "root"
     fs_root.mkdir()
     for rel in dirs:
@@ -252,11 +333,15 @@ def make_host(
     (proc / "mountinfo").write_text(mountinfo)
     if ns_link is not None:
         os.symlink(ns_link, proc / "ns_cgroup")
+    if proc_swaps is not None:
+        (proc / "swaps").write_text(fixture(proc_swaps))
     return {
         "proc_cgroups": str(proc / "cgroups"),
         "mountinfo": str(proc / "mountinfo"),
         "cgroupns": str(proc / "ns_cgroup"),
         "fs_root": str(fs_root),
+        "proc_swaps": str(proc / "swaps"),
+        "kernel_release": kernel_release,
     }
 
 
@@ -285,8 +370,10 @@ def test_collect_v1_host_with_real_zombies(tmp_path: Path) -> None:
         "total": 1536,
         "live": 7,
         "zombies": 1529,
-        "id_headroom": 63999,
-        "id_headroom_pct": 97.65,
+        "id_used": 7,  # no swap on 6.18: the 1,529 dying memcgs gave their IDs back
+        "id_headroom": 65528,
+        "id_headroom_pct": 99.98,
+        "id_headroom_basis": memcg.ID_BASIS_LIVE_NO_SWAP,
         "basis": memcg.BASIS_V1,
         "scope_reason": "initial cgroup namespace (cgroup:[4026531835]) and the hierarchy is mounted at its root",
         "hierarchy": "/sys/fs/cgroup/memory",
@@ -305,6 +392,7 @@ def test_collect_v1_clamps_zombies_at_zero(tmp_path: Path) -> None:
     )
     facts = memcg.collect(**host)
     assert (facts["total"], facts["live"], facts["zombies"]) == (12, 17, 0)
+    assert facts["id_used"] == 12  # never more IDs than memcgs
 
 
 def test_collect_v1_does_not_follow_symlinks(tmp_path: Path) -> None:
@@ -331,7 +419,10 @@ def test_collect_v1_bind_mounted_subtree_is_namespace_scope(tmp_path: Path) -> N
     assert facts["zombies"] is None  # never host total minus the visible subtree
     assert facts["total"] == 1536
     assert facts["live"] == 4
+    # no swap, but the subtree's 4 live memcgs are not the host's: the worst case
+    assert facts["id_used"] == 1536
     assert facts["id_headroom"] == 65535 - 1536
+    assert facts["id_headroom_basis"] == memcg.ID_BASIS_NAMESPACE
     assert "subtree /fleetops-lab/lab-01" in facts["scope_reason"]
     assert facts["basis"] == memcg.BASIS_V1_NAMESPACE
 
@@ -440,6 +531,7 @@ def test_collect_memory_disabled(tmp_path: Path) -> None:
     facts = memcg.collect(**host)
     assert facts["cgroup_version"] is None
     assert "cgroup_disable=memory" in facts["reason"]
+    assert (facts["id_used"], facts["id_headroom"], facts["id_headroom_basis"]) == (None, None, "")
 
 
 def _v2_files(
@@ -460,6 +552,7 @@ def test_collect_v2_6_12_without_memory_line(tmp_path: Path) -> None:
     assert facts["scope"] == "host"
     assert (facts["live"], facts["zombies"], facts["total"]) == (88, 1523, 88 + 1523)
     assert facts["basis"] == memcg.BASIS_V2_SUBSYS + memcg.BASIS_TOTAL_STAT
+    assert (facts["id_used"], facts["id_headroom"]) == (88, 65535 - 88)
     assert facts["hierarchy"] == "/sys/fs/cgroup"
 
 
@@ -485,6 +578,7 @@ def test_collect_v2_before_6_12_counts_all_controllers(tmp_path: Path) -> None:
     facts = memcg.collect(**host)
     assert (facts["live"], facts["zombies"], facts["total"]) == (61, 1226, 1287)
     assert facts["basis"].startswith(memcg.BASIS_V2_DESCENDANTS)
+    assert facts["id_used"] == 61
     assert "all controllers" in facts["basis"]
 
 
@@ -515,6 +609,124 @@ def test_collect_v2_namespace(tmp_path: Path) -> None:
         "namespace",
         None,
         1287,
+    )
+    assert (facts["id_used"], facts["id_headroom_basis"]) == (1287, memcg.ID_BASIS_NAMESPACE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which memcgs hold an ID: swap, kernel release, namespace
+# ---------------------------------------------------------------------------------------------
+
+
+def _zombie_host(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
+    """The real v1 capture with 1,529 zombies and 7 live memcgs, in the initial namespace."""
+    return make_host(
+        tmp_path,
+        proc_cgroups=fixture("proc_cgroups.v1_zombies.txt"),
+        mountinfo=fixture("mountinfo.v1_host.txt"),
+        dirs=V1_LIVE_DIRS,
+        **kwargs,
+    )
+
+
+def test_ids_swap_on_but_empty_counts_live(tmp_path: Path) -> None:
+    facts = memcg.collect(**_zombie_host(tmp_path, proc_swaps="proc_swaps.partition_unused.txt"))
+    assert (facts["total"], facts["live"], facts["zombies"]) == (1536, 7, 1529)
+    assert (facts["id_used"], facts["id_headroom"]) == (7, 65528)
+    assert facts["id_headroom_basis"] == memcg.ID_BASIS_LIVE_SWAP_EMPTY
+
+
+def test_ids_swap_in_use_counts_every_memcg(tmp_path: Path) -> None:
+    facts = memcg.collect(**_zombie_host(tmp_path, proc_swaps="proc_swaps.in_use.txt"))
+    assert facts["zombies"] == 1529
+    assert (facts["id_used"], facts["id_headroom"], facts["id_headroom_pct"]) == (1536, 63999, 97.65)
+    assert facts["id_headroom_basis"] == memcg.ID_BASIS_SWAP_USED
+    assert "swapped-out pages keep a dying memcg's ID" in facts["id_headroom_basis"]
+
+
+def test_ids_one_swapped_page_is_enough(tmp_path: Path) -> None:
+    host = _zombie_host(tmp_path)
+    one_page = fixture("proc_swaps.partition_unused.txt").replace("8388604\t\t0\t\t-2", "8388604\t\t4\t\t-2")
+    Path(host["proc_swaps"]).write_text(one_page)
+    facts = memcg.collect(**host)
+    assert (facts["id_used"], facts["id_headroom_basis"]) == (1536, memcg.ID_BASIS_SWAP_USED)
+
+
+def test_ids_unreadable_proc_swaps_is_the_worst_case_not_an_error(tmp_path: Path) -> None:
+    host = _zombie_host(tmp_path, proc_swaps=None)
+    facts = memcg.collect(**host)
+    assert (facts["zombies"], facts["id_used"], facts["id_headroom"]) == (1529, 1536, 63999)
+    assert facts["id_headroom_basis"] == (
+        f"every memcg, dying included: worst case, swap state unknown ({host['proc_swaps']}: No such file or directory)"
+    )
+
+
+def test_ids_malformed_proc_swaps_is_the_worst_case(tmp_path: Path) -> None:
+    host = _zombie_host(tmp_path)
+    Path(host["proc_swaps"]).write_text(fixture("proc_swaps.partition_unused.txt").rstrip("\n"))
+    facts = memcg.collect(**host)
+    assert facts["id_used"] == 1536
+    assert facts["id_headroom_basis"].startswith(
+        "every memcg, dying included: worst case, swap state unknown "
+        f"(Failed to parse {host['proc_swaps']}: line 2: truncated"
+    )
+
+
+@pytest.mark.parametrize(
+    ("release", "basis"),
+    [
+        (
+            "4.4.0-210-generic",
+            "every memcg, dying included: before Linux 4.7 (this is 4.4.0-210-generic) "
+            "a dying memcg keeps its ID until it is freed",
+        ),
+        (
+            "3.10.0-1160.el7.x86_64",
+            "every memcg, dying included: before Linux 4.7 (this is 3.10.0-1160.el7.x86_64) "
+            "a dying memcg keeps its ID until it is freed",
+        ),
+        (
+            "4.6.7",
+            "every memcg, dying included: before Linux 4.7 (this is 4.6.7) a dying memcg keeps its ID until it is freed",
+        ),
+        ("garbage", "every memcg, dying included: worst case, kernel release 'garbage' not understood"),
+    ],
+)
+def test_ids_old_or_unknown_kernel_counts_every_memcg(tmp_path: Path, release: str, basis: str) -> None:
+    facts = memcg.collect(**_zombie_host(tmp_path, kernel_release=release))
+    assert (facts["zombies"], facts["id_used"], facts["id_headroom"]) == (1529, 1536, 63999)
+    assert facts["id_headroom_basis"] == basis
+
+
+def test_ids_first_kernel_that_releases_ids(tmp_path: Path) -> None:
+    facts = memcg.collect(**_zombie_host(tmp_path, kernel_release="4.7.0"))
+    assert (facts["id_used"], facts["id_headroom_basis"]) == (7, memcg.ID_BASIS_LIVE_NO_SWAP)
+
+
+def test_ids_pinterest_count_is_not_id_exhaustion_without_swap(tmp_path: Path) -> None:
+    # 68,680 memcgs counted, more than there are IDs: only possible because dying ones hold none
+    proc_cgroups = fixture("proc_cgroups.v1_zombies.txt").replace("memory\t4\t1536\t1", "memory\t4\t68680\t1")
+    host = make_host(
+        tmp_path, proc_cgroups=proc_cgroups, mountinfo=fixture("mountinfo.v1_host.txt"), dirs=V1_LIVE_DIRS
+    )
+    facts = memcg.collect(**host)
+    assert (facts["total"], facts["zombies"], facts["id_used"], facts["id_headroom"]) == (
+        68680,
+        68673,
+        7,
+        65528,
+    )
+    (finding,) = memcg.evaluate(facts)
+    assert finding["severity"] == "critical"  # by zombie_critical, not by the IDs
+    assert finding["summary"] == (
+        "68,673 zombie memory cgroups (critical at 20,000); 65,528 of 65,535 memcg IDs free"
+    )
+    Path(host["proc_swaps"]).write_text(fixture("proc_swaps.in_use.txt"))
+    (swapping,) = memcg.evaluate(memcg.collect(**host))
+    assert swapping["summary"] == (
+        "68,673 zombie memory cgroups (critical at 20,000); only 0 of 65,535 memcg IDs free (0%, critical under "
+        "20%); counted against every memcg, dying included: swap is in use, and swapped-out pages keep a dying "
+        "memcg's ID"
     )
 
 
@@ -592,8 +804,10 @@ def test_collect_on_this_host() -> None:
         "total",
         "live",
         "zombies",
+        "id_used",
         "id_headroom",
         "id_headroom_pct",
+        "id_headroom_basis",
         "basis",
         "scope_reason",
         "hierarchy",
@@ -602,3 +816,14 @@ def test_collect_on_this_host() -> None:
     if facts["cgroup_version"] == 1 and facts["scope"] == "host":
         assert facts["total"] >= 1 and facts["live"] >= 1
         assert facts["zombies"] == max(0, facts["total"] - facts["live"])
+    if facts["cgroup_version"] is not None:
+        swap_used = sum(a["used_kib"] for a in memcg.parse_proc_swaps(Path("/proc/swaps").read_text()))
+        version = memcg.parse_kernel_release(os.uname().release)
+        releases = facts["scope"] == "host" and version is not None and version >= (4, 7)
+        if releases and swap_used == 0:
+            assert facts["id_used"] == min(facts["live"], facts["total"])
+            assert facts["id_headroom_basis"].startswith("live memcgs: ")
+        else:
+            assert facts["id_used"] == facts["total"]
+            assert facts["id_headroom_basis"].startswith("every memcg, dying included: ")
+        assert facts["id_headroom"] == max(0, 65535 - facts["id_used"])

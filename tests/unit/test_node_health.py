@@ -28,8 +28,10 @@ MEMCG_KEYS = {
     "total",
     "live",
     "zombies",
+    "id_used",
     "id_headroom",
     "id_headroom_pct",
+    "id_headroom_basis",
     "basis",
     "scope_reason",
     "hierarchy",
@@ -151,10 +153,11 @@ def test_sampling_reports_growth(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fake(_params: dict[str, Any]) -> dict[str, Any]:
         total = next(totals)
-        free, pct = memcg.id_headroom(total)
+        free, pct = memcg.id_headroom(40)
         return {
             "cgroup_version": 1, "scope": "host", "total": total, "live": 40, "zombies": total - 40,
-            "id_headroom": free, "id_headroom_pct": pct, "basis": memcg.BASIS_V1, "scope_reason": "test",
+            "id_used": 40, "id_headroom": free, "id_headroom_pct": pct,
+            "id_headroom_basis": memcg.ID_BASIS_LIVE_NO_SWAP, "basis": memcg.BASIS_V1, "scope_reason": "test",
             "hierarchy": "/sys/fs/cgroup/memory", "reason": None,
         }  # fmt: skip
 
@@ -197,6 +200,10 @@ def test_module_end_to_end(tmp_path: Path) -> None:
     if facts["cgroup_version"] == 1 and facts["scope"] == "host":
         assert facts["hierarchy"] == "/sys/fs/cgroup/memory"
         assert facts["zombies"] == max(0, facts["total"] - facts["live"])
+    if facts["cgroup_version"] is not None:
+        assert facts["id_used"] in (facts["total"], min(facts["live"] or 0, facts["total"]))
+        assert facts["id_headroom"] == max(0, 65535 - facts["id_used"])
+        assert facts["id_headroom_basis"].startswith(("live memcgs: ", "every memcg, dying included: "))
     for finding in result["findings"]:
         assert set(finding) == {"check", "severity", "summary", "data"}
 
