@@ -57,7 +57,7 @@ def _zombies(report: dict[str, Any], host: str) -> Any:
 
 
 def _ucx_incident(lab: Lab, inventory: Path) -> None:
-    """Steps 12-15: the Mistral incident, found, fixed with set-env, rescanned clean."""
+    """Steps 12-16: the Mistral incident, found, fixed with set-env, rescanned clean; then the drift report."""
     console.print(
         Rule(
             "12. the Mistral incident: vLLM-like services run the real UCX (libucx-cu12 from PyPI) with its defaults"
@@ -85,6 +85,11 @@ def _ucx_incident(lab: Lab, inventory: Path) -> None:
     )  # fmt: skip
     console.print(f"[dim]remediate exit code {rc}[/]")
     _scan("15. rescan: no UCX process runs with the leaking setup", ScanOptions(inventory=[inventory]))
+    console.print(
+        Rule("16. fleetops drift: the hosts are meant to be identical; what differs now, and on which host")
+    )
+    rc = cli_main(["drift", "-q", "-i", str(inventory)])
+    console.print(f"[dim]drift exit code {rc} (1: drift found)[/]")
 
 
 def run_demo() -> int:
@@ -128,7 +133,7 @@ def run_demo() -> int:
         _scan("11. rescan: no crash loop left", ScanOptions(inventory=[inventory], sample_seconds=5))
         _ucx_incident(lab, inventory)
     finally:
-        console.print(Rule("16. tear the lab down"))
+        console.print(Rule("17. tear the lab down"))
         lab.down()
     console.print("[bold green]demo complete[/]")
     return 0
