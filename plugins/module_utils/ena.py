@@ -65,7 +65,7 @@ RESET_COUNTERS = (
     "bad_rx_desc_num", "rx_desc_malformed", "tx_desc_malformed",
 )  # fmt: skip
 OTHER_COUNTERS = (
-    "interface_up", "interface_down", "suspend", "resume", "admin_q_pause",
+    "interface_up", "interface_down", "suspend", "resume", "io_suspend", "io_resume", "admin_q_pause",
     "bw_in_allowance_exceeded", "bw_out_allowance_exceeded", "pps_allowance_exceeded",
     "conntrack_allowance_exceeded", "linklocal_allowance_exceeded", "conntrack_allowance_available",
 )  # fmt: skip
