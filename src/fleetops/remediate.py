@@ -106,7 +106,12 @@ def _disable_unit_vars(args: argparse.Namespace) -> dict[str, Any]:
 
 def _reclaim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--min-zombies", type=int, default=1, metavar="N", help="do nothing below N zombies (default: 1)"
+        "--min-zombies",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="do nothing on hosts with fewer zombies (default: 1000, the scan's warning level: dropping the page "
+        "cache costs every workload on the host its cached files)",
     )
     p.add_argument(
         "--reboot-threshold",
