@@ -131,9 +131,12 @@ def test_renewal_extends_the_lease_and_release_is_conditional(moto: tuple[str, l
     lease.start()  # renews every 0.3 s
     time.sleep(1.5)  # past the first expiry
     assert lease.check() is None and lease.expires > first_expiry
-    # someone rewrote our key meanwhile (e.g. a resumed copy of this rollout): release leaves it
-    client(url, REGION).create_tags(Resources=ids[:1], Tags=[{"Key": KEY_PREFIX + A, "Value": "theirs"}])
+    # someone rewrote our key meanwhile (e.g. a resumed copy of this rollout): release leaves it.
+    # Stop our renewals first, or one landing after that write would overwrite it with our value.
     lease._stop.set()
+    assert lease._thread is not None
+    lease._thread.join()
+    client(url, REGION).create_tags(Resources=ids[:1], Tags=[{"Key": KEY_PREFIX + A, "Value": "theirs"}])
     lease.release()
     assert _tags(url, ids[:1])[ids[0]] == {KEY_PREFIX + A: "theirs"}
     client(url, REGION).delete_tags(Resources=ids[:1], Tags=[{"Key": KEY_PREFIX + A}])
