@@ -387,31 +387,28 @@ class Ec2Lease:
                         break
         return leases
 
-    def _write(self, value: str) -> None:
-        for region, ids in self._by_region().items():
-            client = self._client(region)
-            id_list = sorted(ids)
-            for start in range(0, len(id_list), TAG_CHUNK):
-                chunk = id_list[start : start + TAG_CHUNK]
-                self._call(
-                    "CreateTags",
-                    region,
-                    functools.partial(
-                        client.create_tags, Resources=chunk, Tags=[{"Key": self.key, "Value": value}]
-                    ),
-                )
-
-    def _delete(self, region: str, instance_ids: Sequence[str], key: str, value: str) -> None:
-        """Remove ``key`` where it still has ``value`` (EC2 leaves a tag whose value differs)."""
+    def _tag_chunks(
+        self, operation: str, region: str, instance_ids: Iterable[str], key: str, value: str
+    ) -> None:
+        """CreateTags / DeleteTags of ``key`` = ``value`` on the instances, in chunks the API accepts."""
         client = self._client(region)
+        method = client.create_tags if operation == "CreateTags" else client.delete_tags
         ids = sorted(instance_ids)
         for start in range(0, len(ids), TAG_CHUNK):
             chunk = ids[start : start + TAG_CHUNK]
             self._call(
-                "DeleteTags",
+                operation,
                 region,
-                functools.partial(client.delete_tags, Resources=chunk, Tags=[{"Key": key, "Value": value}]),
+                functools.partial(method, Resources=chunk, Tags=[{"Key": key, "Value": value}]),
             )
+
+    def _write(self, value: str) -> None:
+        for region, ids in self._by_region().items():
+            self._tag_chunks("CreateTags", region, ids, self.key, value)
+
+    def _delete(self, region: str, instance_ids: Sequence[str], key: str, value: str) -> None:
+        """Remove ``key`` where it still has ``value`` (EC2 leaves a tag whose value differs)."""
+        self._tag_chunks("DeleteTags", region, instance_ids, key, value)
 
     def _host(self, instance: str) -> str:
         return next((h for h, t in self.instances.items() if t["instance"] == instance), instance)

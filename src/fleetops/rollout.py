@@ -516,9 +516,12 @@ class RolloutProgress:
         s = self.rollout.summary()
         return s["done"] + s["failed"] + s["skipped"], s["failed"], s["hosts"]
 
+    def _batches_done(self) -> int:
+        return sum(1 for b in self.rollout.batches if b.get("finished"))
+
     def _describe(self) -> str:
         _, failed, _ = self._counts()
-        done_batches = sum(1 for b in self.rollout.batches if b.get("finished"))
+        done_batches = self._batches_done()
         flight = " ".join(self.in_flight[:6]) + (" ..." if len(self.in_flight) > 6 else "")
         return (
             f"batches {done_batches}/{self.total} · in flight {len(self.in_flight)}"
@@ -572,9 +575,8 @@ class RolloutProgress:
         self.in_flight = []
         if self._bar is None:
             finished, failed, total = self._counts()
-            done_batches = sum(1 for b in self.rollout.batches if b.get("finished"))
             self.console.print(
-                f"progress: batch {index}/{self.total} finished: batches done {done_batches}/{self.total}, "
+                f"progress: batch {index}/{self.total} finished: batches done {self._batches_done()}/{self.total}, "
                 f"hosts finished {finished}/{total}, failed {failed}"
             )
         self._update()
