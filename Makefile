@@ -25,23 +25,23 @@ help:
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml lab/pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then \
 		echo "error: no Python >= 3.12 found on PATH or under pyenv (~/.pyenv/versions); install one or set PYTHON=/path/to/python3.12" >&2; exit 2; fi
 	@echo "== building $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' -e ./lab
 	@touch $@
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m fleetops.demo
+	$(BIN)/python -m fleetops_lab.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench plugins
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src lab tests bench plugins
+	$(BIN)/ruff format --check src lab tests bench
 	$(BIN)/mypy
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
@@ -49,7 +49,7 @@ sanity: $(STAMP)
 	bash tests/sanity.sh
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/fleetops
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
@@ -58,7 +58,7 @@ molecule: $(STAMP)
 	bash tests/molecule/run.sh
 
 test: lint sanity
-	$(BIN)/pytest -q tests/unit tests/integration
+	$(BIN)/pytest -q tests/unit tests/fleetops tests/integration
 	$(MAKE) --no-print-directory molecule
 
 bench: $(STAMP)
@@ -70,7 +70,7 @@ bench-scan: $(STAMP)
 	$(BIN)/python bench/scan_fleet.py --sizes 10,25,50 --ablation 50
 
 lab-down: $(STAMP)
-	$(BIN)/fleetops lab down
+	$(BIN)/fleetops-lab down
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/output .ansible

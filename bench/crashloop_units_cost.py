@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from fleetops.lab import Lab  # noqa: E402
+from fleetops_lab import Lab  # noqa: E402
 
 HOST = "lab-01"
 PREFIX = "fleetops-bench-"

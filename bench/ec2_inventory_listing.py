@@ -5,7 +5,7 @@ The baseline is the 500-instance listing of the same run: the 5,000 listing shou
 also prints this process's CPU time, which is the plugin's (boto3 parsing, inventory building).
 A listing from the cache makes no API call; its target is < 0.5 s.
 
-Each size gets a fresh moto_server (fleetops.lab.ec2sim), filled with untagged instances in
+Each size gets a fresh moto_server (fleetops_lab.ec2sim), filled with untagged instances in
 reservations of 100 (see launch_many), listed in-process through Ansible's InventoryManager with
 the jsonfile cache on, as `ansible-inventory --list` builds it (InventoryManager with cache=True,
 the plugin's parse() reading a warm cache; imports done, JSON output not included): once from the
@@ -76,7 +76,7 @@ def _list(source: Path, expected: int) -> tuple[float, float]:
 
 
 def measure(count: int, workdir: Path) -> Result:
-    from fleetops.lab.ec2sim import MotoServer, launch_many
+    from fleetops_lab.ec2sim import MotoServer, launch_many
 
     with MotoServer() as moto:
         started = time.perf_counter()

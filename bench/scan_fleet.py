@@ -42,9 +42,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from fleetops.lab import Lab  # noqa: E402
-from fleetops.runner import ansible_env  # noqa: E402
+from fleetops.ansible.runner import ansible_env  # noqa: E402
 from fleetops.scan import MAX_FORKS, ScanOptions  # noqa: E402
+from fleetops_lab import Lab  # noqa: E402
 
 BIN = Path(sys.executable).parent
 FLEETOPS = BIN / "fleetops"

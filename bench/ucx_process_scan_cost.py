@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "collections"))
 
 from ansible_collections.fleetops.node.plugins.module_utils import procs, ucx  # noqa: E402
 
-from fleetops.lab_faults import ensure_ucx_wheel  # noqa: E402
+from fleetops_lab.host_faults import ensure_ucx_wheel  # noqa: E402
 
 LIBS = "/usr/lib/x86_64-linux-gnu"
 COMMON = [

@@ -3,7 +3,7 @@
 The detector must be O(1) in the number of zombie memory cgroups (design §3): it reads
 /proc/cgroups and walks only the live directories, never memory.stat. This benchmark calls the
 target-side ``collect()`` + ``evaluate()`` in-process many times on this host, takes the
-median, then creates N real zombie memcgs (``fleetops.faults``), measures again and prints
+median, then creates N real zombie memcgs (``fleetops_lab.faults``), measures again and prints
 the ratio (target <= 1.2). Needs root and a cgroup v1 memory hierarchy.
 
     python bench/zombie_memcg_cost.py [--zombies 10000] [--iterations 2000]
@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 from ansible_collections.fleetops.node.plugins.module_utils import memcg  # noqa: E402
 
-from fleetops import faults  # noqa: E402
 from fleetops.errors import FleetopsError  # noqa: E402
+from fleetops_lab import faults  # noqa: E402
 
 TARGET_RATIO = 1.2
 PARENT = "fleetops-bench"

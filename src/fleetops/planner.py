@@ -50,7 +50,7 @@ class GroupedHost(Protocol):
 
 @dataclass(frozen=True)
 class Host:
-    """A plain host for the planner (``fleetops.inventory.InventoryHost`` fits the same shape)."""
+    """A plain host for the planner (``fleetops.ansible.inventory.InventoryHost`` fits the same shape)."""
 
     name: str
     group: str | None = None

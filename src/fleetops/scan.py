@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError
-from fleetops.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 
 SCHEMA = "fleetops.scan/v1"
 SCAN_PLAYBOOK = "fleetops.node.scan"
@@ -188,7 +188,7 @@ def run_scan(
 
 def targeted_hosts(opts: ScanOptions) -> list[str]:
     """The hosts the scan's inventory and limit select (ansible-inventory); [] when it cannot tell."""
-    from fleetops.inventory import load_hosts
+    from fleetops.ansible.inventory import load_hosts
 
     try:
         return [h.name for h in load_hosts(opts.inventory, opts.limit)]

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from fleetops.lab import Lab
-from fleetops.lab_faults import install_crashloop_unit, remove_crashloop_unit
+from fleetops_lab import Lab
+from fleetops_lab.host_faults import install_crashloop_unit, remove_crashloop_unit
 from tests.helpers import fleetops
 
 pytestmark = pytest.mark.lab

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetops.lab import Lab
-from fleetops.lab_faults import (
+from fleetops_lab import Lab
+from fleetops_lab.host_faults import (
     install_crashloop_unit,
     install_env_dropin,
     install_worker_service,

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from fleetops.errors import FleetopsError
-from fleetops.lab import Lab, LabError, LabHost, rootfs
-from fleetops.lab import _system as system
-from fleetops.lab.cli import main as lab_main
+from fleetops_lab import Lab, LabError, LabHost, rootfs
+from fleetops_lab import _system as system
+from fleetops_lab.cli import main as lab_main
 
 pytestmark = pytest.mark.lab
 
@@ -167,7 +167,7 @@ def test_inventory_works_with_ansible(lab: Lab) -> None:
 def test_cli_inventory_status_and_ssh(lab: Lab) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "fleetops.lab.cli", *args], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "fleetops_lab.cli", *args], capture_output=True, text=True, timeout=60
         )
 
     assert cli("inventory").stdout.strip() == str(lab.inventory_path())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.lab import Lab
+from fleetops_lab import Lab
 from tests.helpers import REPO, fleetops
 
 pytestmark = pytest.mark.lab

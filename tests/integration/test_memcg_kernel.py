@@ -1,6 +1,6 @@
 """The zombie_memcg detector against REAL zombie memory cgroups on this kernel (root, cgroup v1).
 
-Creates a few hundred zombies with fleetops.faults, checks that collect() and the module count
+Creates a few hundred zombies with fleetops_lab.faults, checks that collect() and the module count
 them, releases them and checks that the kernel frees them. /proc/cgroups is host-wide, so
 every assertion compares against a baseline with a tolerance for other activity.
 """
@@ -8,20 +8,18 @@ every assertion compares against a baseline with a tolerance for other activity.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "collections"))
 
 from ansible_collections.fleetops.node.plugins.module_utils import memcg  # noqa: E402
 from ansible_collections.fleetops.node.plugins.modules import node_health  # noqa: E402
 
-from fleetops import faults  # noqa: E402
 from fleetops.errors import FleetopsError  # noqa: E402
+from fleetops_lab import faults  # noqa: E402
 from tests.localrun import run_command  # noqa: E402
 
 COUNT = 300

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetops.lab import Lab
+from fleetops_lab import Lab
 from tests.helpers import FLEETOPS, REPO, fleetops
 
 pytestmark = pytest.mark.lab
@@ -245,7 +245,7 @@ def test_preflight_refuses_when_too_many_hosts_are_unreachable_and_changes_nothi
 
 def _ec2_lease_tags(lab: Lab) -> dict[str, list[str]]:
     """Name tag -> the instance's fleetops:lease:* tag keys, read from the lab's EC2 endpoint."""
-    from fleetops.lab.ec2sim import client
+    from fleetops_lab.ec2sim import client
 
     config = yaml.safe_load(lab.ec2_inventory_path().read_text())
     ec2 = client(config["endpoint_url"], config["regions"][0])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetops.lab import Lab
+from fleetops_lab import Lab
 from tests.helpers import fleetops
 
 pytestmark = pytest.mark.lab

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from fleetops.lab import Lab
-from fleetops.runner import RunnerOptions, run_playbook
+from fleetops.ansible.runner import RunnerOptions, run_playbook
 from fleetops.scan import (
     NOT_SCANNED_MSG,
     PartialReport,
@@ -30,6 +29,7 @@ from fleetops.scan import (
     exit_code,
     read_partial,
 )
+from fleetops_lab import Lab
 from tests.helpers import FLEETOPS, REPO, CliResult, fleetops
 
 HOSTS = 6
@@ -40,7 +40,7 @@ HUNG = "lab-03"
 
 
 def test_interrupted_report_lists_hosts_that_never_answered() -> None:
-    from fleetops.runner import PlaybookRun, TaskResult
+    from fleetops.ansible.runner import PlaybookRun, TaskResult
 
     run = PlaybookRun(status="canceled", rc=254, interrupted=True)
     ok = {"findings": [], "facts": {"memcg": {}}, "errors": [], "checks": ["zombie_memcg"]}

@@ -1,6 +1,6 @@
 """`fleetops scan` finds real zombie memory cgroups on this kernel, through ansible-runner and our module.
 
-Zombies here are real: mkdir a memory cgroup, charge page cache to it, rmdir it (fleetops.faults).
+Zombies here are real: mkdir a memory cgroup, charge page cache to it, rmdir it (fleetops_lab.faults).
 /proc/cgroups is host-wide, so every count is taken against a baseline measured in the same test.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetops.faults import create_zombie_memcgs
+from fleetops_lab.faults import create_zombie_memcgs
 from tests.helpers import fleetops
 
 pytestmark = pytest.mark.kernel

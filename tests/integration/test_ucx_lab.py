@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from fleetops.lab import Lab
-from fleetops.lab_faults import (
+from fleetops_lab import Lab
+from fleetops_lab.host_faults import (
     UCX_UNFIXED_VERSION,
     ensure_ucx_wheel,
     install_worker_service,

@@ -20,9 +20,9 @@ for name in "${scenarios[@]}"; do
     exit 2
   fi
 done
-"$bin/fleetops" lab up 2 >/dev/null
-trap '"$bin/fleetops" lab down >/dev/null' EXIT
-FLEETOPS_LAB_INVENTORY=$("$bin/fleetops" lab inventory)
+"$bin/fleetops-lab" up 2 >/dev/null
+trap '"$bin/fleetops-lab" down >/dev/null' EXIT
+FLEETOPS_LAB_INVENTORY=$("$bin/fleetops-lab" inventory)
 export FLEETOPS_LAB_INVENTORY
 export FLEETOPS_COLLECTIONS_PATH="$repo/collections"
 export ANSIBLE_CONFIG="$repo/ansible.cfg"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from fleetops.rollout import BATCH_VARS
+from fleetops.rollout.engine import BATCH_VARS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

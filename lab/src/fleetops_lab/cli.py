@@ -1,0 +1,155 @@
+"""``fleetops-lab``: up / down / status / inventory / ssh for the test-host lab.
+
+A development tool beside the product (``pip install -e ./lab``); ``python -m fleetops_lab.cli
+COMMAND`` runs the same commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from fleetops.errors import FleetopsError
+from fleetops_lab.core import DEFAULT_HOSTS, MAX_HOSTS, Lab, LabHost, host_index
+from fleetops_lab.errors import LabError
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _table(hosts: Sequence[LabHost]) -> str:
+    rows = [("NAME", "IP", "AZ", "RUNNING", "SSH", "PID", "SUPERVISOR")]
+    for h in hosts:
+        rows.append(
+            (
+                h.name,
+                h.ip,
+                h.az,
+                "yes" if h.running else "no",
+                "ok" if h.ssh_ok else "-",
+                str(h.pid or "-"),
+                str(h.supervisor_pid or "-"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    hosts = Lab().up(
+        args.count, progress=None if args.quiet else _progress, timeout=args.timeout, ec2=args.ec2
+    )
+    print(_table(hosts))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    Lab().down(progress=None if args.quiet else _progress)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    hosts = Lab().status()
+    if not hosts:
+        print("no lab hosts")
+        return 0
+    print(_table(hosts))
+    return 0 if all(h.running and h.ssh_ok for h in hosts) else 1
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    path = Lab().ec2_inventory_path() if args.ec2 else Lab().inventory_path()
+    if not path.exists():
+        raise LabError(f"Failed to find the lab inventory {path}: the lab is not up (run 'fleetops-lab up')")
+    print(path)
+    return 0
+
+
+def cmd_ssh(args: argparse.Namespace) -> int:
+    lab = Lab()
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if host_index(args.name) and not _is_up(lab, args.name):
+        raise LabError(f"Failed to reach {args.name}: it is not up (run 'fleetops-lab up N')")
+    tty = not command and sys.stdin.isatty()
+    # One argument is a shell command line (as ssh itself takes it); several are quoted word by word.
+    remote: str | list[str] | None = command[0] if len(command) == 1 else (command or None)
+    argv = lab.ssh_argv(args.name, remote, tty=tty)
+    return subprocess.run(argv, check=False).returncode
+
+
+def _is_up(lab: Lab, name: str) -> bool:
+    try:
+        known = lab.known_hosts_path.read_text()
+    except OSError:
+        return False
+    return any(line.startswith(f"{name},") for line in known.splitlines())
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of hosts: {text!r}") from None
+
+
+def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
+    """The lab's sub-commands, on any sub-parser collection."""
+    up = sub.add_parser(
+        "up",
+        help="boot lab hosts lab-01 .. lab-N (idempotent)",
+        description=f"Ensure exactly lab-01 .. lab-N run and answer ssh (N: 1 .. {MAX_HOSTS}). "
+        "The first run builds the Debian rootfs (about 1-2 min, cached).",
+    )
+    up.add_argument("count", nargs="?", type=_count, default=DEFAULT_HOSTS, metavar="N")
+    up.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds to wait for ssh")
+    up.add_argument(
+        "--ec2",
+        action="store_true",
+        help="also run a local EC2 endpoint (moto) whose instances are the lab hosts, in two AZs, one with a "
+        "scheduled event; 'fleetops-lab inventory --ec2' prints its fleetops.node.ec2 inventory",
+    )
+    up.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop all lab hosts and remove what they used (idempotent)")
+    down.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", help="list lab hosts (exit 1 when one is down or not answering ssh)")
+    status.set_defaults(func=cmd_status)
+
+    inventory = sub.add_parser("inventory", help="print the path of the lab's Ansible inventory")
+    inventory.add_argument("--ec2", action="store_true", help="the EC2 inventory (after 'lab up --ec2')")
+    inventory.set_defaults(func=cmd_inventory)
+
+    ssh = sub.add_parser("ssh", help="run a command (or a shell) on a lab host over ssh")
+    ssh.add_argument("name", metavar="NAME", help="lab-01, lab-02, ...")
+    ssh.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD", help="command and arguments")
+    ssh.set_defaults(func=cmd_ssh)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleetops-lab", description="The fleetops test-host lab.")
+    sub = parser.add_subparsers(dest="lab_command", metavar="COMMAND")
+    sub.required = True
+    add_commands(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FleetopsError as exc:
+        print(f"fleetops-lab: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("fleetops-lab: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

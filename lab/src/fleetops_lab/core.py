@@ -1,0 +1,839 @@
+"""The lab: real test hosts on this machine (systemd-nspawn guests with systemd as PID 1, sshd, own IPs).
+
+Each host ``lab-NN`` is an overlayfs over one cached Debian rootfs, a network namespace
+``fleetops-lab-NN`` joined to the bridge ``fleetops0`` (10.213.0.1/24) by a veth pair, its own
+cgroups (``fleetops-lab/lab-NN`` in the systemd, unified, memory and pids hierarchies), and a
+detached supervisor that runs ``systemd-nspawn --boot`` and restarts it when the guest reboots.
+
+Every name is derived from the host's number, so ``up`` and ``down`` find what a killed run left
+(mounts, namespaces, links, cgroups, processes) by name and state directory, not from a state file.
+One lab per machine: the names are machine-wide, and a machine-wide lock serialises up and down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fleetops_lab import _system as system
+from fleetops_lab import ec2 as lab_ec2
+from fleetops_lab import rootfs
+from fleetops_lab.errors import LabError
+
+Progress = Callable[[str], None]
+
+DEFAULT_STATE_DIR = Path("/var/lib/fleetops/lab")
+DEFAULT_CACHE_DIR = Path("/var/cache/fleetops")
+DEFAULT_HOSTS = 3
+MAX_HOSTS = 64
+
+BRIDGE = "fleetops0"
+SUBNET_PREFIX = "10.213.0."
+BRIDGE_CIDR = f"{SUBNET_PREFIX}1/24"
+# Fixed MACs (locally administered): a host re-created after a crash keeps its MAC, so neither this
+# machine's neighbour cache nor the other guests' (for the bridge) point at a vanished link.
+BRIDGE_MAC = "02:fe:0a:d5:00:01"
+AZS = ("lab-1a", "lab-1b")
+CGROUP_PARENT = "fleetops-lab"
+NETNS_PREFIX = "fleetops-lab-"
+MACHINE_PREFIX = "fleetops-lab-"
+GROUP = "fleetops_lab"
+
+# Machine-wide: the names above are machine-wide, so the lock and the owner record are too.
+RUN_DIR = Path("/run/fleetops")
+LOCK_FILE = RUN_DIR / "lab.lock"
+OWNER_FILE = RUN_DIR / "lab.json"
+
+SUPERVISOR_MODULE = "fleetops_lab.supervisor"
+NSPAWN_LOCKS = Path("/run/systemd/nspawn/locks")
+STOP_TIMEOUT_S = 10.0
+KILL_TIMEOUT_S = 10.0
+
+_NAME_RE = re.compile(r"^lab-(\d{2,3})$")
+_LINK_RE = re.compile(r"^fleetops-[vp](\d{2,3})$")
+REQUIRED_TOOLS = ("systemd-nspawn", "ip", "ssh", "ssh-keygen", "mount", "umount")
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    ip: str
+    az: str
+    running: bool
+    ssh_ok: bool
+    pid: int | None  # systemd-nspawn's PID (changes when the guest reboots)
+    supervisor_pid: int | None = None  # stays the same across guest reboots
+
+
+# --------------------------------------------------------------------------- names
+
+
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_HOST = 8  # measured: a guest's systemd takes 5, dbus-daemon 1, systemd-logind 1
+
+
+def _ensure_inotify(hosts: int, say: Progress) -> None:
+    """Let ``hosts`` guests boot: each systemd needs inotify instances, and the kernel's default
+    per-user limit (128; every guest runs as root) stops a lab at about 18 hosts ("Failed to allocate
+    manager object: Too many open files"). Raised for this boot only (not persisted), and said so."""
+    current = int(INOTIFY_INSTANCES.read_text())
+    wanted = 128 + INOTIFY_PER_HOST * hosts
+    if current < wanted:
+        INOTIFY_INSTANCES.write_text(f"{wanted}\n")
+        say(f"lab: raised fs.inotify.max_user_instances from {current} to {wanted} for {hosts} hosts")
+
+
+def host_name(index: int) -> str:
+    return f"lab-{index:02d}"
+
+
+def host_index(name: str) -> int:
+    match = _NAME_RE.match(name)
+    if not match or not 1 <= int(match.group(1)) <= MAX_HOSTS:
+        raise LabError(f"Failed to find lab host {name!r}: lab hosts are named lab-01 .. lab-{MAX_HOSTS:02d}")
+    return int(match.group(1))
+
+
+def host_ip(name: str) -> str:
+    """lab-1a hosts (odd numbers) in 10.213.0.0/25 from .11, lab-1b hosts (even) in 10.213.0.128/25 from .139.
+
+    One contiguous half of the /24 per AZ, so the lab's EC2 side can give each AZ a subnet that
+    holds exactly its hosts' addresses (an EC2 instance's private IP must lie in its subnet).
+    """
+    index = host_index(name)
+    return f"{SUBNET_PREFIX}{10 + (index + 1) // 2}" if index % 2 else f"{SUBNET_PREFIX}{138 + index // 2}"
+
+
+def host_az(name: str) -> str:
+    return AZS[(host_index(name) - 1) % len(AZS)]
+
+
+def _machine(name: str) -> str:
+    return MACHINE_PREFIX + name.removeprefix("lab-")
+
+
+def _netns(name: str) -> str:
+    return NETNS_PREFIX + name.removeprefix("lab-")
+
+
+def _cgroup(name: str) -> str:
+    return f"{CGROUP_PARENT}/{name}"
+
+
+def _veth_host(name: str) -> str:
+    return f"fleetops-v{name.removeprefix('lab-')}"
+
+
+def _veth_peer(name: str) -> str:
+    return f"fleetops-p{name.removeprefix('lab-')}"
+
+
+def _guest_mac(name: str) -> str:
+    return f"02:fe:0a:d5:00:{10 + host_index(name):02x}"
+
+
+def _veth_mac(name: str) -> str:
+    return f"02:fe:0a:d5:01:{10 + host_index(name):02x}"
+
+
+def _name_from_number(number: str) -> str | None:
+    name = f"lab-{number}"
+    return name if _NAME_RE.match(name) else None
+
+
+def _arg_value(argv: list[str], option: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg[len(option) + 1 :]
+    return None
+
+
+@dataclass
+class _Procs:
+    supervisors: list[int]
+    nspawns: list[int]
+    directories: list[str]  # the --directory of each systemd-nspawn found
+
+
+def _lab_processes() -> dict[str, _Procs]:
+    """Supervisors and systemd-nspawn processes of lab hosts, by host name, from one /proc scan."""
+    found: dict[str, _Procs] = {}
+    for pid in system.all_pids():
+        argv = system.cmdline(pid)
+        if not argv:
+            continue
+        if SUPERVISOR_MODULE in argv:
+            machine, kind = _arg_value(argv, "--machine"), "supervisor"
+        elif os.path.basename(argv[0]) == "systemd-nspawn":
+            machine, kind = _arg_value(argv, "--machine"), "nspawn"
+        else:
+            continue
+        if not machine or not machine.startswith(MACHINE_PREFIX) or not system.pid_alive(pid):
+            continue
+        name = _name_from_number(machine.removeprefix(MACHINE_PREFIX))
+        if name is None:
+            continue
+        procs = found.setdefault(name, _Procs([], [], []))
+        if kind == "supervisor":
+            procs.supervisors.append(pid)
+        else:
+            procs.nspawns.append(pid)
+            directory = _arg_value(argv, "--directory")
+            if directory:
+                procs.directories.append(directory)
+    return found
+
+
+# --------------------------------------------------------------------------- the lab
+
+
+class Lab:
+    """A fleet of lab hosts on this machine. Needs root for everything but the path helpers."""
+
+    def __init__(self, state_dir: Path | None = None, cache_dir: Path | None = None) -> None:
+        env_state, env_cache = os.environ.get("FLEETOPS_LAB_DIR"), os.environ.get("FLEETOPS_CACHE_DIR")
+        self.state_dir = Path(state_dir or env_state or DEFAULT_STATE_DIR).absolute()
+        self.cache_dir = Path(cache_dir or env_cache or DEFAULT_CACHE_DIR).absolute()
+
+    # ------------------------------------------------------------------ paths
+
+    def inventory_path(self) -> Path:
+        return self.state_dir / "inventory.yml"
+
+    @property
+    def key_path(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.state_dir / "hosts"
+
+    def _host_dir(self, name: str) -> Path:
+        return self.hosts_dir / name
+
+    def host_root(self, name: str) -> Path:
+        """The host's merged overlay root, as this machine sees it (files written here appear in the guest)."""
+        merged = self._host_dir(name) / "merged"
+        host_index(name)
+        if not any(m.mountpoint == merged for m in system.mounts()):
+            raise LabError(f"Failed to find the root of {name}: it is not up (run 'fleetops-lab up')")
+        return merged
+
+    # ------------------------------------------------------------------ up
+
+    def up(
+        self,
+        count: int = DEFAULT_HOSTS,
+        progress: Progress | None = None,
+        timeout: float = 120.0,
+        ec2: bool = False,
+    ) -> list[LabHost]:
+        """Ensure exactly hosts lab-01 .. lab-<count> run and answer ssh; return them. Idempotent.
+
+        ``ec2``: also run a local EC2 endpoint whose instances are these hosts (see fleetops_lab.ec2).
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_HOSTS:
+            raise LabError(
+                f"Failed to start the lab: the number of hosts must be 1 .. {MAX_HOSTS}, not {count!r}"
+            )
+        self._preflight("start the lab")
+        say = progress or (lambda _line: None)
+        started = time.monotonic()
+        with self._locked():
+            self._claim("start the lab")
+            base = rootfs.ensure_rootfs(self.cache_dir, say)
+            _ensure_inotify(count, say)
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.hosts_dir.mkdir(exist_ok=True)
+            self._ensure_key()
+            wanted = [host_name(i) for i in range(1, count + 1)]
+            procs = _lab_processes()
+            keep = [n for n in wanted if self._healthy(n, base, procs)]
+            stale = sorted((self._discover(procs) | set(wanted)) - set(keep))
+            if stale:  # the fleet changes: no inventory until it is ready again
+                with contextlib.suppress(FileNotFoundError):
+                    self.inventory_path().unlink()
+            self._teardown(stale, procs, say, only_existing=True)
+            self._ensure_bridge()
+            start = [n for n in wanted if n not in keep]
+            if keep:
+                say(f"lab: {len(keep)} host(s) already running: {', '.join(keep)}")
+            if start:
+                say(f"lab: booting {len(start)} host(s): {', '.join(start)}")
+                self._parallel(lambda n: self._start_host(n, base), start)
+            self._write_known_hosts(wanted)
+            self._parallel(lambda n: self._wait_ssh(n, timeout, say), wanted)
+            self._write_inventory(wanted)
+            if ec2:
+                lab_ec2.up(
+                    self.state_dir, [(n, host_ip(n), host_az(n)) for n in wanted], self.ssh_vars(), say
+                )
+            elif lab_ec2.running(self.state_dir):
+                lab_ec2.down(self.state_dir)
+        say(
+            f"lab: {count} host(s) ready in {time.monotonic() - started:.1f} s; inventory: {self.inventory_path()}"
+        )
+        return [h for h in self.status() if h.name in wanted]
+
+    # ------------------------------------------------------------------ down
+
+    def down(self, progress: Progress | None = None) -> None:
+        """Stop every lab host and remove all it used (also what a killed run left). Idempotent."""
+        self._preflight("stop the lab", need_tools=False)
+        say = progress or (lambda _line: None)
+        started = time.monotonic()
+        with self._locked():
+            procs = _lab_processes()
+            names = sorted(self._discover(procs))
+            if names:
+                say(f"lab: stopping {len(names)} host(s): {', '.join(names)}")
+            self._teardown(names, procs, say, only_existing=False)
+            state_dirs = self._known_state_dirs(procs)
+            for state_dir in state_dirs:
+                lab_ec2.down(state_dir)
+                system.unmount_under(state_dir / "hosts", what="unmount the lab's overlays")
+            for link in system.link_names():
+                if _LINK_RE.match(link) or link == BRIDGE:
+                    system.run_cmd(["ip", "link", "delete", link], what=f"delete link {link}", check=False)
+            left = system.cgroup_prune(CGROUP_PARENT, keep_top=False)
+            if left:
+                raise LabError(f"Failed to remove the lab's cgroups: still in use: {left[0]}")
+            rootfs.cleanup_stale_builds(self.cache_dir)
+            for state_dir in state_dirs:
+                for path in (state_dir / "inventory.yml", state_dir / "known_hosts"):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                with contextlib.suppress(OSError):
+                    (state_dir / "hosts").rmdir()
+            with contextlib.suppress(FileNotFoundError):
+                OWNER_FILE.unlink()
+        say(f"lab: down in {time.monotonic() - started:.1f} s")
+
+    # ------------------------------------------------------------------ status
+
+    def status(self, probe_ssh: bool = True) -> list[LabHost]:
+        """Every lab host this machine has (running or leftover), sorted by name."""
+        procs = _lab_processes()
+        names = sorted(self._discover(procs))
+
+        def one(name: str) -> LabHost:
+            p = procs.get(name, _Procs([], [], []))
+            running = bool(p.supervisors and p.nspawns)
+            ssh_ok = running and probe_ssh and self._probe_ssh(name)
+            return LabHost(
+                name=name,
+                ip=host_ip(name),
+                az=host_az(name),
+                running=running,
+                ssh_ok=ssh_ok,
+                pid=p.nspawns[0] if p.nspawns else None,
+                supervisor_pid=p.supervisors[0] if p.supervisors else None,
+            )
+
+        return self._parallel(one, names)
+
+    # ------------------------------------------------------------------ ssh
+
+    def ssh_argv(
+        self,
+        name: str,
+        command: str | Sequence[str] | None = None,
+        tty: bool = False,
+        connect_timeout: int = 10,
+    ) -> list[str]:
+        """The ssh command line that reaches a lab host as root with the lab's key and known_hosts."""
+        argv = [
+            "ssh",
+            "-F",
+            "none",
+            "-i",
+            str(self.key_path),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"ConnectTimeout={connect_timeout}",
+            "-o",
+            "ControlMaster=no",
+            "-o",
+            "ControlPath=none",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+        argv.append("-t" if tty else "-T")
+        argv.append(f"root@{host_ip(name)}")
+        if command is not None:
+            argv.append(command if isinstance(command, str) else shlex.join(command))
+        return argv
+
+    def run(
+        self,
+        name: str,
+        command: str | Sequence[str],
+        check: bool = False,
+        timeout: float = 60.0,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command on a lab host over ssh (a string goes to the remote shell as is)."""
+        text = command if isinstance(command, str) else shlex.join(command)
+        try:
+            proc = subprocess.run(
+                self.ssh_argv(name, text),
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise LabError(f"Failed to run {text!r} on {name}: no answer within {timeout:g} s") from None
+        if check and proc.returncode != 0:
+            detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            cause = detail[-1] if detail else "no output"
+            what = "ssh could not connect" if proc.returncode == 255 else f"exit status {proc.returncode}"
+            raise LabError(f"Failed to run {text!r} on {name}: {what}: {cause}")
+        return proc
+
+    # ------------------------------------------------------------------ internals: checks, lock, owner
+
+    def _preflight(self, verb: str, need_tools: bool = True) -> None:
+        if os.geteuid() != 0:
+            raise LabError(f"Failed to {verb}: the lab needs root (it mounts overlays and boots containers)")
+        if need_tools:
+            missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+            if missing:
+                raise LabError(
+                    f"Failed to {verb}: missing {', '.join(missing)} "
+                    "(apt-get install -y systemd-container debootstrap iproute2 openssh-client)"
+                )
+            hierarchies = system.missing_hierarchies()
+            if hierarchies:
+                raise LabError(
+                    f"Failed to {verb}: cgroup hierarchies not mounted under {system.CGROUP_ROOT}: "
+                    + ", ".join(hierarchies)
+                )
+            for path in (self.state_dir, self.cache_dir):
+                if re.search(r"[\s,:=\\]", str(path)):
+                    raise LabError(
+                        f"Failed to {verb}: {path} cannot hold overlay layers "
+                        "(no spaces, commas, colons, '=' or backslashes in the path)"
+                    )
+            if "overlay" not in Path("/proc/filesystems").read_text():
+                raise LabError(f"Failed to {verb}: the kernel has no overlayfs")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _owner(self) -> Path | None:
+        try:
+            data = json.loads(OWNER_FILE.read_text())
+        except (OSError, ValueError):
+            return None
+        value = data.get("state_dir") if isinstance(data, dict) else None
+        return Path(value) if isinstance(value, str) else None
+
+    def _claim(self, verb: str) -> None:
+        """Record this state dir as the lab's; refuse when another state dir's lab still runs."""
+        owner = self._owner()
+        if owner is not None and owner != self.state_dir and _lab_processes():
+            raise LabError(
+                f"Failed to {verb}: a lab from {owner} is running on this machine; "
+                f"stop it first (FLEETOPS_LAB_DIR={owner} fleetops-lab down)"
+            )
+        system.write_text_atomic(OWNER_FILE, json.dumps({"state_dir": str(self.state_dir)}) + "\n")
+
+    def _known_state_dirs(self, procs: dict[str, _Procs]) -> list[Path]:
+        """This lab's state dir, and that of whoever ran the lab last (found by record or process)."""
+        dirs = {self.state_dir}
+        owner = self._owner()
+        if owner is not None:
+            dirs.add(owner)
+        for p in procs.values():
+            for directory in map(Path, p.directories):  # STATE/hosts/lab-NN/merged
+                host_dir = directory.parent
+                if (
+                    directory.name == "merged"
+                    and _NAME_RE.match(host_dir.name)
+                    and host_dir.parent.name == "hosts"
+                ):
+                    dirs.add(host_dir.parent.parent)
+        return sorted(dirs)
+
+    def _discover(self, procs: dict[str, _Procs]) -> set[str]:
+        """Every lab host something of is left on this machine: processes, dirs, netns, links, cgroups."""
+        names: set[str] = set(procs)
+        for state_dir in self._known_state_dirs(procs):
+            hosts = state_dir / "hosts"
+            if hosts.is_dir():
+                names.update(n for n in os.listdir(hosts) if _NAME_RE.match(n))
+        for ns in system.netns_names():
+            if ns.startswith(NETNS_PREFIX):
+                name = _name_from_number(ns.removeprefix(NETNS_PREFIX))
+                if name:
+                    names.add(name)
+        for link in system.link_names():
+            match = _LINK_RE.match(link)
+            if match:
+                name = _name_from_number(match.group(1))
+                if name:
+                    names.add(name)
+        for top in system.cgroup_paths(CGROUP_PARENT):
+            if top.is_dir():
+                names.update(n for n in os.listdir(top) if _NAME_RE.match(n) and (top / n).is_dir())
+        return {n for n in names if 1 <= int(n.removeprefix("lab-")) <= MAX_HOSTS}
+
+    def _healthy(self, name: str, base: Path, procs: dict[str, _Procs]) -> bool:
+        """Running from this state dir, on the current rootfs, with its network in place."""
+        p = procs.get(name)
+        if p is None or len(p.supervisors) != 1 or len(p.nspawns) > 1:
+            return False
+        merged = self._host_dir(name) / "merged"
+        overlay = [m for m in system.mounts() if m.mountpoint == merged and m.fstype == "overlay"]
+        if len(overlay) != 1 or f"lowerdir={base}," not in overlay[0].super_options + ",":
+            return False
+        return (system.NETNS_DIR / _netns(name)).exists() and system.link_exists(_veth_host(name))
+
+    # ------------------------------------------------------------------ internals: start
+
+    def _ensure_key(self) -> None:
+        if self.key_path.exists() and self.key_path.with_suffix(".pub").exists():
+            return
+        for path in (self.key_path, self.key_path.with_suffix(".pub")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        system.run_cmd(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "fleetops-lab", "-f", str(self.key_path)],
+            what="create the lab's ssh key",
+        )
+
+    def _ensure_bridge(self) -> None:
+        if not system.link_exists(BRIDGE):
+            system.run_cmd(
+                ["ip", "link", "add", BRIDGE, "type", "bridge", "forward_delay", "0"],
+                what=f"create the bridge {BRIDGE}",
+            )
+        system.run_cmd(
+            ["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC], what=f"address the bridge {BRIDGE}"
+        )
+        system.run_cmd(
+            ["ip", "addr", "replace", BRIDGE_CIDR, "dev", BRIDGE], what=f"address the bridge {BRIDGE}"
+        )
+        system.run_cmd(["ip", "link", "set", BRIDGE, "up"], what=f"bring up the bridge {BRIDGE}")
+
+    def _start_host(self, name: str, base: Path) -> None:
+        host_dir = self._host_dir(name)
+        upper, work, merged = host_dir / "upper", host_dir / "work", host_dir / "merged"
+        for path in (upper, work, merged):
+            path.mkdir(parents=True, exist_ok=True)
+        system.run_cmd(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                f"fleetops-{name}",
+                "-o",
+                f"lowerdir={base},upperdir={upper},workdir={work}",
+                str(merged),
+            ],
+            what=f"mount the root of {name}",
+        )
+        self._personalise(name, merged)
+        self._setup_network(name)
+        system.cgroup_create(_cgroup(name))
+        self._spawn_supervisor(name, merged)
+
+    def _personalise(self, name: str, root: Path) -> None:
+        ip = host_ip(name)
+        _guest_write(root, "etc/hostname", f"{name}\n")
+        _guest_write(root, "etc/hosts", rootfs.HOSTS + f"{ip}\t{name}\n")
+        _guest_write(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+        pub = self.key_path.with_suffix(".pub").read_text()
+        _guest_write(root, "root/.ssh/authorized_keys", pub, 0o600)
+        key = root / "etc/ssh/ssh_host_ed25519_key"
+        for path in (key, key.with_suffix(".pub")):
+            if path.is_symlink() or path.exists():
+                path.unlink()
+        system.run_cmd(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)],
+            what=f"create the ssh host key of {name}",
+        )
+
+    def _setup_network(self, name: str) -> None:
+        ns, veth, peer = _netns(name), _veth_host(name), _veth_peer(name)
+        pair = ["type", "veth", "peer", "name", peer, "address", _guest_mac(name), "netns", ns]
+        steps = [
+            ["ip", "netns", "add", ns],
+            ["ip", "link", "add", veth, "address", _veth_mac(name), *pair],
+            ["ip", "-n", ns, "link", "set", peer, "name", "eth0"],
+            ["ip", "-n", ns, "addr", "add", f"{host_ip(name)}/24", "dev", "eth0"],
+            ["ip", "-n", ns, "link", "set", "eth0", "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ["ip", "link", "set", veth, "master", BRIDGE, "up"],
+        ]
+        for argv in steps:
+            system.run_cmd(argv, what=f"set up the network of {name}")
+        # Forget what this machine knew about the address (a crashed run's link had another MAC).
+        system.run_cmd(
+            ["ip", "neigh", "flush", "to", host_ip(name), "dev", BRIDGE],
+            what="flush a neighbour",
+            check=False,
+        )
+
+    def _spawn_supervisor(self, name: str, merged: Path) -> None:
+        host_dir = self._host_dir(name)
+        pid_file = host_dir / "supervisor.pid"
+        argv = [
+            sys.executable,
+            "-m",
+            SUPERVISOR_MODULE,
+            "--machine",
+            _machine(name),
+            "--directory",
+            str(merged),
+            "--netns-path",
+            str(system.NETNS_DIR / _netns(name)),
+            "--cgroup",
+            _cgroup(name),
+            "--pid-file",
+            str(pid_file),
+            "--nspawn-pid-file",
+            str(host_dir / "nspawn.pid"),
+            "--console-log",
+            str(host_dir / "console.log"),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        log_path = host_dir / "supervisor.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+                env=env,
+                start_new_session=True,
+            )
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise LabError(
+                f"Failed to start the supervisor of {name}: it did not detach within 30 s"
+            ) from None
+        if rc != 0 or system.read_pid_file(pid_file) is None:
+            raise LabError(
+                f"Failed to start the supervisor of {name}: exit {rc}:\n{system.tail(log_path, 10)}"
+            )
+
+    def _write_known_hosts(self, names: Sequence[str]) -> None:
+        lines = []
+        for name in names:
+            pub = (self._host_dir(name) / "merged/etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"{name},{host_ip(name)} {pub[0]} {pub[1]}\n")
+        system.write_text_atomic(self.known_hosts_path, "".join(lines))
+
+    def _probe_ssh(self, name: str) -> bool:
+        try:
+            proc = subprocess.run(
+                self.ssh_argv(name, "true", connect_timeout=2),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return proc.returncode == 0
+
+    def _wait_ssh(self, name: str, timeout: float, say: Progress) -> None:
+        started = time.monotonic()
+        deadline = started + timeout
+        pid_file = self._host_dir(name) / "supervisor.pid"
+        while True:
+            if self._probe_ssh(name):
+                say(f"lab: {name} ({host_ip(name)}) answers ssh after {time.monotonic() - started:.1f} s")
+                return
+            supervisor = system.read_pid_file(pid_file)
+            alive = supervisor is not None and system.pid_alive(supervisor)
+            if not alive or time.monotonic() >= deadline:
+                why = "its supervisor exited" if not alive else f"no ssh answer within {timeout:g} s"
+                host_dir = self._host_dir(name)
+                raise LabError(
+                    f"Failed to boot {name}: {why} (logs in {host_dir}; 'fleetops-lab down' cleans up)\n"
+                    + system.tail(host_dir / "supervisor.log", 5)
+                    + "\n"
+                    + system.tail(host_dir / "console.log", 10)
+                )
+            time.sleep(0.2)
+
+    def ssh_vars(self) -> dict[str, str]:
+        """The connection variables every lab inventory (static or EC2) gives its hosts."""
+        return {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.key_path),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts_path} -o StrictHostKeyChecking=yes",
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
+
+    def ec2_inventory_path(self) -> Path:
+        """The lab's EC2 inventory (``fleetops.node.ec2`` over the local moto endpoint), after ``up(ec2=True)``."""
+        return lab_ec2.inventory_path(self.state_dir)
+
+    def _write_inventory(self, names: Sequence[str]) -> None:
+        hosts = {n: {"ansible_host": host_ip(n), "fleetops_az": host_az(n)} for n in names}
+        children: dict[str, object] = {GROUP: {"hosts": hosts, "vars": self.ssh_vars()}}
+        for az in AZS:
+            members = [n for n in names if host_az(n) == az]
+            if members:
+                children["az_" + az.replace("-", "_")] = {"hosts": {n: {} for n in members}}
+        text = "# Written by 'fleetops-lab up'; removed by 'fleetops-lab down'.\n" + yaml.safe_dump(
+            {"all": {"children": children}}, sort_keys=False, default_flow_style=False, width=1000
+        )
+        system.write_text_atomic(self.inventory_path(), text)
+
+    # ------------------------------------------------------------------ internals: stop
+
+    def _teardown(
+        self, names: Sequence[str], procs: dict[str, _Procs], say: Progress, only_existing: bool
+    ) -> None:
+        todo = [n for n in names if not only_existing or self._has_leftovers(n, procs)]
+        if only_existing and todo:
+            say(f"lab: removing unwanted or stale host(s): {', '.join(todo)}")
+        state_dirs = self._known_state_dirs(procs)
+        self._parallel(lambda n: self._teardown_host(n, procs.get(n, _Procs([], [], [])), state_dirs), todo)
+
+    def _has_leftovers(self, name: str, procs: dict[str, _Procs]) -> bool:
+        return (
+            name in procs
+            or self._host_dir(name).exists()
+            or (system.NETNS_DIR / _netns(name)).exists()
+            or system.link_exists(_veth_host(name))
+            or system.link_exists(_veth_peer(name))
+            or any(p.exists() for p in system.cgroup_paths(_cgroup(name)))
+        )
+
+    def _teardown_host(self, name: str, procs: _Procs, state_dirs: Sequence[Path]) -> None:
+        self._stop_processes(name, procs)
+        host_dirs = [state_dir / "hosts" / name for state_dir in state_dirs]
+        for host_dir in host_dirs:
+            _remove_nspawn_lock(host_dir / "merged")
+            system.unmount_under(host_dir, what=f"unmount the root of {name}")
+        for directory in procs.directories:
+            system.unmount_under(Path(directory), what=f"unmount the root of {name}")
+        for link in (_veth_host(name), _veth_peer(name)):
+            if system.link_exists(link):
+                system.run_cmd(["ip", "link", "delete", link], what=f"delete the link {link}")
+        ns = _netns(name)
+        if os.path.lexists(system.NETNS_DIR / ns):
+            system.run_cmd(["ip", "netns", "delete", ns], what=f"delete the network namespace {ns}")
+        left = system.cgroup_prune(_cgroup(name), keep_top=False)
+        if left:
+            raise LabError(f"Failed to remove the cgroups of {name}: still in use: {left[0]}")
+        with contextlib.suppress(OSError):  # nspawn leaves this behind when /run is not a tmpfs
+            Path("/run/systemd/nspawn/propagate", _machine(name)).rmdir()
+        for host_dir in host_dirs:
+            if host_dir.is_dir() and not host_dir.is_symlink():
+                if system.mounts_under(host_dir):  # never delete through a mount
+                    raise LabError(f"Failed to remove {host_dir}: something is still mounted below it")
+                shutil.rmtree(host_dir)
+
+    def _stop_processes(self, name: str, procs: _Procs) -> None:
+        """SIGTERM (orderly guest poweroff), then SIGKILL whatever is left in the host's cgroups."""
+        rel = _cgroup(name)
+
+        def ours() -> list[int]:
+            # Re-check what each PID is at every step: PIDs are reused.
+            fresh = _lab_processes().get(name, _Procs([], [], []))
+            return sorted(set(fresh.supervisors) | set(fresh.nspawns) | system.cgroup_pids(rel))
+
+        leaders = procs.supervisors or procs.nspawns
+        if leaders:
+            system.send_signal(leaders, signal.SIGTERM)
+            system.wait_until(lambda: not ours(), STOP_TIMEOUT_S)
+        deadline = time.monotonic() + KILL_TIMEOUT_S
+        while True:
+            pids = ours()
+            if not pids:
+                return
+            if time.monotonic() >= deadline:
+                raise LabError(f"Failed to stop {name}: processes survive SIGKILL: {pids[:10]}")
+            system.send_signal(pids, signal.SIGKILL)
+            system.wait_until(lambda: not ours(), 1.0, interval=0.05)
+
+    # ------------------------------------------------------------------ internals: helpers
+
+    @staticmethod
+    def _parallel[T, R](fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        if not items:
+            return []
+        if len(items) == 1:
+            return [fn(items[0])]
+        with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+
+def _guest_write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
+    """Write a file inside a guest root without following a symlink out of it."""
+    path = root / rel
+    parent = path.parent
+    for p in [parent, *parent.parents]:
+        if p == root:
+            break
+        if p.is_symlink():
+            raise LabError(f"Failed to write {rel} in {root}: {p} is a symlink")
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700 if rel.startswith("root/") else 0o755)
+    if path.is_symlink():
+        path.unlink()
+    system.write_text_atomic(path, text, mode)
+
+
+def _remove_nspawn_lock(merged: Path) -> None:
+    """Remove the image lock a killed systemd-nspawn left (it names the lock after the root's inode)."""
+    if not any(m.mountpoint == merged for m in system.mounts()):
+        return
+    try:
+        st = os.stat(merged)
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        Path(NSPAWN_LOCKS, f"inode-{st.st_dev}:{st.st_ino}").unlink()

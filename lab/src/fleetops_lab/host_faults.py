@@ -1,0 +1,371 @@
+"""Faults to inject into lab hosts, reproducing the incidents on real systemd hosts.
+
+``install_crashloop_unit`` is the Pinterest incident: a unit named like ``ecs.service``, shipped
+in a vendor directory (as a package in the base image would) and enabled, ``Restart=always``,
+whose every start charges a few MB of page cache to a fresh memory cgroup of its own — as a
+container runtime does for each new container — and then exits 1. Every crash leaves a zombie.
+
+``install_worker_service`` is the Mistral incident: a service running the real UCX (the
+``libucx-cu12`` wheel from PyPI, UCX 1.22, unpacked into the lab host as pip would) with a UCP
+context initialised under the default configuration (mmap hooks on, unbounded registration
+cache), optionally leaking anonymous memory at a known rate with raw mmap calls.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from fleetops_lab import Lab
+from fleetops_lab.errors import LabError
+
+UNIT_DIR = "/usr/lib/systemd/system"
+SCRIPT = "/usr/local/libexec/fleetops-lab/{name}-crash"
+
+_SCRIPT = """#!/bin/bash
+# fleetops lab fault: start a "container" in a fresh memory cgroup, write its state to disk
+# (page cache charged to that cgroup), then crash. The cgroup is removed; its page cache keeps
+# it alive as a zombie.
+set -eu
+mem=/sys/fs/cgroup/memory
+# The memory hierarchy is read-only inside an nspawn guest until remounted (a real host has it rw).
+if awk '$5 == "/sys/fs/cgroup/memory" && $6 ~ /(^|,)ro(,|$)/ {{found=1}} END {{exit !found}}' /proc/self/mountinfo; then
+  mount -o remount,bind,rw "$mem"
+fi
+own=$(awk -F: '$2 == "memory" {{print $3}}' /proc/self/cgroup)
+task=task-$(date +%s%N)
+mkdir -p "$mem/{name}-tasks" {data_dir}
+mkdir "$mem/{name}-tasks/$task"
+echo $$ > "$mem/{name}-tasks/$task/cgroup.procs"
+dd if=/dev/zero of={data_dir}/$task bs=1M count={mb} status=none
+echo $$ > "$mem/cgroup.procs" 2>/dev/null || echo $$ > "$mem$own/cgroup.procs"
+rmdir "$mem/{name}-tasks/$task"
+echo "{name}: agent exited: unable to reach the ECS endpoint" >&2
+exit 1
+"""
+
+_UNIT = """[Unit]
+Description=Amazon Elastic Container Service - container agent (fleetops lab fault)
+After=network.target
+StartLimitIntervalSec=0
+
+[Service]
+Type=simple
+Restart=always
+RestartSec={restart_sec}
+ExecStart={script}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def install_crashloop_unit(
+    lab: Lab, host: str, *, name: str = "ecs", restart_sec: float = 1.0, mb: int = 2, start: bool = True
+) -> str:
+    """Install and enable the crash-looping unit on a lab host; returns the unit name."""
+    unit = f"{name}.service"
+    script = SCRIPT.format(name=name)
+    data_dir = f"/var/lib/{name}/data"
+    files = {
+        script: (_SCRIPT.format(name=name, data_dir=data_dir, mb=mb), "0755"),
+        f"{UNIT_DIR}/{unit}": (_UNIT.format(restart_sec=restart_sec, script=script), "0644"),
+    }
+    return _install_unit(lab, host, files, unit, start)
+
+
+def remove_crashloop_unit(lab: Lab, host: str, *, name: str = "ecs") -> None:
+    """Undo install_crashloop_unit (unmask, remove the unit, its script and its data)."""
+    unit = f"{name}.service"
+    lab.run(
+        host,
+        f"systemctl unmask {unit}; systemctl disable --now {unit}; rm -f {UNIT_DIR}/{unit} "
+        f"{SCRIPT.format(name=name)}; rm -rf /var/lib/{name}; systemctl daemon-reload; systemctl reset-failed",
+        check=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The Mistral incident: a real UCX (PyPI libucx-cu12, UCX 1.22) process run by a systemd unit, and
+# a process that leaks anonymous memory at a known rate.
+# ------------------------------------------------------------------------------------------------
+
+UCX_WHEEL_PROJECT = "libucx-cu12"
+UCX_WHEEL_VERSION = "1.22.0"  # has the upstream fix (openucx/ucx#11248, UCX >= 1.21)
+UCX_UNFIXED_VERSION = "1.19.0"  # the same wheel before the fix: the Mistral setup leaks on it
+WHEEL_CACHE = Path(os.environ.get("FLEETOPS_WHEEL_CACHE", "/var/cache/fleetops/wheels"))
+# Inside a lab host: laid out as pip installs the wheel (site-packages/libucx/lib/libucs.so.0 ...),
+# one site directory per UCX version.
+UCX_SITE = "/opt/fleetops-lab/ucx-{version}/site-packages"
+WORKER_SCRIPT = "/usr/local/libexec/fleetops-lab/worker.py"
+WORKER_STATE = "/run/fleetops-lab/{name}"
+
+_WORKER = r'''#!/usr/bin/python3
+"""fleetops lab worker: a real UCP context (like a vLLM/NIXL decode worker), optionally leaking.
+
+--ucx-libdir DIR      load UCX from DIR (libucs, libuct, libucp), read its config, ucp_init()
+--leak-mb-per-min R   mmap(MAP_PRIVATE|MAP_ANONYMOUS) and touch R MiB a minute, never unmapped
+It writes UCX's own view of its configuration (ucs_config_parser_print_all_opts) to
+STATE/ucx-config.txt, the UCX version to STATE/ucx-version, and its pid to STATE/ready.
+"""
+import argparse
+import ctypes
+import os
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--state", required=True)
+parser.add_argument("--ucx-libdir")
+parser.add_argument("--leak-mb-per-min", type=float, default=0.0)
+parser.add_argument("--chunk-kb", type=int, default=1024)
+args = parser.parse_args()
+os.makedirs(args.state, exist_ok=True)
+libc = ctypes.CDLL(None, use_errno=True)
+
+if args.ucx_libdir:
+    for name in ("libucs.so.0", "libuct.so.0", "libucp.so.0"):
+        ctypes.CDLL(os.path.join(args.ucx_libdir, name), mode=os.RTLD_GLOBAL)
+    ucs = ctypes.CDLL(os.path.join(args.ucx_libdir, "libucs.so.0"))
+    ucp = ctypes.CDLL(os.path.join(args.ucx_libdir, "libucp.so.0"))
+    major, minor, release = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+    ucp.ucp_get_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(release))
+    config = ctypes.c_void_p()
+    status = ucp.ucp_config_read(None, None, ctypes.byref(config))
+    if status != 0:
+        raise SystemExit("ucp_config_read failed: %d" % status)
+    params = (ctypes.c_uint64 * 64)()  # ucp_params_t, zeroed
+    params[0] = 1  # field_mask = UCP_PARAM_FIELD_FEATURES
+    params[1] = 1 | 2  # features = UCP_FEATURE_TAG | UCP_FEATURE_RMA
+    context = ctypes.c_void_p()
+    ucp.ucp_init_version.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    status = ucp.ucp_init_version(major.value, minor.value, ctypes.byref(params), config, ctypes.byref(context))
+    if status != 0:
+        raise SystemExit("ucp_init failed: %d" % status)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    stream = libc.fopen(os.path.join(args.state, "ucx-config.txt").encode(), b"w")
+    ucs.ucs_config_parser_print_all_opts.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p]
+    config_list = ctypes.c_char.in_dll(ucs, "ucs_config_global_list")
+    ucs.ucs_config_parser_print_all_opts(stream, b"UCX_", 1, ctypes.addressof(config_list))  # PRINT_CONFIG
+    libc.fclose(stream)
+    with open(os.path.join(args.state, "ucx-version"), "w") as f:
+        f.write("%d.%d.%d\n" % (major.value, minor.value, release.value))
+
+with open(os.path.join(args.state, "ready.tmp"), "w") as f:
+    f.write("%d\n" % os.getpid())
+os.rename(os.path.join(args.state, "ready.tmp"), os.path.join(args.state, "ready"))
+
+if args.leak_mb_per_min <= 0:
+    while True:
+        time.sleep(3600)
+
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS = 1, 2, 0x02, 0x20
+chunk = args.chunk_kb * 1024
+rate = args.leak_mb_per_min * 1024 * 1024 / 60.0  # bytes per second
+started = time.monotonic()
+leaked = 0
+while True:
+    # Time-based: after t seconds exactly rate * t bytes are mapped and touched, whatever the jitter.
+    while leaked + chunk <= rate * (time.monotonic() - started):
+        addr = libc.mmap(None, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise SystemExit("mmap failed: errno %d" % ctypes.get_errno())
+        ctypes.memset(addr, 1, chunk)  # touch every page: anonymous RSS
+        libc.mprotect(addr, 4096, PROT_READ)  # a read-only first page keeps each chunk its own mapping
+        leaked += chunk
+    time.sleep(0.05)
+'''
+
+_WORKER_UNIT = """[Unit]
+Description=fleetops lab worker {name} (a UCX process, like a vLLM/NIXL decode worker)
+After=network.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 {script} --state {state}{extra}
+Restart=on-failure
+RestartSec=1
+{environment}
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def ucx_libdir(version: str = UCX_WHEEL_VERSION) -> str:
+    """Where install_ucx puts UCX's libraries inside a lab host."""
+    return UCX_SITE.format(version=version) + "/libucx/lib"
+
+
+def ensure_ucx_wheel(version: str = UCX_WHEEL_VERSION, cache_dir: Path | None = None) -> Path:
+    """The libucx-cu12 wheel of that UCX version, pip-downloaded into the cache on first use."""
+    cache = cache_dir or WHEEL_CACHE
+    pattern = f"{UCX_WHEEL_PROJECT.replace('-', '_')}-{version}-*.whl"
+    found = sorted(cache.glob(pattern))
+    if found:
+        return found[-1]
+    cache.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+        "-q", "-d", str(cache), f"{UCX_WHEEL_PROJECT}=={version}",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+    found = sorted(cache.glob(pattern))
+    if proc.returncode != 0 or not found:
+        detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise LabError(
+            f"Failed to download {UCX_WHEEL_PROJECT}=={version} into {cache}: "
+            + (detail[-1] if detail else f"pip exit {proc.returncode}")
+        )
+    return found[-1]
+
+
+def install_ucx(lab: Lab, host: str, version: str = UCX_WHEEL_VERSION) -> str:
+    """Unpack the UCX wheel into a lab host as pip would (no static libraries); returns its lib dir."""
+    root = lab.host_root(host)
+    site = root / UCX_SITE.format(version=version).lstrip("/")
+    if (site / "libucx/lib/libucs.so.0").exists():
+        return ucx_libdir(version)
+    wheel = ensure_ucx_wheel(version)
+    staging = site.parent / ".site-packages.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir() or info.filename.endswith((".a", ".la")):
+                continue
+            target = staging / info.filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (info.external_attr >> 16) & 0o777
+            os.chmod(target, mode or 0o644)
+    for path in [staging, *staging.rglob("*")]:
+        if path.is_dir():
+            os.chmod(path, 0o755)
+    os.chmod(site.parent, 0o755)
+    staging.rename(site)
+    return ucx_libdir(version)
+
+
+def install_worker_service(
+    lab: Lab,
+    host: str,
+    *,
+    name: str = "ucx-worker",
+    ucx: bool = True,
+    ucx_version: str = UCX_WHEEL_VERSION,
+    leak_mb_per_min: float = 0.0,
+    environment: dict[str, str] | None = None,
+    start: bool = True,
+) -> str:
+    """Install (and start) a worker service on a lab host; returns the unit name.
+
+    With ``ucx`` it loads the real UCX (the ``ucx_version`` wheel) and initialises a UCP context, with the
+    default UCX configuration unless ``environment`` sets some. With ``leak_mb_per_min`` it maps
+    and touches that much anonymous memory a minute.
+    """
+    unit = f"{name}.service"
+    extra = ""
+    if ucx:
+        extra += f" --ucx-libdir {install_ucx(lab, host, ucx_version)}"
+    if leak_mb_per_min:
+        extra += f" --leak-mb-per-min {leak_mb_per_min:g}"
+    env_lines = "".join(f'Environment="{k}={v}"\n' for k, v in (environment or {}).items())
+    files = {
+        WORKER_SCRIPT: (_WORKER, "0755"),
+        f"{UNIT_DIR}/{unit}": (
+            _WORKER_UNIT.format(
+                name=name, script=WORKER_SCRIPT, state=WORKER_STATE.format(name=name), extra=extra,
+                environment=env_lines,
+            ),
+            "0644",
+        ),
+    }  # fmt: skip
+    return _install_unit(lab, host, files, unit, start)
+
+
+def worker_pid(lab: Lab, host: str, *, name: str = "ucx-worker", timeout: float = 30.0) -> int:
+    """The pid of the running worker, once it is ready (its UCP context initialised)."""
+    unit = f"{name}.service"
+    state = WORKER_STATE.format(name=name)
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        proc = lab.run(host, f"systemctl show -p MainPID --value {unit}; cat {state}/ready 2>/dev/null")
+        lines = proc.stdout.split()
+        last = proc.stdout.strip()
+        if len(lines) == 2 and lines[0] == lines[1] and lines[0] != "0":
+            return int(lines[0])
+        time.sleep(0.2)
+    status = lab.run(host, f"systemctl status --no-pager -n 20 {unit}").stdout
+    raise LabError(f"Failed to start {unit} on {host}: not ready in {timeout:g} s ({last!r})\n{status}")
+
+
+def worker_ucx_config(lab: Lab, host: str, *, name: str = "ucx-worker") -> dict[str, str]:
+    """UCX's own view of the worker's configuration ({UCX_NAME: value}), as the worker printed it."""
+    text = lab.run(host, f"cat {WORKER_STATE.format(name=name)}/ucx-config.txt", check=True).stdout
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.startswith("UCX_"):
+            values[key] = value
+    return values
+
+
+def remove_worker_service(lab: Lab, host: str, *, name: str = "ucx-worker") -> None:
+    """Undo install_worker_service (the unit, its drop-ins, its state); the UCX files stay."""
+    unit = f"{name}.service"
+    lab.run(
+        host,
+        f"systemctl disable --now {unit}; rm -rf {UNIT_DIR}/{unit} /etc/systemd/system/{unit}.d "
+        f"{WORKER_STATE.format(name=name)}; systemctl daemon-reload; systemctl reset-failed",
+        check=False,
+    )
+
+
+ENV_DROP_IN = "/etc/systemd/system/{unit}.d/40-fleetops-lab-env.conf"
+
+
+def install_env_dropin(lab: Lab, host: str, unit: str, environment: dict[str, str]) -> str:
+    """Drift: give one host's ``unit`` a different environment (a drop-in, then daemon-reload; no restart).
+
+    Returns the drop-in's path. Values must not need quoting beyond systemd's double quotes.
+    """
+    path = ENV_DROP_IN.format(unit=unit)
+    text = "[Service]\n" + "".join(f'Environment="{k}={v}"\n' for k, v in environment.items())
+    lab.run(
+        host,
+        f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && cat > {shlex.quote(path)} && systemctl daemon-reload",
+        input=text,
+        check=True,
+    )
+    return path
+
+
+def remove_env_dropin(lab: Lab, host: str, unit: str) -> None:
+    """Undo install_env_dropin."""
+    lab.run(host, f"rm -f {shlex.quote(ENV_DROP_IN.format(unit=unit))}; systemctl daemon-reload", check=False)
+
+
+def _install_unit(lab: Lab, host: str, files: dict[str, tuple[str, str]], unit: str, start: bool) -> str:
+    """Write ``files`` ({path: (text, mode)}) on a lab host, then daemon-reload and enable (and start) ``unit``."""
+    for path, (text, mode) in files.items():
+        lab.run(
+            host,
+            f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && cat > {shlex.quote(path)} && chmod {mode} {shlex.quote(path)}",
+            input=text,
+            check=True,
+        )
+    lab.run(
+        host, f"systemctl daemon-reload && systemctl enable {'--now ' if start else ''}{unit}", check=True
+    )
+    return unit

@@ -1,0 +1,1 @@
+"""The only layer that starts ansible or imports the collection's code: runner, inventory, loader."""

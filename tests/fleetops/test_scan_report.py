@@ -1,0 +1,89 @@
+"""The fleetops.scan/v1 contract and exit codes, built from runner task results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetops.ansible.runner import PlaybookRun, TaskResult
+from fleetops.scan import SCHEMA, build_report, exit_code
+
+MEMCG = {
+    "cgroup_version": 1,
+    "scope": "host",
+    "total": 1552,
+    "live": 3,
+    "zombies": 1549,
+    "id_headroom": 63983,
+}
+
+
+def _ok(host: str, findings: list[dict[str, Any]], errors: list[dict[str, str]] | None = None) -> TaskResult:
+    return TaskResult(
+        host=host,
+        status="ok",
+        task="Run all detectors in one module call",
+        action="fleetops.node.node_health",
+        result={"changed": False, "facts": {"memcg": MEMCG}, "findings": findings, "errors": errors or []},
+    )
+
+
+def _run(*results: TaskResult) -> PlaybookRun:
+    run = PlaybookRun(status="successful", rc=0)
+    for r in results:
+        run.tasks.setdefault(r.host, []).append(r)
+    return run
+
+
+WARN = {"check": "zombie_memcg", "severity": "warning", "summary": "1,549 zombies", "data": {"zombies": 1549}}
+INFO = {"check": "zombie_memcg", "severity": "info", "summary": "namespace", "data": {}}
+
+
+def test_contract_keys_and_summary() -> None:
+    unreachable = TaskResult(
+        "lab-09", "unreachable", "t", "fleetops.node.node_health", {"msg": "No route to host"}
+    )
+    failed = TaskResult("lab-08", "failed", "t", "fleetops.node.node_health", {"msg": "boom"})
+    report = build_report(
+        _run(_ok("a", [WARN]), _ok("b", [INFO]), unreachable, failed), started=0, finished=1
+    )
+    assert report["schema"] == SCHEMA
+    assert set(report["hosts"]) == {"a", "b", "lab-08", "lab-09"}
+    a = report["hosts"]["a"]
+    assert a["status"] == "ok"
+    assert a["facts"]["memcg"] == MEMCG
+    assert a["findings"] == [WARN]
+    assert report["hosts"]["lab-09"] == {
+        "status": "unreachable",
+        "msg": "No route to host",
+        "findings": [],
+        "facts": {},
+    }
+    assert report["hosts"]["lab-08"]["status"] == "failed"
+    assert report["summary"] == {
+        "hosts": 4,
+        "ok": 2,
+        "unreachable": 1,
+        "failed": 1,
+        "findings": {"critical": 0, "warning": 1, "info": 1},
+        "errors": 0,
+    }
+    assert exit_code(report) == 3
+
+
+def test_exit_codes() -> None:
+    assert exit_code(build_report(_run(_ok("a", [])), started=0, finished=0)) == 0
+    assert exit_code(build_report(_run(_ok("a", [INFO])), started=0, finished=0)) == 0
+    assert exit_code(build_report(_run(_ok("a", [WARN])), started=0, finished=0)) == 1
+    crit = {**WARN, "severity": "critical"}
+    assert exit_code(build_report(_run(_ok("a", [crit])), started=0, finished=0)) == 1
+    detector_error = [{"check": "zombie_memcg", "msg": "Failed to parse /proc/cgroups: truncated"}]
+    assert exit_code(build_report(_run(_ok("a", [], detector_error)), started=0, finished=0)) == 3
+
+
+def test_host_without_scan_result_is_failed_not_ok() -> None:
+    gather = TaskResult(
+        "a", "failed", "Gathering Facts", "ansible.builtin.gather_facts", {"msg": "no python"}
+    )
+    report = build_report(_run(gather), started=0, finished=0)
+    assert report["hosts"]["a"]["status"] == "failed"
+    assert report["hosts"]["a"]["msg"] == "no python"
