@@ -16,7 +16,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help venv demo test lint sanity unit integration molecule bench bench-scan clean lab-down
+.PHONY: help deps venv demo test lint sanity unit integration molecule bench bench-scan clean lab-down
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
@@ -36,7 +36,11 @@ $(STAMP): pyproject.toml lab/pyproject.toml
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+# The Debian packages the lab and the sanity tests need (root; installs only what is missing, and says so).
+deps:
+	@bash tools/debian-deps.sh
+
+demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
 
 lint: $(STAMP)
@@ -57,7 +61,7 @@ integration: $(STAMP)
 molecule: $(STAMP)
 	bash tests/molecule/run.sh
 
-test: lint sanity
+test: deps lint sanity
 	$(BIN)/pytest -q tests/unit tests/fleetops tests/integration
 	$(MAKE) --no-print-directory molecule
 
