@@ -2,7 +2,7 @@
 # Install the Debian packages that `make demo` and `make test` need, once, saying what it installs.
 #   systemd-container  systemd-nspawn: the lab's hosts
 #   debootstrap        the lab's Debian rootfs
-#   shellcheck         ansible-test sanity's shellcheck test (silently skipped without it)
+#   the shellcheck package: ansible-test sanity's shellcheck test (silently skipped without it)
 #   iproute2           the lab's bridge, veth pairs and network namespaces
 #   openssh-client     ssh to the lab hosts (ansible's ssh connection)
 #   ca-certificates    pip over TLS
