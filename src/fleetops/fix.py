@@ -25,21 +25,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetops.ansible import facts
+
 ACTIONABLE = ("warning", "critical")
-UCX_FIXES: dict[str, dict[str, str]] = {
-    "hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"},
-    "rcache-bound": {"UCX_RCACHE_MAX_UNRELEASED": "1024"},
-}
+
+
+def ucx_fixes() -> dict[str, dict[str, str]]:
+    """The UCX environment fixes by name (plugins/module_utils/ucx.py FIXES)."""
+    return facts.ucx_fixes()
 
 
 def _too_many_zombies(data: dict[str, Any]) -> bool:
     """A count-based zombie finding (not growth alone): known zombies over the warning, or IDs running out."""
     thresholds = data.get("thresholds") or {}
     zombies = data.get("zombies")
-    if zombies is not None and zombies >= thresholds.get("zombie_warning", 1000):
+    if zombies is not None and zombies >= thresholds.get("zombie_warning", facts.zombie_warning_default()):
         return True
     pct = data.get("id_headroom_pct")
-    return pct is not None and pct < thresholds.get("headroom_critical_pct", 20.0)
+    return pct is not None and pct < thresholds.get(
+        "headroom_critical_pct", facts.headroom_critical_pct_default()
+    )
 
 
 def _ucx_fix(
@@ -90,14 +95,15 @@ def fix_plan_from_report(
     """``({host: {"disable_units": [...], "reclaim": bool}}, notes)`` for hosts with something to fix.
 
     A host with a UCX finding to fix also gets ``"set_env": [{"unit": ..., "env": {...}}]``
-    (``ucx_fix`` is a key of UCX_FIXES); one whose crash-looping containers were attributed to units gets
+    (``ucx_fix`` is a key of ucx_fixes()); one whose crash-looping containers were attributed to units gets
     ``"containers": {unit: [container, ...]}`` (those units are in ``disable_units``).
 
     Protected units are not filtered here: disable_unit refuses them on the host (built-in list plus
     --protected), which fails that host and so stops the rollout for a human to look.
     """
-    if ucx_fix not in UCX_FIXES:
-        raise ValueError(f"unknown UCX fix {ucx_fix!r} (one of {', '.join(UCX_FIXES)})")
+    fixes = ucx_fixes()
+    if ucx_fix not in fixes:
+        raise ValueError(f"unknown UCX fix {ucx_fix!r} (one of {', '.join(fixes)})")
     plan: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for host, entry in sorted(report["hosts"].items()):
@@ -128,7 +134,7 @@ def fix_plan_from_report(
             elif finding["check"] == "crashloop_container":
                 _container_fix(host, finding["data"], units, containers, notes)
             elif finding["check"] == "ucx_mmap_hooks":
-                _ucx_fix(host, finding["data"], UCX_FIXES[ucx_fix], set_env, notes)
+                _ucx_fix(host, finding["data"], fixes[ucx_fix], set_env, notes)
         if units:
             reclaim = True
         set_env = [entry for entry in set_env if entry["unit"] not in units]

@@ -1,7 +1,7 @@
 """Prometheus textfile-collector output for a scan (node_exporter's --collector.textfile.directory).
 
 The Pinterest lesson was "keep metrics for rare transient events": zombie counts, ID headroom and
-findings are exactly that, per host, at every scan. Written atomically by prometheus_client.
+findings are exactly that, per host, at every scan. Written atomically (fleetops.util.atomic_write).
 """
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
-from fleetops.scan import SEVERITIES
+from fleetops.ansible.facts import severities
+from fleetops.util import atomic_write
 
 PREFIX = "fleetops"
 
@@ -77,7 +79,7 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
             if memcg.get(key) is not None:
                 g.labels(host).set(memcg[key])
         if entry["status"] == "ok":
-            counts = dict.fromkeys(SEVERITIES, 0)
+            counts = dict.fromkeys(severities(), 0)
             for f in entry["findings"]:
                 counts[f["severity"]] = counts.get(f["severity"], 0) + 1
             for sev, n in counts.items():
@@ -132,7 +134,7 @@ def _hardware_gauges(
         cpu_kernel.labels(host).set(float(cpu["max_kernel_pct"]))
     gpu = facts.get("gpu")
     if gpu is not None:
-        by_severity = dict.fromkeys(SEVERITIES, 0)
+        by_severity = dict.fromkeys(severities(), 0)
         for entry in (gpu.get("xid") or {}).values():
             by_severity[entry["severity"]] = by_severity.get(entry["severity"], 0) + int(entry["count"])
         for severity, count in by_severity.items():
@@ -146,4 +148,4 @@ def _hardware_gauges(
 
 def write_textfile(report: dict[str, Any], path: Path) -> None:
     """Write the report's metrics to PATH atomically (a temp file renamed into place)."""
-    write_to_textfile(str(path), build_registry(report))
+    atomic_write(path, generate_latest(build_registry(report), openmetrics.ALLOWUTF8))

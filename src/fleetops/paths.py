@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -47,3 +48,16 @@ def collections_path() -> Path | None:
 def default_inventory() -> Path | None:
     root = collection_root()
     return None if root is None else root / "inventory" / "localhost.yml"
+
+
+def resolve_inventories(given: Sequence[Path] | None) -> list[Path]:
+    """The inventories to use: those given, else this checkout's localhost inventory (the one default)."""
+    inventories = list(given or [])
+    if not inventories:
+        default = default_inventory()
+        if default is None:
+            from fleetops.errors import UsageError
+
+            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
+        inventories = [default]
+    return inventories

@@ -7,7 +7,6 @@ The report is the JSON contract ``fleetops.scan/v1`` that every other command re
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,18 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from fleetops.ansible import facts
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError
+from fleetops.exitcodes import ExitCode
+from fleetops.util import atomic_write
 
 SCHEMA = "fleetops.scan/v1"
 SCAN_PLAYBOOK = "fleetops.node.scan"
 SCAN_ACTIONS = {"fleetops.node.node_health", "node_health"}
-SEVERITIES = ("critical", "warning", "info")
-
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_USAGE = 2
-EXIT_HOSTS = 3
 
 # Default forks: min(targeted hosts, MAX_FORKS). ansible-playbook itself starts
 # min(forks, hosts in the play) workers (TaskQueueManager._initialize_processes), so passing the cap
@@ -46,9 +42,10 @@ class ScanOptions:
     limit: str | None = None
     checks: Sequence[str] | None = None
     sample_seconds: float = 0.0
-    zombie_warning: int = 1000
-    zombie_critical: int = 20000
-    headroom_critical_pct: float = 20.0
+    # defaults: the zombie_memcg detector's own (plugins/module_utils/memcg.py DEFAULT_THRESHOLDS)
+    zombie_warning: int = field(default_factory=facts.zombie_warning_default)
+    zombie_critical: int = field(default_factory=facts.zombie_critical_default)
+    headroom_critical_pct: float = field(default_factory=facts.headroom_critical_pct_default)
     forks: int | None = None  # None: min(targeted hosts, MAX_FORKS)
     host_timeout: int = 120
     extravars: dict[str, Any] = field(default_factory=dict)
@@ -130,7 +127,7 @@ def build_report(
 
 
 def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    findings = dict.fromkeys(SEVERITIES, 0)
+    findings = dict.fromkeys(facts.severities(), 0)
     status = {"ok": 0, "unreachable": 0, "failed": 0}  # plus not_scanned, in an interrupted scan
     errors = 0
     for entry in hosts.values():
@@ -142,15 +139,15 @@ def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"hosts": len(hosts), **status, "findings": findings, "errors": errors}
 
 
-def exit_code(report: dict[str, Any]) -> int:
+def exit_code(report: dict[str, Any]) -> ExitCode:
     """3 if any host was unreachable/failed/not scanned (or a detector could not run), else 1 on
     warning/critical, else 0. (The CLI exits 130 for an interrupted scan whatever this says.)"""
     s = report["summary"]
     if s["unreachable"] or s["failed"] or s.get("not_scanned") or s.get("errors"):
-        return EXIT_HOSTS
+        return ExitCode.FAILED
     if s["findings"].get("critical") or s["findings"].get("warning"):
-        return EXIT_FINDINGS
-    return EXIT_OK
+        return ExitCode.FINDINGS
+    return ExitCode.OK
 
 
 def run_scan(
@@ -231,12 +228,7 @@ class PartialReport:
 
 def write_report(path: Path, text: str) -> None:
     """Write the report atomically: a reader sees the old file or the whole new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, text)
 
 
 def read_partial(path: Path) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,49 @@
+"""Facts that live once, in the collection's plugins/module_utils, as the controller reads them.
+
+The severity order (``findings.SEVERITIES``), the zombie thresholds' defaults
+(``memcg.DEFAULT_THRESHOLDS``) and the UCX environment fixes (``ucx.FIXES``). Only this layer loads
+the collection's code; scan, planner, fix and the CLI import these names from here.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from fleetops.ansible.collection import module_utils
+
+
+@cache
+def severities() -> tuple[str, ...]:
+    """Severities worst first: ``("critical", "warning", "info")`` (findings.SEVERITIES reversed)."""
+    return tuple(reversed(tuple(module_utils("findings").SEVERITIES)))
+
+
+def severity_rank(severity: str) -> int:
+    """info < warning < critical; unknown names raise ValueError (findings.severity_rank)."""
+    rank: int = module_utils("findings").severity_rank(severity)
+    return rank
+
+
+@cache
+def _thresholds() -> dict[str, Any]:
+    return dict(module_utils("memcg").DEFAULT_THRESHOLDS)
+
+
+def zombie_warning_default() -> int:
+    """Zombie memcgs at which the scan warns (and reclaim acts): memcg.DEFAULT_THRESHOLDS."""
+    return int(_thresholds()["zombie_warning"])
+
+
+def zombie_critical_default() -> int:
+    return int(_thresholds()["zombie_critical"])
+
+
+def headroom_critical_pct_default() -> float:
+    return float(_thresholds()["headroom_critical_pct"])
+
+
+@cache
+def ucx_fixes() -> dict[str, dict[str, str]]:
+    """``{"hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "rcache-bound": {...}}`` (ucx.FIXES)."""
+    return {name: dict(env) for name, env in module_utils("ucx").FIXES.items()}

@@ -1,0 +1,14 @@
+"""The exit codes of every fleetops command (one list, used by the CLI and the library's results)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0  # clean / done
+    FINDINGS = 1  # warning or critical findings (scan), drift found (drift)
+    USAGE = 2  # bad command line, configuration or input file
+    FAILED = 3  # a host unreachable or failed, a detector could not run, the rollout stopped
+    LOCKED = 4  # hosts locked (lock file or EC2 lease) by another rollout
+    INTERRUPTED = 130  # Ctrl-C / SIGINT
