@@ -7,6 +7,8 @@ import io
 import json
 import os
 import signal
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +16,16 @@ import pytest
 from rich.console import Console
 
 from fleetops.ansible.inventory import InventoryHost
-from fleetops.ansible.runner import TaskResult
-from fleetops.cli.remediate import FailureBudget
-from fleetops.rollout.engine import (
-    Engine,
-    HostLocks,
-    LockError,
-    Rollout,
-    RolloutError,
-    _ssh_params,
-    generic_gate,
-    host_outcome,
-    new_rollout,
-)
+from fleetops.ansible.runner import PlaybookRun, TaskResult
+from fleetops.cli.progress import ConsoleObserver
+from fleetops.cli.remediate import _failure_budget
+from fleetops.rollout.budget import FailureBudget
+from fleetops.rollout.engine import Engine
+from fleetops.rollout.gate import generic_gate
+from fleetops.rollout.locks import HostLocks, LockError
+from fleetops.rollout.outcome import HostOutcome, host_outcome
+from fleetops.rollout.preflight import _ssh_params
+from fleetops.rollout.state import Rollout, RolloutError, new_rollout
 
 
 def _rollout(tmp_path: Path, hosts: list[list[str]]) -> Rollout:
@@ -46,8 +45,13 @@ def _rollout(tmp_path: Path, hosts: list[list[str]]) -> Rollout:
 def test_state_round_trips_and_rejects_foreign_files(tmp_path: Path) -> None:
     r = _rollout(tmp_path, [["a"], ["b", "c"]])
     r.hosts["a"] = "done"
-    r.results["a"] = {"status": "ok", "changed": True, "before": {"boot_id": "x"}}
+    r.results["a"] = HostOutcome(status="ok", changed=True, before={"boot_id": "x"})
     r.save()
+    assert json.loads((tmp_path / "state.json").read_text())["results"]["a"] == {
+        "status": "ok",
+        "changed": True,
+        "before": {"boot_id": "x"},
+    }
     back = Rollout.load(tmp_path / "state.json")
     assert back.hosts == {"a": "done", "b": "pending", "c": "pending"}
     assert back.results == r.results
@@ -94,8 +98,10 @@ def test_failure_budget(text: str, hosts: int, tolerated: int) -> None:
 def test_failure_budget_rejects(bad: str) -> None:
     import argparse
 
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(ValueError, match="not a host count >= 0 or a percentage 0-100%"):
         FailureBudget.parse(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="not a host count"):
+        _failure_budget(bad)  # the CLI's --max-failures type
 
 
 CRIT = {
@@ -126,12 +132,12 @@ def _slurp(host: str, boot: str) -> TaskResult:
 def test_host_outcome_reads_boot_ids_even_when_the_reboot_failed() -> None:
     reboot = TaskResult("a", "ok", "Reboot", "ansible.builtin.reboot", {"changed": True, "rebooted": True})
     out = host_outcome([_slurp("a", "b1\n"), reboot, _slurp("a", "b2\n")], ("ansible.builtin.reboot",))
-    assert out["status"] == "ok" and out["changed"] is True
-    assert out["before"] == {"boot_id": "b1"} and out["after"] == {"boot_id": "b2"}
+    assert out.status == "ok" and out.changed is True
+    assert out.before == {"boot_id": "b1"} and out.after == {"boot_id": "b2"}
     timed_out = TaskResult("a", "failed", "Reboot", "ansible.builtin.reboot", {"msg": "Timed out waiting"})
     out = host_outcome([_slurp("a", "b1"), timed_out], ("ansible.builtin.reboot",))
-    assert out["status"] == "failed" and out["msg"] == "Timed out waiting"
-    assert out["before"] == {"boot_id": "b1"}  # what a resume needs to tell whether it rebooted
+    assert out.status == "failed" and out.msg == "Timed out waiting"
+    assert out.before == {"boot_id": "b1"}  # what a resume needs to tell whether it rebooted
 
 
 def test_ssh_params_from_hostvars() -> None:
@@ -157,49 +163,80 @@ def test_ssh_params_from_hostvars() -> None:
 
 
 def test_fix_reports_the_hosts_that_still_need_a_reboot(tmp_path: Path) -> None:
-    from fleetops.cli.remediate import needs_reboot
+    from fleetops.api import needs_reboot
 
     r = _rollout(tmp_path, [["a", "b", "c"]])
-    r.results["a"] = {
-        "status": "ok",
-        "result": {"tasks": [{"changed": True}, {"needs_reboot": True, "freed": 3}]},
-    }
-    r.results["b"] = {"status": "ok", "result": {"needs_reboot": False, "freed": 1500}}
-    r.results["c"] = {"status": "failed", "msg": "unreachable"}
+    r.results["a"] = HostOutcome(
+        status="ok", result={"tasks": [{"changed": True}, {"needs_reboot": True, "freed": 3}]}
+    )
+    r.results["b"] = HostOutcome(status="ok", result={"needs_reboot": False, "freed": 1500})
+    r.results["c"] = HostOutcome(status="failed", msg="unreachable")
     assert needs_reboot(r) == ["a"]
 
 
-# ---- Ctrl-C, progress, named --break-lock (the engine with its playbook runs stubbed: no hosts here)
+# ---- Ctrl-C, progress, named --break-lock: the engine with a fake batch runner and scanner (no hosts
+# here); the Ctrl-C handling is the API's (fleetops.api._ctrl_c), the progress the CLI's observer.
 
 
-class _Stubbed(Engine):
-    """The engine with runner and scan replaced: every host succeeds; ``on_batch`` runs mid-batch."""
+class FakeRunner:
+    """A batch runner whose every host succeeds (the remediation task changed); ``on_batch`` runs mid-batch."""
 
-    on_batch: Any = None
+    def __init__(self) -> None:
+        self.on_batch: Callable[[int], None] | None = None
+        self.batches: list[list[str]] = []
+        self.rollout: Rollout | None = None
 
-    def _run_batch(self, hosts: Any, extravars: Any, check: Any = None) -> dict[str, dict[str, Any]]:
-        if self.on_batch is not None:
+    def __call__(
+        self,
+        hosts: Sequence[str],
+        extravars: dict[str, Any],
+        *,
+        check: bool,
+        on_result: Callable[[TaskResult], None] | None,
+        cancel: threading.Event | None,
+    ) -> PlaybookRun:
+        self.batches.append(list(hosts))
+        if self.on_batch is not None and self.rollout is not None:
             self.on_batch(len(self.rollout.batches))
-        return {h: {"status": "ok", "changed": True, "result": {}} for h in hosts}
+        run = PlaybookRun(status="successful", rc=0)
+        for host in hosts:
+            tr = TaskResult(host, "ok", "x", "x", {"changed": True})
+            run.tasks[host] = [tr]
+            if on_result is not None:
+                on_result(tr)
+        return run
 
-    def _scan(self, hosts: Any) -> dict[str, dict[str, Any]]:
-        return {h: {"status": "ok", "findings": []} for h in hosts}
+
+def fake_scanner(hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
+    return {h: {"status": "ok", "findings": []} for h in hosts}
 
 
-def _engine(tmp_path: Path, batches: list[list[str]]) -> tuple[_Stubbed, io.StringIO]:
+def _engine(
+    tmp_path: Path, batches: list[list[str]], terminal: bool = False
+) -> tuple[Engine, FakeRunner, io.StringIO]:
     out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=200)
+    observer = ConsoleObserver(Console(file=out, force_terminal=terminal, width=200))
     rollout = _rollout(tmp_path, batches)
-    return _Stubbed(rollout=rollout, playbook="x", actions=("x",), gate_check=None, console=console), out
+    runner = FakeRunner()
+    runner.rollout = rollout
+    engine = Engine(rollout=rollout, actions=("x",), runner=runner, scanner=fake_scanner, observer=observer)
+    return engine, runner, out
+
+
+def _run(engine: Engine) -> Rollout:
+    from fleetops.api import _ctrl_c
+
+    with _ctrl_c(engine, engine.observer):
+        return engine.run()
 
 
 def test_first_ctrl_c_finishes_the_batch_then_stops_with_the_state_saved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
-    engine, out = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
-    engine.on_batch = lambda n: os.kill(os.getpid(), signal.SIGINT) if n == 2 else None
-    rollout = engine.run()
+    engine, runner, out = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
+    runner.on_batch = lambda n: os.kill(os.getpid(), signal.SIGINT) if n == 2 else None
+    rollout = _run(engine)
     assert rollout.status == "interrupted"
     assert rollout.hosts == {"a": "done", "b": "done", "c": "done", "d": "pending"}  # batch 2 completed
     saved = Rollout.load(tmp_path / "state.json")
@@ -211,24 +248,25 @@ def test_first_ctrl_c_finishes_the_batch_then_stops_with_the_state_saved(
     assert "progress: batch 2/3 finished: batches done 2/3, hosts finished 3/4, failed 0" in text
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
     # --resume goes on from there
-    resumed, _ = _engine(tmp_path, [])
-    resumed.rollout = saved
-    assert resumed.run().status == "done" and set(saved.hosts.values()) == {"done"}
+    resumed, again, _ = _engine(tmp_path, [])
+    resumed.rollout = again.rollout = saved
+    assert _run(resumed).status == "done" and set(saved.hosts.values()) == {"done"}
+    assert again.batches == [["d"]]  # only what was left
 
 
 def test_second_ctrl_c_aborts_the_batch_and_leaves_its_hosts_in_doubt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
-    engine, _ = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
+    engine, runner, _ = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
 
     def twice(n: int) -> None:
         if n == 2:
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
 
-    engine.on_batch = twice
-    rollout = engine.run()
+    runner.on_batch = twice
+    rollout = _run(engine)
     assert rollout.status == "interrupted"
     saved = Rollout.load(tmp_path / "state.json")
     # b and c were in flight: kept "running", which --resume probes before acting (as after a kill)
@@ -239,11 +277,12 @@ def test_second_ctrl_c_aborts_the_batch_and_leaves_its_hosts_in_doubt(
 
 def test_progress_is_a_transient_line_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
-    engine, out = _engine(tmp_path, [["a"], ["b"]])
-    engine.console = Console(file=out, force_terminal=True, width=200)
+    engine, runner, out = _engine(tmp_path, [["a"], ["b"]], terminal=True)
+    observer = engine.observer
+    assert isinstance(observer, ConsoleObserver)
     seen: list[str] = []
-    engine.on_batch = lambda n: seen.append(engine.progress._describe() if engine.progress else "")
-    assert engine.run().status == "done"
+    runner.on_batch = lambda n: seen.append(observer.describe())
+    assert _run(engine).status == "done"
     assert seen == ["batches 0/2 · in flight 1 (a) · failed 0", "batches 1/2 · in flight 1 (b) · failed 0"]
     assert "progress:" not in out.getvalue()  # no plain lines on a terminal
 
