@@ -10,7 +10,8 @@ The facts compared come from what the scan already returns (one module call per 
 the enabled units and the ``Environment=`` of the key services (``unexpected_unit``), the
 kernel and OS (``facts.host``), the UCX versions in use (``ucx_mmap_hooks``) and the zombie
 memcg level (``zombie_memcg``), bucketed by order of magnitude so that noise is not drift.
-The JSON form is the contract ``fleetops.drift/v1``. Pure: no I/O but ``load_unit_allowlist``.
+The JSON form is the contract ``fleetops.drift/v1``. Pure: no I/O but ``load_unit_allowlist``;
+the table for people is ``fleetops.cli.render.render_drift``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
-from rich.table import Table
 
 from fleetops.errors import UsageError
+from fleetops.exitcodes import ExitCode
 
 SCHEMA = "fleetops.drift/v1"
 SCAN_SCHEMA = "fleetops.scan/v1"
@@ -42,9 +42,9 @@ NOT_ENABLED = "not enabled"
 UNSET = "unset"
 UNKNOWN_GROUP = "(unknown)"
 
-EXIT_OK = 0
-EXIT_DRIFT = 1
-EXIT_HOSTS = 3
+EXIT_OK = ExitCode.OK
+EXIT_DRIFT = ExitCode.FINDINGS
+EXIT_HOSTS = ExitCode.FAILED
 
 # One drift item: {"fact", "label", "majority", "majority_hosts", "hosts", "tie", "odd": {host: value}}
 Item = dict[str, Any]
@@ -269,7 +269,7 @@ def build_drift(
     }
 
 
-def exit_code(drift: Mapping[str, Any]) -> int:
+def exit_code(drift: Mapping[str, Any]) -> ExitCode:
     """3 when a host could not be compared (unreachable, failed), else 1 on any drift, else 0."""
     if drift["not_compared"]:
         return EXIT_HOSTS
@@ -294,61 +294,3 @@ def load_unit_allowlist(path: Path) -> list[str]:
             "(or a group_vars file with fleetops_unit_allowlist)"
         )
     return [p.strip() for p in data]
-
-
-# ------------------------------------------------------------------------------------- rendering
-
-
-def _odd_text(odd: Mapping[str, str]) -> str:
-    return ", ".join(f"{h}: {v}" for h, v in odd.items())
-
-
-def render_drift(drift: Mapping[str, Any], console: Console) -> None:
-    """The drift report for people: fleet-wide odd hosts, then per group, then between groups."""
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
-    s = drift["summary"]
-    dims = ", ".join(f"{d} ({len(drift['groups'][d])})" for d in drift["group_by"] if d in drift["groups"])
-    console.print(
-        f"fleetops drift: {s['compared']} host(s) compared, {s['not_compared']} not compared; "
-        f"{s['facts_compared']} facts; grouped by {dims or 'nothing'}"
-    )
-    for dim, why in drift["skipped_dimensions"].items():
-        console.print(f"  [dim]{dim}: not grouped: {why}[/]")
-
-    def table(title: str, items: list[Item]) -> None:
-        t = Table(title=title, title_justify="left", show_lines=False)
-        for col in ("fact", "majority", "hosts that differ"):
-            t.add_column(col)
-        for item in items:
-            maj = f"{item['majority']} ({item['majority_hosts']}/{item['hosts']}{', tie' if item['tie'] else ''})"
-            t.add_row(item["label"], maj, f"[yellow]{_odd_text(item['odd'])}[/]")
-        console.print(t)
-
-    if drift["fleet"]:
-        table("fleet-wide", drift["fleet"])
-    for dim, by_name in drift["groups"].items():
-        for name, body in by_name.items():
-            if body["drift"]:
-                table(f"{dim}={name} ({len(body['hosts'])} hosts)", body["drift"])
-        rows = drift["between_groups"].get(dim) or []
-        if rows:
-            names = list(by_name)
-            t = Table(title=f"between {dim} groups", title_justify="left")
-            t.add_column("fact")
-            for name in names:
-                t.add_column(name)
-            for row in rows:
-                t.add_row(row["label"], *(row["groups"].get(n, "-") for n in names))
-            console.print(t)
-    for h, info in drift["not_compared"].items():
-        console.print(f"  [bold red]not compared[/] {h}: {info['status']} {info['msg']}".rstrip())
-    if drift["odd_hosts"]:
-        console.print("[bold]odd hosts:[/]")
-        for h, notes in drift["odd_hosts"].items():
-            seen: dict[str, str] = {}
-            for n in notes:
-                seen.setdefault(n["label"], f"{n['value']} (others: {n['majority']})")
-            console.print(f"  [yellow]{h}[/]: " + "; ".join(f"{k} {v}" for k, v in seen.items()))
-    elif not drift["summary"]["drifting_facts"]:
-        console.print("[green]no drift[/]")

@@ -12,6 +12,7 @@ import yaml
 from rich.console import Console
 
 from fleetops import drift
+from fleetops.cli.render import render_drift
 from fleetops.errors import UsageError
 from tests.helpers import fleetops
 
@@ -194,12 +195,12 @@ def test_input_report_is_not_modified() -> None:
 
 def test_render_table_names_the_odd_host() -> None:
     console = Console(record=True, width=200, force_terminal=False)
-    drift.render_drift(drift.build_drift(odd_fleet(), HOSTVARS), console)
+    render_drift(drift.build_drift(odd_fleet(), HOSTVARS), console)
     text = console.export_text()
     assert "fleet-wide" in text and "unit ecs.service" in text and "not enabled (3/4)" in text
     assert "unit ecs.service enabled (others: not enabled)" in text and "  h2: " in text
     console = Console(record=True, width=200)
-    drift.render_drift(drift.build_drift(report({h: entry() for h in AZ}), HOSTVARS), console)
+    render_drift(drift.build_drift(report({h: entry() for h in AZ}), HOSTVARS), console)
     assert "no drift" in console.export_text()
 
 

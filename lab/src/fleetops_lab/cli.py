@@ -11,7 +11,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from fleetops.errors import FleetopsError
+from fleetops.cli.errors import run_main
 from fleetops_lab.core import DEFAULT_HOSTS, MAX_HOSTS, Lab, LabHost, host_index
 from fleetops_lab.errors import LabError
 
@@ -141,14 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.required = True
     add_commands(sub)
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except FleetopsError as exc:
-        print(f"fleetops-lab: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("fleetops-lab: interrupted", file=sys.stderr)
-        return 130
+    return run_main("fleetops-lab", lambda: int(args.func(args)))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ from typing import Any
 from rich.console import Console
 from rich.rule import Rule
 
-from fleetops import paths
-from fleetops.cli import main as cli_main
-from fleetops.cli.render import render_scan
+from fleetops import api
+from fleetops.cli.errors import run_main
+from fleetops.cli.progress import ConsoleObserver
+from fleetops.cli.remediate import print_summary
+from fleetops.cli.render import render_drift, render_scan
 from fleetops.errors import FleetopsError
-from fleetops.scan import ScanOptions, exit_code, run_scan
 from fleetops_lab import Lab
 from fleetops_lab.faults import create_zombie_memcgs
 from fleetops_lab.host_faults import (
@@ -32,24 +33,32 @@ from fleetops_lab.host_faults import (
 )
 
 console = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 ZOMBIES = 1500
 LAB_HOSTS = 3
 
 
-def _scan(title: str, opts: ScanOptions) -> dict[str, Any]:
+def _scan(title: str, request: api.ScanRequest) -> dict[str, Any]:
     console.print(Rule(title))
     started = time.monotonic()
-    report = run_scan(opts)
-    render_scan(report, console)
+    result = api.scan(request)
+    render_scan(result.report, console)
     console.print(
-        f"[dim]scan took {time.monotonic() - started:.1f}s; exit code would be {exit_code(report)}[/]"
+        f"[dim]scan took {time.monotonic() - started:.1f}s; exit code would be {int(result.exit_code)}[/]"
     )
-    return report
+    return result.report
 
 
 def _localhost() -> list[Path]:
-    inv = paths.default_inventory()
-    return [inv] if inv is not None else []
+    return api.default_inventories()
+
+
+def _remediate(request: api.RemediationRequest) -> int:
+    """A remediation through the library, shown as `fleetops remediate` shows it."""
+    result = api.remediate(request, ConsoleObserver(stderr))
+    if result.rollout is not None:
+        print_summary(result.rollout, console)
+    return int(result.exit_code)
 
 
 def _zombies(report: dict[str, Any], host: str) -> Any:
@@ -72,41 +81,48 @@ def _ucx_incident(lab: Lab, inventory: Path) -> None:
         )
     _scan(
         "13. scan: the leaking setup is a warning on UCX 1.19, only info on 1.22 (fixed upstream in 1.21)",
-        ScanOptions(inventory=[inventory]),
+        api.ScanRequest(inventory=[inventory]),
     )
     console.print(
         Rule(
             "14. fleetops remediate set-env --env UCX_MEM_MMAP_HOOK_MODE=none --restart --apply: drop-in, restart"
         )
     )
-    rc = cli_main(
-        ["remediate", "set-env", "--unit", "ucx-worker", "--env", "UCX_MEM_MMAP_HOOK_MODE=none", "--restart",
-         "-i", str(inventory), "--limit", ",".join(hosts), "--max-parallel", "1", "--apply"]
-    )  # fmt: skip
+    rc = _remediate(
+        api.RemediationRequest(
+            action="set-env",
+            params={"unit": "ucx-worker", "env": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "restart": True},
+            inventory=[inventory],
+            limit=",".join(hosts),
+            max_parallel=1,
+            apply=True,
+        )
+    )
     console.print(f"[dim]remediate exit code {rc}[/]")
-    _scan("15. rescan: no UCX process runs with the leaking setup", ScanOptions(inventory=[inventory]))
+    _scan("15. rescan: no UCX process runs with the leaking setup", api.ScanRequest(inventory=[inventory]))
     console.print(
         Rule("16. fleetops drift: the hosts are meant to be identical; what differs now, and on which host")
     )
-    rc = cli_main(["drift", "-q", "-i", str(inventory)])
-    console.print(f"[dim]drift exit code {rc} (1: drift found)[/]")
+    drift = api.drift(api.DriftRequest(inventory=[inventory]))
+    render_drift(drift.document, Console(highlight=False, soft_wrap=True))
+    console.print(f"[dim]drift exit code {int(drift.exit_code)} (1: drift found)[/]")
 
 
 def run_demo() -> int:
     if os.geteuid() != 0:
         raise FleetopsError("make demo needs root: it creates memory cgroups and boots lab hosts")
-    before = _scan("1. this machine, as it is", ScanOptions())
+    before = _scan("1. this machine, as it is", api.ScanRequest())
     console.print(Rule(f"2. inject {ZOMBIES:,} real zombie memory cgroups (mkdir, charge page cache, rmdir)"))
     with create_zombie_memcgs(ZOMBIES) as batch:
         console.print(f"created {batch.count:,} dying memory cgroups, pinned by their page cache")
-        during = _scan("3. scan finds them", ScanOptions())
+        during = _scan("3. scan finds them", api.ScanRequest())
         console.print(
             f"zombies: {_zombies(before, 'localhost')} -> {_zombies(during, 'localhost')} "
             f"(expected about {ZOMBIES:,} more)"
         )
     console.print(Rule("4. release: delete the files that pin them, so the kernel can free them"))
     time.sleep(2)
-    _scan("5. rescan after the release", ScanOptions())
+    _scan("5. rescan after the release", api.ScanRequest())
 
     lab = Lab()
     console.print(Rule(f"6. boot a lab fleet of {LAB_HOSTS} systemd-nspawn hosts"))
@@ -115,7 +131,7 @@ def run_demo() -> int:
         inventory = lab.inventory_path()
         _scan(
             "7. scan the lab fleet and this machine over ssh (lab hosts see a cgroup namespace)",
-            ScanOptions(inventory=[inventory, *_localhost()]),
+            api.ScanRequest(inventory=[inventory, *_localhost()]),
         )
         console.print(
             Rule("8. the Pinterest incident: the image enabled ecs.service on lab-01; it crash loops")
@@ -125,12 +141,16 @@ def run_demo() -> int:
         time.sleep(8)
         _scan(
             "9. scan with two samples 10 s apart: the loop, its rate, the memcgs piling up, the culprit",
-            ScanOptions(inventory=[inventory], sample_seconds=10),
+            api.ScanRequest(inventory=[inventory], sample_seconds=10),
         )
         console.print(Rule("10. fleetops remediate fix --apply: turn the culprit off for good, then reclaim"))
-        rc = cli_main(["remediate", "fix", "-i", str(inventory), "--sample-seconds", "5", "--apply"])
+        rc = _remediate(
+            api.RemediationRequest(
+                action="fix", params={"sample_seconds": 5}, inventory=[inventory], apply=True
+            )
+        )
         console.print(f"[dim]remediate exit code {rc}[/]")
-        _scan("11. rescan: no crash loop left", ScanOptions(inventory=[inventory], sample_seconds=5))
+        _scan("11. rescan: no crash loop left", api.ScanRequest(inventory=[inventory], sample_seconds=5))
         _ucx_incident(lab, inventory)
     finally:
         console.print(Rule("17. tear the lab down"))
@@ -140,11 +160,7 @@ def run_demo() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run_demo()
-    except FleetopsError as exc:
-        print(f"fleetops demo: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    return run_main("fleetops demo", run_demo)
 
 
 if __name__ == "__main__":

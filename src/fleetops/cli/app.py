@@ -1,84 +1,44 @@
-"""fleetops command line: scan, plan, remediate, report, lab.
+"""fleetops command line: scan, plan, remediate, report, drift.
 
-Exit codes: 0 clean; 1 warning or critical findings; 2 usage or configuration error;
-3 a host unreachable or failed (or a detector could not run); 130 interrupted.
+Exit codes (fleetops.exitcodes.ExitCode): 0 clean; 1 warning or critical findings; 2 usage or
+configuration error; 3 a host unreachable or failed (or a detector could not run); 4 hosts locked;
+130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 from rich.console import Console
 
-from fleetops import __version__, paths
+from fleetops import __version__, api
+from fleetops.ansible import facts
+from fleetops.cli.args import Parser, add_format_arg, add_target_args, percent, positive_int, seconds
+from fleetops.cli.errors import run_main
 from fleetops.cli.render import host_line, render_scan
-from fleetops.errors import FleetopsError, UsageError
-from fleetops.scan import (
-    EXIT_USAGE,
-    MAX_FORKS,
-    PartialReport,
-    ScanOptions,
-    exit_code,
-    run_scan,
-    write_report,
-)
+from fleetops.errors import UsageError
+from fleetops.scan import MAX_FORKS
 
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line and exit 2 (no usage dump)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text.rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 100: {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600: {text!r}")
-    return value
+_Parser = Parser  # the name tests and older callers use
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="fleetops",
         description="Find and fix the hidden faults that break GPU fleets: zombie memory cgroups, "
         "crash loops, UCX memory hooks. Scans run one module call per host through ansible-runner.",
         epilog="Exit codes: 0 clean, 1 warning/critical findings, 2 usage error, 3 host unreachable/failed.",
     )
     parser.add_argument("--version", action="version", version=f"fleetops {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
     scan = sub.add_parser(
@@ -86,18 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="scan hosts for faults (default: this machine)",
         description="Scan hosts: one fleetops.node.node_health call per host, all detectors in one round trip.",
     )
-    scan.add_argument(
-        "-i",
-        "--inventory",
-        action="append",
-        type=Path,
-        metavar="INV",
-        help="inventory file or directory (repeatable; default: the localhost inventory)",
-    )
-    scan.add_argument("-l", "--limit", help="further limit the hosts (ansible --limit pattern)")
-    scan.add_argument(
-        "--format", choices=("table", "json"), default="table", help="output format (default: table)"
-    )
+    add_target_args(scan)
+    add_format_arg(scan)
     scan.add_argument(
         "-o",
         "--output",
@@ -114,31 +64,35 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--checks", help="comma-separated detectors to run (default: all)")
     scan.add_argument(
         "--sample-seconds",
-        type=_seconds,
+        type=seconds,
         default=0.0,
         metavar="S",
         help="take two samples S seconds apart to report growth rates (default: 0)",
     )
-    scan.add_argument("--zombie-warning", type=_positive_int, default=1000, metavar="N", help="default: 1000")
+    warning, critical = facts.zombie_warning_default(), facts.zombie_critical_default()
+    headroom = facts.headroom_critical_pct_default()
     scan.add_argument(
-        "--zombie-critical", type=_positive_int, default=20000, metavar="N", help="default: 20000"
+        "--zombie-warning", type=positive_int, default=warning, metavar="N", help=f"default: {warning}"
+    )
+    scan.add_argument(
+        "--zombie-critical", type=positive_int, default=critical, metavar="N", help=f"default: {critical}"
     )
     scan.add_argument(
         "--headroom-critical",
-        type=_percent,
-        default=20.0,
+        type=percent,
+        default=headroom,
         metavar="PCT",
-        help="critical when fewer than PCT%% of the 65,535 memcg IDs are left (default: 20)",
+        help=f"critical when fewer than PCT%% of the 65,535 memcg IDs are left (default: {headroom:g})",
     )
     scan.add_argument(
         "--forks",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"parallel hosts (default: all targeted hosts, at most {MAX_FORKS})",
     )
     scan.add_argument(
         "--host-timeout",
-        type=_positive_int,
+        type=positive_int,
         default=120,
         metavar="S",
         help="seconds one host may take, connecting included: a host that does not answer ssh is "
@@ -168,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_plan(sub)
     from fleetops.cli.remediate import register as register_remediate
-    from fleetops.cli.remediate import register_report
+    from fleetops.cli.report import register as register_report
 
     register_remediate(sub)
     register_report(sub)
@@ -212,24 +166,8 @@ def _vars_mapping(text: str, where: str) -> dict[str, Any]:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    if args.zombie_warning > args.zombie_critical:
-        raise UsageError(
-            f"--zombie-warning ({args.zombie_warning}) must not exceed --zombie-critical ({args.zombie_critical})"
-        )
-    inventories: list[Path] = list(args.inventory or [])
-    if not inventories:
-        default = paths.default_inventory()
-        if default is None:
-            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
-        inventories = [default]
-    for inv in inventories:
-        if not inv.exists():
-            raise UsageError(f"inventory not found: {inv}")
-    for out_path in (args.output, args.prometheus):
-        if out_path is not None and not out_path.parent.is_dir():
-            raise UsageError(f"cannot write {out_path}: no such directory {out_path.parent}")
-    opts = ScanOptions(
-        inventory=inventories,
+    request = api.ScanRequest(
+        inventory=list(args.inventory or []),
         limit=args.limit,
         checks=[c.strip() for c in args.checks.split(",") if c.strip()] if args.checks else None,
         sample_seconds=args.sample_seconds,
@@ -238,21 +176,16 @@ def cmd_scan(args: argparse.Namespace) -> int:
         headroom_critical_pct=args.headroom_critical,
         forks=args.forks,
         host_timeout=args.host_timeout,
+        unit_allowlist=args.unit_allowlist,
+        output=args.output,
+        prometheus=args.prometheus,
     )
     for spec in args.extra_vars:
-        opts.extravars.update(parse_extra_vars(spec))
-    if args.unit_allowlist is not None:
-        from fleetops.drift import load_unit_allowlist
-
-        opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(args.unit_allowlist)
+        request.extravars.update(parse_extra_vars(spec))
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
 
-    partial = PartialReport(args.output.with_name(args.output.name + ".partial")) if args.output else None
-
     def on_host(host: str, entry: dict[str, Any]) -> None:
-        if partial is not None:
-            partial.add(host, entry)
         if not args.quiet:
             err.print(host_line(host, entry))
 
@@ -270,42 +203,20 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, interrupt)
     try:
-        report = run_scan(opts, on_host=on_host, cancel=cancel)
+        result = api.scan(request, on_host=on_host, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, previous)
-        if partial is not None:
-            partial.close(done=False)  # kept until the final report is written
-    if report["summary"]["hosts"] == 0 and not report.get("interrupted"):
-        if partial is not None:
-            partial.close(done=True)
-        raise UsageError("no hosts matched the inventory and limit")
-    text = json.dumps(report, indent=2, sort_keys=False)
-    if args.output:
-        write_report(args.output, text + "\n")
-        if partial is not None:
-            partial.close(done=True)
-    if args.prometheus:
-        from fleetops.metrics import write_textfile
-
-        write_textfile(report, args.prometheus)
     if args.format == "json":
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(result.json() + "\n")
     else:
-        render_scan(report, out)
-    return 130 if report.get("interrupted") else exit_code(report)
+        render_scan(result.report, out)
+    return result.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except FleetopsError as exc:
-        print(f"fleetops: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("fleetops: interrupted", file=sys.stderr)
-        return 130
+    return run_main("fleetops", lambda: int(args.func(args)))
 
 
 if __name__ == "__main__":

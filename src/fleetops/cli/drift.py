@@ -4,16 +4,16 @@ should be identical, grouped by AZ, AMI, kernel and instance type. See ``fleetop
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from fleetops import paths
-from fleetops.drift import DIMENSIONS, DRIFT_CHECKS, build_drift, exit_code, render_drift
-from fleetops.errors import UsageError
+from fleetops import api
+from fleetops.cli.args import add_format_arg, add_target_args
+from fleetops.cli.render import host_line, render_drift
+from fleetops.drift import DIMENSIONS
 
 EPILOG = (
     "Exit codes: 0 no drift, 1 drift found (a host differs from the majority, or groups differ), "
@@ -40,16 +40,11 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "fleet-wide and within each group; and the facts whose majority differs between groups.",
         epilog=EPILOG,
     )
-    p.add_argument(
-        "-i",
-        "--inventory",
-        action="append",
-        type=Path,
-        metavar="INV",
-        help="inventory (repeatable; default: the localhost inventory). With --from: only for the "
+    add_target_args(
+        p,
+        inventory_help="inventory (repeatable; default: the localhost inventory). With --from: only for the "
         "AZ / AMI / instance type hostvars (ec2_az, ec2_image_id, ec2_instance_type; fleetops_az ...)",
     )
-    p.add_argument("-l", "--limit", help="further limit the hosts (ansible --limit pattern)")
     p.add_argument(
         "--group-by",
         type=_group_by,
@@ -64,7 +59,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         metavar="REPORT",
         help="read a saved fleetops.scan/v1 report (fleetops scan -o FILE) instead of scanning",
     )
-    p.add_argument("--format", choices=("table", "json"), default="table", help="default: table")
+    add_format_arg(p)
     p.add_argument("-o", "--output", type=Path, help="also write the JSON drift report to this file")
     p.add_argument(
         "--host-timeout",
@@ -77,61 +72,24 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     p.set_defaults(func=cmd_drift)
 
 
-def _read_report(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} is not a scan report")
-    return data
-
-
 def cmd_drift(args: argparse.Namespace) -> int:
-    from fleetops.ansible.inventory import load_hosts
+    err = Console(stderr=True, highlight=False)
 
-    inventories: list[Path] = list(args.inventory or [])
-    if not inventories and args.from_report is None:
-        default = paths.default_inventory()
-        if default is None:
-            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
-        inventories = [default]
-    if args.output is not None and not args.output.parent.is_dir():
-        raise UsageError(f"cannot write {args.output}: no such directory {args.output.parent}")
-    hostvars = {h.name: h.hostvars for h in load_hosts(inventories, args.limit)} if inventories else {}
-    if args.from_report is not None:
-        report = _read_report(args.from_report)
-        if args.limit and hostvars:
-            report = {
-                **report,
-                "hosts": {h: e for h, e in (report.get("hosts") or {}).items() if h in hostvars},
-            }
-    else:
-        from fleetops.cli.render import host_line
-        from fleetops.scan import ScanOptions, run_scan
+    def on_host(host: str, entry: dict[str, Any]) -> None:
+        if not args.quiet:
+            err.print(host_line(host, entry))
 
-        err = Console(stderr=True, highlight=False)
-
-        def on_host(host: str, entry: dict[str, Any]) -> None:
-            if not args.quiet:
-                err.print(host_line(host, entry))
-
-        opts = ScanOptions(
-            inventory=inventories, limit=args.limit, checks=list(DRIFT_CHECKS), host_timeout=args.host_timeout
-        )
-        report = run_scan(opts, on_host=on_host)
-    if not report.get("hosts"):
-        raise UsageError("no hosts matched the inventory and limit")
-    drift = build_drift(report, hostvars, args.group_by)
-    text = json.dumps(drift, indent=2)
-    if args.output is not None:
-        from fleetops.scan import write_report
-
-        write_report(args.output, text + "\n")
+    request = api.DriftRequest(
+        inventory=list(args.inventory or []),
+        limit=args.limit,
+        group_by=args.group_by,
+        from_report=args.from_report,
+        output=args.output,
+        host_timeout=args.host_timeout,
+    )
+    result = api.drift(request, on_host=on_host)
     if args.format == "json":
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(result.json() + "\n")
     else:
-        render_drift(drift, Console(highlight=False, soft_wrap=True))
-    return exit_code(drift)
+        render_drift(result.document, Console(highlight=False, soft_wrap=True))
+    return result.exit_code

@@ -9,18 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from fleetops import paths
-from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, load_hosts
-from fleetops.errors import UsageError
-from fleetops.planner import MaxParallel, Plan, PlanError, plan
+from fleetops import api
+from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
+from fleetops.cli.args import add_format_arg, add_target_args
+from fleetops.planner import MaxParallel, Plan, PlanError
 
-SCHEMA = "fleetops.plan/v1"
+SCHEMA = api.PLAN_SCHEMA
 
 
 def _max_parallel(text: str) -> MaxParallel:
@@ -62,23 +60,8 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     p.add_argument("action", metavar="ACTION", help="the remediation to plan (e.g. reboot, disable-unit)")
     add_target_args(p)
     add_rollout_args(p)
-    p.add_argument(
-        "--format", choices=("table", "json"), default="table", help="output format (default: table)"
-    )
+    add_format_arg(p)
     p.set_defaults(func=cmd_plan)
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    """-i/--inventory and --limit: which hosts (shared by plan and remediate)."""
-    p.add_argument(
-        "-i",
-        "--inventory",
-        action="append",
-        type=Path,
-        metavar="INV",
-        help="inventory file or directory (repeatable; default: the localhost inventory)",
-    )
-    p.add_argument("-l", "--limit", help="further limit the hosts (ansible --limit pattern)")
 
 
 def add_rollout_args(p: argparse.ArgumentParser) -> None:
@@ -121,56 +104,27 @@ def add_rollout_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def plan_from_args(args: argparse.Namespace) -> tuple[Plan, str]:
-    """Load the targeted hosts and plan them with the caps given on the command line."""
-    inventories: list[Path] = list(args.inventory or [])
-    if not inventories:
-        default = paths.default_inventory()
-        if default is None:
-            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
-        inventories = [default]
-        args.inventory = inventories
-    hosts = load_hosts(inventories, args.limit, args.group_by)
-    if not hosts:
-        raise UsageError("no hosts matched the inventory and limit")
-    result = plan(
-        hosts,
+def plan_request(args: argparse.Namespace, action: str) -> api.PlanRequest:
+    """The caps and targets given on the command line (plan and remediate share them)."""
+    return api.PlanRequest(
+        action=action,
+        inventory=list(args.inventory or []),
+        limit=args.limit,
+        group_by=args.group_by,
         max_parallel=args.max_parallel,
         per_group_max=args.per_group_max,
         canary=args.canary,
-        exclude=args.exclude,
+        exclude=list(args.exclude),
     )
-    return result, args.group_by or "|".join(DEFAULT_GROUP_VARS)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    result, group_by = plan_from_args(args)
+    result = api.plan(plan_request(args, args.action))
     if args.format == "json":
-        sys.stdout.write(json.dumps(plan_document(args.action, result, group_by), indent=2) + "\n")
+        sys.stdout.write(json.dumps(result.document, indent=2) + "\n")
     else:
-        render_plan(args.action, result, group_by, Console(highlight=False, soft_wrap=True))
+        render_plan(args.action, result.plan, result.group_by, Console(highlight=False, soft_wrap=True))
     return 0
-
-
-def plan_document(action: str, result: Plan, group_by: str) -> dict[str, Any]:
-    """The ``fleetops.plan/v1`` document."""
-    return {
-        "schema": SCHEMA,
-        "action": action,
-        "batches": result.batches,
-        "excluded": result.excluded,
-        "caps": {
-            "max_parallel": result.caps.max_parallel,
-            "max_parallel_hosts": result.caps.max_parallel_hosts,
-            "per_group_max": result.caps.per_group_max,
-            "canary": result.caps.canary,
-        },
-        "lower_bound": result.lower_bound,
-        "groups": result.groups,
-        "group_by": group_by,
-        "hosts": result.hosts,
-        "notes": result.notes,
-    }
 
 
 def render_plan(action: str, result: Plan, group_by: str, console: Console) -> None:

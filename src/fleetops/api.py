@@ -1,0 +1,561 @@
+"""The library API: what the CLI, the demo, AWX-side code and tests call.
+
+Typed requests in, typed results out; nothing here parses a command line or renders anything.
+Progress goes to callbacks (``on_host`` for scans) or a ``RolloutObserver`` (rollouts); errors are
+``FleetopsError`` subclasses whose ``exit_code`` is an ``ExitCode``.
+
+- ``scan(ScanRequest) -> ScanResult``: one node_health call per host, the ``fleetops.scan/v1`` report.
+- ``plan(PlanRequest) -> PlanResult``: the batches a rollout would run (``fleetops.plan/v1``).
+- ``remediate(RemediationRequest) -> RolloutResult``: a remediation, batch by batch.
+- ``resume(ResumeRequest) -> RolloutResult``: continue a saved rollout.
+- ``report(path) -> RolloutResult``: a saved rollout's report (``fleetops.rollout.engine/v1``).
+- ``drift(DriftRequest) -> DriftResult``: the facts that differ between hosts (``fleetops.drift/v1``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetops import paths
+from fleetops.ansible import facts
+from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, load_hosts
+from fleetops.errors import UsageError
+from fleetops.exitcodes import ExitCode
+from fleetops.planner import MaxParallel, Plan
+from fleetops.planner import plan as plan_batches
+from fleetops.remediations import REMEDIATIONS, Remediation
+from fleetops.remediations import get as get_remediation
+from fleetops.rollout.batch import InventoryScanner, PlaybookBatchRunner
+from fleetops.rollout.budget import FailureBudget
+from fleetops.rollout.engine import Engine, NullObserver, RolloutObserver
+from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, connection_for, lease_targets
+from fleetops.rollout.locks import locked
+from fleetops.rollout.outcome import HostOutcome
+from fleetops.rollout.preflight import preflight
+from fleetops.rollout.state import HOST_SKIPPED, Rollout, RolloutError, new_rollout
+from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
+
+__all__ = [
+    "REMEDIATIONS",
+    "DriftRequest",
+    "DriftResult",
+    "ExitCode",
+    "FailureBudget",
+    "MaxParallel",
+    "PlanRequest",
+    "PlanResult",
+    "RemediationRequest",
+    "ResumeRequest",
+    "RolloutObserver",
+    "RolloutResult",
+    "ScanRequest",
+    "ScanResult",
+    "drift",
+    "plan",
+    "remediate",
+    "report",
+    "resume",
+    "scan",
+]
+
+PLAN_SCHEMA = "fleetops.plan/v1"
+ROLLOUT_SCHEMA = "fleetops.rollout.engine/v1"
+STOP_MESSAGE = "stopping after the current batch; Ctrl-C again to abort now"
+OnHost = Callable[[str, dict[str, Any]], None]
+
+
+# ------------------------------------------------------------------------------------------ scan
+
+
+@dataclass
+class ScanRequest:
+    """What to scan and how. Thresholds left None are the detector's defaults (memcg.DEFAULT_THRESHOLDS)."""
+
+    inventory: Sequence[Path] = ()  # empty: this checkout's localhost inventory
+    limit: str | None = None
+    checks: Sequence[str] | None = None
+    sample_seconds: float = 0.0
+    zombie_warning: int | None = None
+    zombie_critical: int | None = None
+    headroom_critical_pct: float | None = None
+    forks: int | None = None
+    host_timeout: int = 120
+    extravars: dict[str, Any] = field(default_factory=dict)
+    unit_allowlist: Path | None = None  # a file of unit-name patterns (fleetops_unit_allowlist)
+    output: Path | None = None  # also write the JSON report here (FILE.partial meanwhile)
+    prometheus: Path | None = None  # also write node_exporter textfile metrics here
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    report: dict[str, Any]  # fleetops.scan/v1
+    exit_code: ExitCode
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.report.get("interrupted"))
+
+    def json(self) -> str:
+        return json.dumps(self.report, indent=2, sort_keys=False)
+
+
+def scan(
+    request: ScanRequest, on_host: OnHost | None = None, cancel: threading.Event | None = None
+) -> ScanResult:
+    """Scan the hosts; ``on_host`` sees each host's entry as it answers; ``cancel`` stops the scan,
+    keeping what has arrived (exit code INTERRUPTED)."""
+    from fleetops.scan import exit_code
+
+    warning = facts.zombie_warning_default() if request.zombie_warning is None else request.zombie_warning
+    critical = facts.zombie_critical_default() if request.zombie_critical is None else request.zombie_critical
+    headroom = (
+        facts.headroom_critical_pct_default()
+        if request.headroom_critical_pct is None
+        else request.headroom_critical_pct
+    )
+    if warning > critical:
+        raise UsageError(f"--zombie-warning ({warning}) must not exceed --zombie-critical ({critical})")
+    inventories = paths.resolve_inventories(request.inventory)
+    for inv in inventories:
+        if not inv.exists():
+            raise UsageError(f"inventory not found: {inv}")
+    for out_path in (request.output, request.prometheus):
+        if out_path is not None and not out_path.parent.is_dir():
+            raise UsageError(f"cannot write {out_path}: no such directory {out_path.parent}")
+    opts = ScanOptions(
+        inventory=inventories,
+        limit=request.limit,
+        checks=list(request.checks) if request.checks else None,
+        sample_seconds=request.sample_seconds,
+        zombie_warning=warning,
+        zombie_critical=critical,
+        headroom_critical_pct=headroom,
+        forks=request.forks,
+        host_timeout=request.host_timeout,
+        extravars=dict(request.extravars),
+    )
+    if request.unit_allowlist is not None:
+        from fleetops.drift import load_unit_allowlist
+
+        opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
+    output = request.output
+    partial = PartialReport(output.with_name(output.name + ".partial")) if output is not None else None
+
+    def seen(host: str, entry: dict[str, Any]) -> None:
+        if partial is not None:
+            partial.add(host, entry)
+        if on_host is not None:
+            on_host(host, entry)
+
+    try:
+        report_ = run_scan(opts, on_host=seen, cancel=cancel)
+    finally:
+        if partial is not None:
+            partial.close(done=False)  # kept until the final report is written
+    if report_["summary"]["hosts"] == 0 and not report_.get("interrupted"):
+        if partial is not None:
+            partial.close(done=True)
+        raise UsageError("no hosts matched the inventory and limit")
+    result = ScanResult(report_, ExitCode.INTERRUPTED if report_.get("interrupted") else exit_code(report_))
+    if output is not None:
+        write_report(output, result.json() + "\n")
+        if partial is not None:
+            partial.close(done=True)
+    if request.prometheus is not None:
+        from fleetops.metrics import write_textfile
+
+        write_textfile(report_, request.prometheus)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+@dataclass
+class PlanRequest:
+    """The hosts (inventory, limit) and the rollout's caps."""
+
+    action: str = "remediation"
+    inventory: Sequence[Path] = ()
+    limit: str | None = None
+    group_by: str | None = None  # hostvar; None: ec2_az, else fleetops_az
+    max_parallel: MaxParallel | int | str = "10%"
+    per_group_max: int | None = 1
+    canary: int = 1
+    exclude: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: Plan
+    group_by: str
+    document: dict[str, Any]  # fleetops.plan/v1
+
+
+def plan_document(action: str, result: Plan, group_by: str) -> dict[str, Any]:
+    """The ``fleetops.plan/v1`` document."""
+    return {
+        "schema": PLAN_SCHEMA,
+        "action": action,
+        "batches": result.batches,
+        "excluded": result.excluded,
+        "caps": {
+            "max_parallel": result.caps.max_parallel,
+            "max_parallel_hosts": result.caps.max_parallel_hosts,
+            "per_group_max": result.caps.per_group_max,
+            "canary": result.caps.canary,
+        },
+        "lower_bound": result.lower_bound,
+        "groups": result.groups,
+        "group_by": group_by,
+        "hosts": result.hosts,
+        "notes": result.notes,
+    }
+
+
+def _plan_hosts(request: PlanRequest, hosts: Sequence[InventoryHost]) -> PlanResult:
+    if not hosts:
+        raise UsageError("no hosts matched the inventory and limit")
+    max_parallel = request.max_parallel
+    if not isinstance(max_parallel, MaxParallel):
+        max_parallel = MaxParallel.parse(str(max_parallel))
+    result = plan_batches(
+        hosts,
+        max_parallel=max_parallel,
+        per_group_max=request.per_group_max,
+        canary=request.canary,
+        exclude=list(request.exclude),
+    )
+    group_by = request.group_by or "|".join(DEFAULT_GROUP_VARS)
+    return PlanResult(result, group_by, plan_document(request.action, result, group_by))
+
+
+def plan(request: PlanRequest) -> PlanResult:
+    """Load the targeted hosts and plan them with the request's caps (changes nothing)."""
+    inventories = paths.resolve_inventories(request.inventory)
+    return _plan_hosts(request, load_hosts(inventories, request.limit, request.group_by))
+
+
+# ------------------------------------------------------------------------------------------ rollouts
+
+
+@dataclass
+class RemediationRequest(PlanRequest):
+    """A remediation (``action``: a key of ``REMEDIATIONS``) with its ``params`` and the rollout's options."""
+
+    params: Mapping[str, Any] = field(default_factory=dict)
+    apply: bool = False  # False: a dry run (check mode + diff)
+    max_failures: FailureBudget = field(default_factory=lambda: FailureBudget(count=0))
+    cooldown: float | None = None  # None: the remediation's default
+    gate: bool = True
+    preflight_max_unreachable: FailureBudget = field(default_factory=lambda: FailureBudget(count=0))
+    preflight_timeout: float = 5.0
+    state: Path | None = None  # None: under $FLEETOPS_STATE_DIR
+    break_lock: bool | str = False  # True: any stale holder; a rollout id: only that one
+    lease_ttl: float = DEFAULT_TTL_S
+    lease_settle: float = DEFAULT_SETTLE_S
+    ec2_lease: bool = True
+
+
+@dataclass
+class ResumeRequest:
+    state: Path
+    break_lock: bool | str = False
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    rollout: Rollout | None  # None: nothing to do (no host needed the remediation)
+    document: dict[str, Any]  # fleetops.rollout.engine/v1
+    exit_code: ExitCode
+
+    def json(self) -> str:
+        return json.dumps(self.document, indent=2, default=str)
+
+
+def needs_reboot(rollout: Rollout) -> list[str]:
+    """Hosts whose reclaim left zombies at or above its reboot threshold: the rolling reboot's input."""
+    return sorted(
+        host
+        for host, outcome in rollout.results.items()
+        if any(r.get("needs_reboot") for r in outcome.task_results())
+    )
+
+
+def report_document(rollout: Rollout) -> dict[str, Any]:
+    """The ``fleetops.rollout.engine/v1`` report of a rollout (also `fleetops report STATE --format json`)."""
+    results = {h: o.to_dict() for h, o in rollout.results.items()}
+    return {
+        "schema": ROLLOUT_SCHEMA,
+        "id": rollout.id,
+        "action": rollout.action,
+        "apply": rollout.apply,
+        "status": rollout.status,
+        "operator": rollout.operator,
+        "state": rollout.state_path,
+        "plan": rollout.plan,
+        "max_failures": rollout.max_failures,
+        "batches": [{**b, "results": {h: results.get(h) for h in b["hosts"]}} for b in rollout.batches],
+        "hosts": rollout.hosts,
+        "stopped": rollout.stopped,
+        "needs_reboot": needs_reboot(rollout),
+        "summary": rollout.summary(),
+    }
+
+
+def _empty_document(action: str, apply: bool) -> dict[str, Any]:
+    return {"schema": ROLLOUT_SCHEMA, "action": action, "apply": apply, "plan": {"hosts": 0, "batches": []},
+            "batches": [], "stopped": None, "summary": {"hosts": 0, "changed": 0, "done": 0, "failed": 0,
+                                                        "pending": 0, "skipped": 0}}  # fmt: skip
+
+
+def rollout_exit_code(rollout: Rollout) -> ExitCode:
+    if rollout.status == "interrupted":
+        return ExitCode.INTERRUPTED
+    s = rollout.summary()
+    return ExitCode.FAILED if (s["failed"] or rollout.status != "done") else ExitCode.OK
+
+
+def _result(rollout: Rollout) -> RolloutResult:
+    return RolloutResult(rollout, report_document(rollout), rollout_exit_code(rollout))
+
+
+def _start(
+    request: RemediationRequest, remediation: Remediation, observer: RolloutObserver
+) -> Rollout | None:
+    inventories = paths.resolve_inventories(request.inventory)
+    params = remediation.resolve(request.params)
+    extravars = remediation.extravars(params)
+    limit = request.limit
+    if remediation.prepare is not None:
+        extravars, targets = remediation.prepare(params, inventories, limit, observer.message)
+        if targets is not None:
+            if not targets:
+                return None
+            limit = ",".join(targets)
+    hosts = load_hosts(inventories, limit, request.group_by)
+    reasons: dict[str, str | None] = {}
+    exclude = list(request.exclude)
+    if request.apply:
+        reasons = preflight(hosts, timeout=request.preflight_timeout)
+        down = {h: why for h, why in reasons.items() if why}
+        for host, why in down.items():
+            observer.message(f"preflight: {host}: {why}", "warning")
+        allowed = request.preflight_max_unreachable.tolerated(len(hosts))
+        if len(down) > allowed:
+            raise RolloutError(
+                f"Failed to start the rollout: preflight found {len(down)} of {len(hosts)} host(s) unreachable, "
+                f"more than the {allowed} allowed (--preflight-max-unreachable); nothing was changed"
+            )
+        if down:
+            exclude += list(down)
+            observer.message(
+                f"preflight: leaving out {len(down)} unreachable host(s); {len(hosts) - len(down)} ok"
+            )
+    planned = _plan_hosts(
+        PlanRequest(
+            action=remediation.name,
+            group_by=request.group_by,
+            max_parallel=request.max_parallel,
+            per_group_max=request.per_group_max,
+            canary=request.canary,
+            exclude=exclude,
+        ),
+        hosts,
+    )
+    rollout = new_rollout(
+        action=remediation.name,
+        apply=request.apply,
+        inventory=inventories,
+        extravars=extravars,
+        plan=planned.document,
+        max_failures=request.max_failures.tolerated(planned.plan.hosts),
+        cooldown=remediation.cooldown if request.cooldown is None else request.cooldown,
+        gate=request.gate,
+        state_path=request.state,
+    )
+    rollout.preflight = reasons
+    if "fleetops_kube_drain" in rollout.extravars:
+        rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
+    if request.apply and request.ec2_lease:
+        instances = lease_targets(h for h in hosts if h.name in rollout.hosts)
+        if instances and connection_for(inventories) is not None:
+            rollout.lease = {"ttl": request.lease_ttl, "settle": request.lease_settle, "instances": instances}
+    for host, reason in reasons.items():
+        if reason:
+            rollout.hosts[host] = HOST_SKIPPED
+            rollout.results[host] = HostOutcome(status="skipped", msg=f"preflight: {reason}")
+    return rollout
+
+
+@contextlib.contextmanager
+def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
+    """First Ctrl-C: finish the running batch, then stop (state saved). Second: abort the batch now."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    aborting = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal aborting
+        if aborting:
+            return  # already aborting: let the state be saved
+        if engine.stop_requested.is_set():
+            aborting = True
+            engine.abort()
+            raise KeyboardInterrupt
+        engine.request_stop()
+        observer.message(STOP_MESSAGE, "warning")
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _execute(
+    rollout: Rollout,
+    remediation: Remediation,
+    observer: RolloutObserver,
+    break_lock: bool | str,
+    handle_signals: bool,
+) -> Rollout:
+    targets = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
+    inventory = [Path(p) for p in rollout.inventory]
+    with locked(rollout, targets, break_lock, say=lambda line: observer.message(line, "dim")) as guard:
+        engine = Engine(
+            rollout=rollout,
+            actions=remediation.actions,
+            runner=PlaybookBatchRunner(remediation.playbook, inventory),
+            scanner=InventoryScanner(inventory),
+            observer=observer,
+            gate_check=remediation.gate,
+            probe_vars=remediation.probe_vars,
+            post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
+            guard=guard,
+        )
+        if rollout.apply:
+            observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")
+        with _ctrl_c(engine, observer) if handle_signals else contextlib.nullcontext():
+            return engine.run()
+
+
+def remediate(
+    request: RemediationRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
+) -> RolloutResult:
+    """Plan and run a remediation batch by batch (a dry run unless ``request.apply``).
+
+    ``handle_signals``: in the main thread, Ctrl-C stops after the current batch and a second one
+    aborts it (the state is saved either way; exit code INTERRUPTED).
+    """
+    obs = observer if observer is not None else NullObserver()
+    remediation = get_remediation(request.action)
+    rollout = _start(request, remediation, obs)
+    if rollout is None:
+        obs.message("nothing to do: no host has a finding this remediation acts on")
+        return RolloutResult(None, _empty_document(remediation.name, request.apply), ExitCode.OK)
+    return _result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
+
+
+def resume(
+    request: ResumeRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
+) -> RolloutResult:
+    """Continue a saved rollout: hosts caught mid-batch are probed first, failed ones re-checked."""
+    obs = observer if observer is not None else NullObserver()
+    rollout = Rollout.load(request.state)
+    if rollout.status == "done":
+        obs.message(f"rollout {rollout.id} is already done")
+        return _result(rollout)
+    obs.message(f"resuming rollout {rollout.id} ({rollout.action}, status {rollout.status})")
+    remediation = get_remediation(rollout.action)
+    return _result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
+
+
+def report(path: Path) -> RolloutResult:
+    """A saved rollout's report; exit code OK only when it is done with no failed host."""
+    rollout = Rollout.load(path)
+    code = ExitCode.OK if rollout.status == "done" and not rollout.failures() else ExitCode.FAILED
+    return RolloutResult(rollout, report_document(rollout), code)
+
+
+# ------------------------------------------------------------------------------------------ drift
+
+
+@dataclass
+class DriftRequest:
+    inventory: Sequence[Path] = ()  # with from_report: only for the AZ / AMI / instance type hostvars
+    limit: str | None = None
+    group_by: Sequence[str] | None = None  # dimensions; None: all (fleetops.drift.DIMENSIONS)
+    from_report: Path | None = None  # a saved fleetops.scan/v1 report instead of scanning
+    output: Path | None = None  # also write the JSON drift report here
+    host_timeout: int = 120
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    document: dict[str, Any]  # fleetops.drift/v1
+    exit_code: ExitCode
+
+    def json(self) -> str:
+        return json.dumps(self.document, indent=2)
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a scan report")
+    return data
+
+
+def drift(request: DriftRequest, on_host: OnHost | None = None) -> DriftResult:
+    """One scan (or a saved report): the facts that differ between hosts that should be identical."""
+    from fleetops.drift import DIMENSIONS, DRIFT_CHECKS, build_drift, exit_code
+
+    inventories = list(request.inventory)
+    if not inventories and request.from_report is None:
+        inventories = paths.resolve_inventories(inventories)
+    if request.output is not None and not request.output.parent.is_dir():
+        raise UsageError(f"cannot write {request.output}: no such directory {request.output.parent}")
+    hostvars = {h.name: h.hostvars for h in load_hosts(inventories, request.limit)} if inventories else {}
+    if request.from_report is not None:
+        report_ = _read_report(request.from_report)
+        if request.limit and hostvars:
+            report_ = {
+                **report_,
+                "hosts": {h: e for h, e in (report_.get("hosts") or {}).items() if h in hostvars},
+            }
+    else:
+        opts = ScanOptions(
+            inventory=inventories,
+            limit=request.limit,
+            checks=list(DRIFT_CHECKS),
+            host_timeout=request.host_timeout,
+        )
+        report_ = run_scan(opts, on_host=on_host)
+    if not report_.get("hosts"):
+        raise UsageError("no hosts matched the inventory and limit")
+    document = build_drift(report_, hostvars, list(request.group_by or DIMENSIONS))
+    result = DriftResult(document, exit_code(document))
+    if request.output is not None:
+        write_report(request.output, result.json() + "\n")
+    return result
+
+
+def default_inventories() -> list[Path]:
+    """This checkout's localhost inventory as a list ([] when the package runs without its checkout)."""
+    inv = paths.default_inventory()
+    return [inv] if inv is not None else []

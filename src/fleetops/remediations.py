@@ -1,0 +1,293 @@
+"""The remediations a rollout can run: for each, its playbook, its parameters and the extra vars they
+become, what its gate checks, how a resume probes a host, and an optional step before planning.
+
+The library's registry: the CLI adds one argparse sub-command per entry (``fleetops.cli.remediate``)
+and passes the parsed options as ``params``; the API, the demo and AWX-side code pass ``params``
+directly (``fleetops.api.RemediationRequest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetops.ansible import facts
+from fleetops.errors import UsageError
+from fleetops.rollout.gate import GateCheck
+from fleetops.rollout.outcome import HostOutcome
+
+REQUIRED = object()  # a parameter without a default
+Say = Callable[[str, str], None]  # (text, style) for the operator
+# (params, inventory, limit, say) -> (extra vars, the hosts to target or None: every selected host)
+Prepare = Callable[[Mapping[str, Any], list[Path], str | None, Say], tuple[dict[str, Any], list[str] | None]]
+
+
+@dataclass(frozen=True)
+class Remediation:
+    """A remediation the rollout can run: its playbook and the module whose result is the host's."""
+
+    name: str
+    playbook: str
+    actions: tuple[str, ...]
+    help: str
+    # parameter name -> default (REQUIRED: none); a callable default is called when needed
+    params: Mapping[str, Any]
+    extravars: Callable[[Mapping[str, Any]], dict[str, Any]]
+    # Optional: work out, before planning, which hosts need what (``fix`` scans first).
+    prepare: Prepare | None = None
+    # Optional: what the batch gate checks on top of "answers, no new critical finding".
+    gate: GateCheck | None = None
+    # Optional: extra vars that make the playbook only probe the host (resume after a kill).
+    probe_vars: dict[str, Any] | None = None
+    # Optional: extra vars for a second pass over the hosts that passed their gate (None: no pass).
+    post_vars: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+    cooldown: float = 0.0  # default cooldown between batches
+
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters with defaults filled in; unknown or missing ones are a UsageError."""
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            raise UsageError(f"remediate {self.name}: unknown parameter(s): {', '.join(unknown)}")
+        out: dict[str, Any] = {}
+        for name, default in self.params.items():
+            if name in given and given[name] is not None:
+                out[name] = given[name]
+            elif default is REQUIRED:
+                raise UsageError(f"remediate {self.name}: the parameter {name!r} is required")
+            else:
+                out[name] = default() if callable(default) else default
+        return out
+
+
+def _unit_name(unit: str) -> str:
+    return unit if "." in unit else unit + ".service"
+
+
+def _unit_still_looping(post: dict[str, Any], units: list[str]) -> str | None:
+    looping = [
+        f["data"].get("unit")
+        for f in post.get("findings", [])
+        if f.get("check") == "crashloop_unit" and f["data"].get("unit") in units
+    ]
+    return f"gate: still crash looping after the fix: {', '.join(looping)}" if looping else None
+
+
+def _set_env_still_leaking(post: dict[str, Any], units: list[str]) -> str | None:
+    leaking = [
+        f["summary"]
+        for f in post.get("findings", [])
+        if f.get("check") == "ucx_mmap_hooks"
+        and f.get("severity") in ("warning", "critical")
+        and (f.get("data") or {}).get("unit") in units
+    ]
+    return f"gate: still running UCX with the leaking setup: {'; '.join(leaking)}" if leaking else None
+
+
+# ---------------------------------------------------------------------------------- disable-unit
+
+
+def _disable_unit_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "fleetops_unit": p["unit"],
+        "fleetops_containers": list(p["containers"]),
+        "fleetops_protected": list(p["protected"]),
+        "fleetops_allow_protected": bool(p["allow_protected"]),
+    }
+
+
+def _disable_unit_gate(
+    host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    return _unit_still_looping(post, [_unit_name(str(xv.get("fleetops_unit", "")))])
+
+
+# ---------------------------------------------------------------------------------- reclaim
+
+
+def _reclaim_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {"fleetops_min_zombies": p["min_zombies"], "fleetops_reboot_threshold": p["reboot_threshold"]}
+
+
+# ---------------------------------------------------------------------------------- fix
+
+
+def _fix_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {"fleetops_protected": list(p["protected"]), "fleetops_reboot_threshold": p["reboot_threshold"]}
+
+
+def set_env_plan_text(todo: Mapping[str, Any]) -> str:
+    return "".join(
+        f"; set-env {entry['unit']} {' '.join(f'{k}={v}' for k, v in entry['env'].items())} (restart)"
+        for entry in todo.get("set_env", [])
+    )
+
+
+def _fix_prepare(
+    p: Mapping[str, Any], inventory: list[Path], limit: str | None, say: Say
+) -> tuple[dict[str, Any], list[str] | None]:
+    from fleetops.fix import fix_plan_from_report
+    from fleetops.scan import ScanOptions, run_scan
+
+    say(f"scanning first ({p['sample_seconds']:g}s between two samples) to find what to fix", "")
+    report = run_scan(ScanOptions(inventory=inventory, limit=limit, sample_seconds=p["sample_seconds"]))
+    fix_plan, notes = fix_plan_from_report(report, ucx_fix=p["ucx_fix"])
+    for note in notes:
+        say(f"note: {note}", "warning")
+    for host, todo in fix_plan.items():
+        say(
+            f"  {host}: disable {', '.join(todo['disable_units']) or '-'}; reclaim {todo['reclaim']}"
+            + set_env_plan_text(todo),
+            "",
+        )
+    return {**_fix_vars(p), "fleetops_fix_plan": fix_plan}, sorted(fix_plan)
+
+
+def _fix_gate(
+    host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    todo = (xv.get("fleetops_fix_plan") or {}).get(host, {})
+    return _unit_still_looping(post, list(todo.get("disable_units", []))) or _set_env_still_leaking(
+        post, [entry["unit"] for entry in todo.get("set_env", [])]
+    )
+
+
+# ---------------------------------------------------------------------------------- reboot
+
+
+def _reboot_gate(
+    host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    before = (outcome.before or {}).get("boot_id")
+    after = (outcome.after or {}).get("boot_id")
+    if not before or not after:
+        return "gate: could not read the boot id before and after the reboot"
+    if before == after:
+        return "gate: boot id unchanged: the host did not reboot"
+    return None
+
+
+def _reboot_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    xv: dict[str, Any] = {"fleetops_reboot_timeout": p["reboot_timeout"]}
+    if p["pre_hook"]:
+        xv["fleetops_pre_hook"] = p["pre_hook"]
+    if p["post_hook"]:
+        xv["fleetops_post_hook"] = p["post_hook"]
+    if p["kube_drain"]:
+        xv.update(
+            fleetops_kube_drain=True,
+            fleetops_drain_timeout=p["drain_timeout"],
+            fleetops_kubectl=p["kubectl"],
+        )
+        if p["kubeconfig"]:
+            xv["fleetops_kubeconfig"] = str(Path(p["kubeconfig"]).expanduser().resolve())
+    if p["post_hook"] or p["kube_drain"]:
+        xv["fleetops_phase"] = "reboot"  # uncordon and the post hook run after the gate (post_vars)
+    return xv
+
+
+def _reboot_post_vars(extravars: dict[str, Any]) -> dict[str, Any] | None:
+    if extravars.get("fleetops_phase") == "reboot":
+        return {"fleetops_phase": "post"}
+    return None
+
+
+# ---------------------------------------------------------------------------------- set-env
+
+
+def _set_env_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "fleetops_unit": p["unit"],
+        "fleetops_env": dict(p["env"]),
+        "fleetops_restart": bool(p["restart"]),
+        "fleetops_drop_in": p["drop_in"],
+    }
+
+
+def _set_env_gate(
+    host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    if not xv.get("fleetops_restart"):
+        return None  # without a restart the running processes keep their old environment
+    return _set_env_still_leaking(post, [_unit_name(str(xv.get("fleetops_unit", "")))])
+
+
+def _zombie_warning() -> int:
+    return facts.zombie_warning_default()
+
+
+REMEDIATIONS: dict[str, Remediation] = {
+    r.name: r
+    for r in (
+        Remediation(
+            name="disable-unit",
+            playbook="fleetops.node.remediate_disable_unit",
+            actions=("fleetops.node.disable_unit",),
+            help="stop, disable and mask a unit (and remove its container)",
+            params={"unit": REQUIRED, "containers": (), "protected": (), "allow_protected": False},
+            extravars=_disable_unit_vars,
+            gate=_disable_unit_gate,
+        ),
+        Remediation(
+            name="reclaim",
+            playbook="fleetops.node.remediate_reclaim",
+            actions=("fleetops.node.reclaim_memcg",),
+            help="free zombie memory cgroups by dropping the page cache that pins them",
+            # both default to the scan's zombie warning level (plugins/module_utils/memcg.py)
+            params={"min_zombies": _zombie_warning, "reboot_threshold": _zombie_warning},
+            extravars=_reclaim_vars,
+        ),
+        Remediation(
+            name="fix",
+            playbook="fleetops.node.remediate_fix",
+            actions=("fleetops.node.disable_unit", "fleetops.node.reclaim_memcg", "fleetops.node.set_env"),
+            help="scan, then fix what was found: turn off crash-looping units, set the UCX fix, reclaim zombie memcgs",
+            params={
+                "sample_seconds": 10.0,
+                "protected": (),
+                "reboot_threshold": _zombie_warning,
+                "ucx_fix": "hooks-off",
+            },
+            extravars=_fix_vars,
+            prepare=_fix_prepare,
+            gate=_fix_gate,
+        ),
+        Remediation(
+            name="reboot",
+            playbook="fleetops.node.rolling_reboot",
+            actions=("ansible.builtin.reboot",),
+            help="reboot hosts a few at a time; each must come back with a new boot id",
+            params={
+                "reboot_timeout": 600,
+                "pre_hook": None,
+                "post_hook": None,
+                "kube_drain": False,
+                "drain_timeout": 600,
+                "kubeconfig": None,
+                "kubectl": "kubectl",
+            },
+            extravars=_reboot_vars,
+            gate=_reboot_gate,
+            probe_vars={"fleetops_probe_only": True},
+            post_vars=_reboot_post_vars,
+            cooldown=10.0,
+        ),
+        Remediation(
+            name="set-env",
+            playbook="fleetops.node.remediate_set_env",
+            actions=("fleetops.node.set_env",),
+            help="set environment variables of a service (a systemd drop-in), restart it if asked",
+            params={"unit": REQUIRED, "env": REQUIRED, "restart": False, "drop_in": "50-fleetops-env.conf"},
+            extravars=_set_env_vars,
+            gate=_set_env_gate,
+        ),
+    )
+}
+
+
+def get(name: str) -> Remediation:
+    try:
+        return REMEDIATIONS[name]
+    except KeyError:
+        raise UsageError(f"unknown remediation {name!r} (one of {', '.join(REMEDIATIONS)})") from None
