@@ -21,7 +21,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and lab, molecule (root)"
-	@echo "make lint   - ruff, mypy, ansible-lint"
+	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
@@ -47,6 +47,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src lab tests bench plugins
 	$(BIN)/ruff format --check src lab tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
 sanity: $(STAMP)
