@@ -1,0 +1,720 @@
+"""The JSON documents fleetops reads back, validated before use: a bad file is one line and exit 2.
+
+fleetops writes four kinds of documents that it, or an operator, later feeds back to it:
+
+=====================  ==========================================  ===================================
+document               written by                                  read back by
+=====================  ==========================================  ===================================
+rollout state          ``Rollout.save`` (rollout/state.py)         ``remediate --resume``, ``report``
+scan report            ``fleetops scan -o`` (scan.build_report)    ``drift --from``
+drift report           ``fleetops drift -o`` (drift.build_drift)   tools, AWX, a later ``drift --from``
+plan                   ``fleetops plan --format json``             tools; embedded in every state
+=====================  ==========================================  ===================================
+
+Each has a pydantic model here and a JSON Schema generated from it in ``schemas/`` at the root of
+the repository (``python -m fleetops.schemas --write`` regenerates them; a test checks they are
+current). The models are strict where the code relies on a field — required keys, their types (no
+``"1"`` for 1, no ``true`` for 1), enumerations, finite numbers, times a clock can show — and open
+(``additionalProperties``) everywhere else, so the formats can grow without breaking older readers.
+
+Entry points, each raising :class:`DocumentError` (a :class:`~fleetops.errors.UsageError`: exit 2)
+whose message is one line, ``"<file>: <field.path>: <problem>"``:
+
+- ``load_state(path, actions=None)``, ``load_scan_report(path)``, ``load_drift_report(path)``,
+  ``load_plan(path)``: read, parse and validate a file; return the parsed ``dict`` unchanged.
+- ``validate_state(data, source, actions=None)`` and the other ``validate_*``: the same for a value
+  already parsed (``source`` names it in the message).
+
+Validation only: the returned value is exactly what the file holds (extra keys included), so the
+code that used ``json.loads`` before keeps working on the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleetops.errors import UsageError
+
+STATE_SCHEMA = "fleetops.rollout.engine-state/v1"
+SCAN_SCHEMA = "fleetops.scan/v1"
+DRIFT_SCHEMA = "fleetops.drift/v1"
+PLAN_SCHEMA = "fleetops.plan/v1"
+
+# The same pattern as fleetops.rollout.lease.ROLLOUT_ID (a rollout id names lock and lease records).
+ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
+# Unix times fleetops writes: from 1970 up to the last second of year 9999 (time.localtime's range).
+MAX_EPOCH = 253402300799.0
+# Longer integer literals are refused before Python parses them (its own limit is 4,300 digits).
+MAX_INT_DIGITS = 40
+
+
+class DocumentError(UsageError):
+    """A document fleetops reads back is unreadable, not JSON, or not of its schema.
+
+    ``str(err)`` is one line: ``"<source>: <field>: <problem>"`` (no field when the whole
+    document is at fault). ``source``, ``field`` and ``problem`` are kept as attributes.
+    """
+
+    def __init__(self, source: str, problem: str, field: str = "") -> None:
+        self.source = one_line(source)
+        self.field = one_line(field)
+        self.problem = one_line(problem)
+        parts = [self.source, self.field, self.problem] if self.field else [self.source, self.problem]
+        super().__init__(": ".join(parts))
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character (newlines, line and paragraph separators,
+    controls) written as a Python escape, so a message is always one line of a log."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+# --------------------------------------------------------------------------------------- models
+
+
+class FieldProblem(ValueError):
+    """Raised by a model's cross-field check: names the field (relative to the model) at fault."""
+
+    def __init__(self, loc: tuple[str | int, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc = loc
+
+
+class _Open(BaseModel):
+    """Strict types for the fields named here; any other key is allowed (formats grow)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=False)
+
+
+NonNegInt = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0)]
+Epoch = Annotated[float, Field(ge=0, le=MAX_EPOCH, description="Unix time (seconds)")]
+HostName = Annotated[str, Field(min_length=1)]
+Severity = Literal["critical", "warning", "info"]
+Dimension = Literal["az", "ami", "kernel", "instance_type"]
+
+
+# ------------------------------------------------------------------ plan (fleetops.plan/v1)
+
+
+class PlanCaps(_Open):
+    max_parallel: str = Field(description="as given: a count ('3') or a percent ('10%')")
+    max_parallel_hosts: NonNegInt
+    per_group_max: NonNegInt | None = Field(description="null: no per-group cap")
+    canary: NonNegInt
+
+
+class PlanDocument(_Open):
+    """``fleetops plan --format json``; also the ``plan`` of every rollout state."""
+
+    model_config = ConfigDict(title="fleetops.plan/v1")
+
+    schema_: Literal["fleetops.plan/v1"] = Field(alias="schema")
+    action: str = Field(min_length=1)
+    batches: list[Annotated[list[HostName], Field(min_length=1)]] = Field(
+        description="exact host names, in order; the first is the canary batch when caps.canary > 0"
+    )
+    excluded: list[str]
+    caps: PlanCaps
+    lower_bound: NonNegInt
+    groups: dict[str, list[HostName]]
+    group_by: str
+    hosts: NonNegInt = Field(description="the number of hosts in the batches")
+    notes: list[str]
+
+    @model_validator(mode="after")
+    def _batches_consistent(self) -> Self:
+        seen: set[str] = set()
+        for i, batch in enumerate(self.batches):
+            for host in batch:
+                if host in seen:
+                    raise FieldProblem(("batches", i), f"host {host!r} is in more than one batch")
+                seen.add(host)
+        if self.hosts != len(seen):
+            raise FieldProblem(("hosts",), f"is {self.hosts} but the batches hold {len(seen)} host(s)")
+        return self
+
+
+# ------------------------------------------------------- rollout state (engine-state/v1)
+
+
+HostState = Literal["pending", "running", "done", "failed", "skipped"]
+RolloutStatus = Literal["running", "done", "stopped", "interrupted", "refused"]
+
+
+class HostOutcome(_Open):
+    """One host's last outcome (rollout/outcome.py HostOutcome.to_dict)."""
+
+    status: Literal["ok", "failed", "unreachable", "skipped", "running"]
+    changed: bool = False
+    msg: str | None = None
+    result: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    gate: str | None = Field(default=None, description="why the host failed its gate")
+    notes: list[str] = Field(default_factory=list)
+
+
+class BatchRecord(_Open):
+    index: Annotated[int, Field(ge=1)]
+    hosts: list[HostName]
+    started: Epoch
+    finished: Epoch | None = Field(description="null: cut short")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.finished is not None and self.finished < self.started:
+            raise FieldProblem(("finished",), "before started")
+        return self
+
+
+class Stopped(_Open):
+    after_batch: NonNegInt
+    reason: str
+    pending: list[HostName]
+    in_doubt: list[HostName] = Field(default_factory=list)
+
+
+class LeaseInstance(_Open):
+    instance: str = Field(min_length=1)
+    region: str
+
+
+class Lease(_Open):
+    ttl: Annotated[float, Field(gt=0)] | None = None
+    settle: Seconds | None = None
+    instances: dict[str, LeaseInstance] = Field(default_factory=dict)
+
+
+class RolloutState(_Open):
+    """A rollout's state file (rollout/state.py ``Rollout``): what ``--resume`` and ``report`` read."""
+
+    model_config = ConfigDict(title=STATE_SCHEMA)
+
+    schema_: Literal["fleetops.rollout.engine-state/v1"] = Field(alias="schema")
+    id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    action: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    apply: bool
+    inventory: list[str]
+    extravars: dict[str, Any]
+    plan: PlanDocument
+    max_failures: NonNegInt
+    cooldown: Seconds
+    gate: bool
+    state_path: str
+    operator: str = ""
+    created: Epoch = 0.0
+    status: RolloutStatus = "running"
+    hosts: dict[str, HostState] = Field(default_factory=dict)
+    results: dict[str, HostOutcome] = Field(default_factory=dict)
+    batches: list[BatchRecord] = Field(default_factory=list)
+    preflight: dict[str, str | None] = Field(default_factory=dict)
+    stopped: Stopped | None = None
+    lease: Lease | None = None
+
+    @model_validator(mode="after")
+    def _planned_hosts_known(self) -> Self:
+        for batch in self.plan.batches:
+            for host in batch:
+                if host not in self.hosts:
+                    raise FieldProblem(("hosts",), f"no entry for planned host {host!r}")
+        return self
+
+
+# -------------------------------------------------------------- scan report (fleetops.scan/v1)
+
+
+class ZombieThresholds(_Open):
+    zombie_warning: int | None = None
+    zombie_critical: int | None = None
+    headroom_critical_pct: float | None = None
+
+
+class Culprit(_Open):
+    unit: str
+
+
+class ZombieData(_Open):
+    """``zombie_memcg`` finding data (what ``remediate fix`` reads)."""
+
+    zombies: int | None = None
+    id_headroom_pct: float | None = None
+    thresholds: ZombieThresholds = Field(default_factory=ZombieThresholds)
+    culprits: list[Culprit] = Field(default_factory=list)
+
+
+class UnitLoopData(_Open):
+    """``crashloop_unit`` finding data."""
+
+    unit: str | None = None
+
+
+class ContainerLoopData(_Open):
+    """``crashloop_container`` finding data."""
+
+    name: str | None = None
+    image: str | None = None
+    owner_unit: str | None = None
+    owner_basis: str | None = None
+    owner_protected: bool | None = None
+    restart_policy: str | None = None
+
+
+class UcxData(_Open):
+    """``ucx_mmap_hooks`` finding data."""
+
+    unit: str | None = None
+    unit_manager: str | None = None
+    fixable_unit: bool | None = None
+    cgroup: str | None = None
+    pid: int | None = None
+    comm: str | None = None
+
+
+# The checks whose finding data other commands read, and the fields they read.
+FINDING_DATA: dict[str, type[_Open]] = {
+    "zombie_memcg": ZombieData,
+    "crashloop_unit": UnitLoopData,
+    "crashloop_container": ContainerLoopData,
+    "ucx_mmap_hooks": UcxData,
+}
+
+
+class Finding(_Open):
+    """One finding; for the checks in FINDING_DATA, ``data`` is also checked against that model
+    (the JSON Schema leaves ``data`` open: it differs by check)."""
+
+    check: str = Field(min_length=1)
+    severity: Severity
+    summary: str
+    data: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _data_of_check(self) -> Self:
+        model = FINDING_DATA.get(self.check)
+        if model is not None:
+            try:
+                model.model_validate(self.data)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                raise FieldProblem(("data", *first["loc"]), _problem(first)) from None
+        return self
+
+
+class DetectorError(_Open):
+    check: str
+    msg: str
+
+
+class HostIdentity(_Open):
+    kernel: str | None = None
+    os: str | None = None
+
+
+class UnitFile(_Open):
+    state: str | None = None
+
+
+class UnitFacts(_Open):
+    systemd: bool = False
+    enabled: list[str] = Field(default_factory=list)
+    unit_files: dict[str, UnitFile] = Field(default_factory=dict)
+    environment: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+
+class UcxProcess(_Open):
+    version: str | None = None
+
+
+class UcxFacts(_Open):
+    processes: list[UcxProcess] = Field(default_factory=list)
+
+
+class MemcgFacts(_Open):
+    zombies: int | None = None
+
+
+class ScanFacts(_Open):
+    """The facts other commands read (drift, fix); every other detector's facts pass as they are."""
+
+    host: HostIdentity | None = None
+    units: UnitFacts | None = None
+    ucx: UcxFacts | None = None
+    memcg: MemcgFacts | None = None
+
+
+class ScanHost(_Open):
+    status: Literal["ok", "unreachable", "failed", "not_scanned"]
+    msg: str | None = None
+    timed_out: bool = False
+    findings: list[Finding]
+    facts: ScanFacts
+    errors: list[DetectorError] = Field(default_factory=list)
+    checks: list[str] = Field(default_factory=list)
+    duration_ms: Seconds | None = None
+
+
+class ScanSummary(_Open):
+    hosts: NonNegInt
+    ok: NonNegInt
+    unreachable: NonNegInt
+    failed: NonNegInt
+    not_scanned: NonNegInt = 0
+    findings: dict[str, NonNegInt]
+    errors: NonNegInt = 0
+
+
+class ScanReport(_Open):
+    """``fleetops scan -o FILE`` / ``--format json``: what ``drift --from`` reads."""
+
+    model_config = ConfigDict(title=SCAN_SCHEMA)
+
+    schema_: Literal["fleetops.scan/v1"] = Field(alias="schema")
+    started_at: str
+    duration_s: Seconds
+    hosts: dict[str, ScanHost]
+    summary: ScanSummary
+    interrupted: bool = False
+
+
+# ------------------------------------------------------------ drift report (fleetops.drift/v1)
+
+
+class DriftItem(_Open):
+    fact: str
+    label: str
+    majority: str
+    majority_hosts: NonNegInt
+    hosts: NonNegInt
+    tie: bool
+    odd: dict[str, str]
+
+
+class DriftGroup(_Open):
+    hosts: list[HostName]
+    all_hosts: bool
+    drift: list[DriftItem]
+
+
+class BetweenGroups(_Open):
+    fact: str
+    label: str
+    groups: dict[str, str]
+
+
+class OddValue(_Open):
+    fact: str
+    label: str
+    value: str
+    majority: str
+    scope: str
+    tie: bool
+
+
+class DriftHost(_Open):
+    status: str | None
+    az: str | None = None
+    ami: str | None = None
+    kernel: str | None = None
+    instance_type: str | None = None
+
+
+class NotCompared(_Open):
+    status: str | None
+    msg: str | None = ""
+
+
+class DriftScan(_Open):
+    started_at: str | None
+    interrupted: bool
+
+
+class DriftSummary(_Open):
+    hosts: NonNegInt
+    compared: NonNegInt
+    not_compared: NonNegInt
+    facts_compared: NonNegInt
+    drifting_facts: NonNegInt
+    odd_hosts: list[str]
+
+
+class DriftReport(_Open):
+    """``fleetops drift -o FILE`` / ``--format json``."""
+
+    model_config = ConfigDict(title=DRIFT_SCHEMA)
+
+    schema_: Literal["fleetops.drift/v1"] = Field(alias="schema")
+    scan: DriftScan
+    group_by: list[Dimension]
+    hosts: dict[str, DriftHost]
+    fleet: list[DriftItem]
+    groups: dict[str, dict[str, DriftGroup]]
+    between_groups: dict[str, list[BetweenGroups]]
+    skipped_dimensions: dict[str, str]
+    odd_hosts: dict[str, list[OddValue]]
+    not_compared: dict[str, NotCompared]
+    summary: DriftSummary
+
+
+# ------------------------------------------------------------------------- reading a document
+
+
+MODELS: dict[str, type[_Open]] = {
+    "rollout-state": RolloutState,
+    "scan-report": ScanReport,
+    "drift-report": DriftReport,
+    "plan": PlanDocument,
+}
+
+
+class _BadNumber:
+    """What the parser puts where the text has a number no JSON reader can use (NaN, 1e999, 10**50)."""
+
+    def __init__(self, text: str, why: str) -> None:
+        self.text = text
+        self.why = why
+
+
+def _parse_float(text: str) -> float | _BadNumber:
+    value = float(text)
+    return value if math.isfinite(value) else _BadNumber(text, "too large for a number")
+
+
+def _parse_int(text: str) -> int | _BadNumber:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        return _BadNumber(text[:12] + "...", f"an integer of more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _parse_constant(text: str) -> _BadNumber:
+    return _BadNumber(text, "not a JSON number")
+
+
+def _bad_numbers(
+    value: Any, loc: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple[str | int, ...], _BadNumber]]:
+    stack: list[tuple[tuple[str | int, ...], Any]] = [(loc, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, _BadNumber):
+            yield where, item
+        elif isinstance(item, dict):
+            stack.extend(((*where, k), v) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend(((*where, i), v) for i, v in reversed(list(enumerate(item))))
+
+
+def field_path(loc: tuple[str | int, ...]) -> str:
+    """``("hosts", "gpu-1", "findings", 0, "data")`` -> ``hosts.gpu-1.findings[0].data``; a key
+    that is not a plain name (dots, spaces, empty) is quoted: ``hosts["a.b"].status``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part and all(c.isalnum() or c in "-_:/@!*%+" for c in part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    text = json.dumps(value) if isinstance(value, str | bool | int | float) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _problem(err: Any) -> str:
+    msg = str(err.get("msg") or "invalid")
+    kind = err.get("type", "")
+    if kind == "missing":
+        return "required field missing"
+    if kind.startswith("value_error"):
+        return msg.removeprefix("Value error, ")
+    if kind in ("extra_forbidden",):
+        return msg
+    if "input" in err and kind != "model_attributes_type":
+        return f"{msg} (got {_got(err['input'])})"
+    return msg
+
+
+def _raise_validation(exc: ValidationError, source: str) -> None:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = tuple(first.get("loc", ()))
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldProblem):
+        loc = (*loc, *cause.loc)
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    raise DocumentError(source, _problem(first) + more, field_path(loc)) from None
+
+
+def _validate(
+    model: type[_Open], data: Any, source: str, check: Callable[[dict[str, Any], str], None] | None = None
+) -> dict[str, Any]:
+    for loc, bad in _bad_numbers(data):
+        raise DocumentError(source, f"{bad.text}: {bad.why}", field_path(loc))
+    if not isinstance(data, dict):
+        raise DocumentError(source, f"not a {model.model_config.get('title')} document: a JSON object "
+                                    f"was expected, got {_got(data)}")  # fmt: skip
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        _raise_validation(exc, source)
+    except RecursionError:
+        raise DocumentError(source, "nested too deeply") from None
+    if check is not None:
+        check(data, source)
+    return data
+
+
+def parse_json(text: str | bytes, source: str) -> Any:
+    """``text`` parsed as JSON (NaN, Infinity and numbers out of range come back marked, for
+    ``validate_*`` to name); :class:`DocumentError` when it is not JSON."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DocumentError(source, f"not UTF-8 text (byte {exc.start}; truncated?)") from None
+    if not text.strip():
+        raise DocumentError(source, "empty file: no JSON document")
+    try:
+        return json.loads(
+            text, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant
+        )
+    except json.JSONDecodeError as exc:
+        where = f"at line {exc.lineno} column {exc.colno}"
+        # cut short: the error is at the end, or a string runs to the end (json names its start)
+        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+            raise DocumentError(source, f"not valid JSON (truncated?) {where}") from None
+        raise DocumentError(source, f"not valid JSON: {exc.msg.removesuffix(' at')} {where}") from None
+    except RecursionError:
+        raise DocumentError(source, "not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # a number Python cannot convert
+        raise DocumentError(source, f"not valid JSON: {exc}") from None
+
+
+def read_json(path: Path | str) -> Any:
+    """The parsed content of the file at ``path``; :class:`DocumentError` when unreadable or not JSON."""
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise DocumentError(source, "no such file") from None
+    except IsADirectoryError:
+        raise DocumentError(source, "is a directory, not a file") from None
+    except OSError as exc:
+        raise DocumentError(source, f"cannot read: {exc.strerror or exc}") from None
+    return parse_json(raw, source)
+
+
+# ------------------------------------------------------------------------- public entry points
+
+
+def _known_action(actions: Collection[str] | None) -> Callable[[dict[str, Any], str], None] | None:
+    if actions is None:
+        return None
+
+    def check(data: dict[str, Any], source: str) -> None:
+        if data["action"] not in actions:
+            known = ", ".join(sorted(actions))
+            raise DocumentError(source, f"unknown remediation {data['action']!r} (known: {known})", "action")
+
+    return check
+
+
+def validate_state(data: Any, source: str, actions: Collection[str] | None = None) -> dict[str, Any]:
+    """``data`` if it is a rollout state (``fleetops.rollout.engine-state/v1``), else DocumentError.
+
+    ``actions``: the remediations this fleetops knows (``REMEDIATIONS``); an ``action`` outside
+    them is refused too (``--resume`` would not know what to run).
+    """
+    return _validate(RolloutState, data, source, _known_action(actions))
+
+
+def validate_scan_report(data: Any, source: str) -> dict[str, Any]:
+    """``data`` if it is a ``fleetops.scan/v1`` report, else DocumentError."""
+    return _validate(ScanReport, data, source)
+
+
+def validate_drift_report(data: Any, source: str) -> dict[str, Any]:
+    """``data`` if it is a ``fleetops.drift/v1`` report, else DocumentError."""
+    return _validate(DriftReport, data, source)
+
+
+def validate_plan(data: Any, source: str) -> dict[str, Any]:
+    """``data`` if it is a ``fleetops.plan/v1`` document, else DocumentError."""
+    return _validate(PlanDocument, data, source)
+
+
+def load_state(path: Path | str, actions: Collection[str] | None = None) -> dict[str, Any]:
+    """The rollout state file at ``path``, validated (see ``validate_state``)."""
+    return validate_state(read_json(path), str(path), actions)
+
+
+def load_scan_report(path: Path | str) -> dict[str, Any]:
+    """The ``fleetops.scan/v1`` report at ``path``, validated."""
+    return validate_scan_report(read_json(path), str(path))
+
+
+def load_drift_report(path: Path | str) -> dict[str, Any]:
+    """The ``fleetops.drift/v1`` report at ``path``, validated."""
+    return validate_drift_report(read_json(path), str(path))
+
+
+def load_plan(path: Path | str) -> dict[str, Any]:
+    """The ``fleetops.plan/v1`` document at ``path``, validated."""
+    return validate_plan(read_json(path), str(path))
+
+
+# ------------------------------------------------------------------------------- JSON Schemas
+
+
+SCHEMA_DIR_NAME = "schemas"
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of document ``name`` (a key of MODELS), from its model."""
+    model = MODELS[name]
+    body = model.model_json_schema(by_alias=True, mode="validation")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://example.invalid/fleetops/schemas/{name}.schema.json",
+        **body,
+    }
+
+
+def json_schema_text(name: str) -> str:
+    """``json_schema(name)`` as the committed file holds it."""
+    return json.dumps(json_schema(name), indent=2, sort_keys=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fleetops.schemas --write DIR``: (re)write DIR/<name>.schema.json for every document."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--write":
+        sys.stderr.write("usage: python -m fleetops.schemas --write DIR\n")
+        return 2
+    out = Path(args[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for name in MODELS:
+        (out / f"{name}.schema.json").write_text(json_schema_text(name), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
