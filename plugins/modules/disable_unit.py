@@ -17,12 +17,12 @@ description:
   - Turns off a unit that a base image enabled and that crash-loops (the Pinterest C(ecs.service) case).
     It stops it, disables it, masks it so nothing can start it again, resets its failed state, and removes
     the leftover container it owned when docker is present.
-  - The name is first resolved the way systemd resolves it (one C(systemctl show -p Id,Names,...) call): an
+  - The name is first resolved the way systemd resolves it (one C(systemctl show -p Id,Names,...) call); an
     alias such as C(dbus-org.freedesktop.login1) is the unit C(systemd-logind.service). Every check and every
     action applies to that unit (its C(Id)), and protection is checked against every name it has.
   - Only C(.service), C(.socket), C(.timer) and C(.path) units can be turned off; targets, slices, scopes,
     mounts, swaps and devices are refused, even with O(allow_protected=true).
-  - Protected units are refused unless O(allow_protected=true) (the only override): C(ssh)/C(sshd) and their
+  - Protected units are refused unless O(allow_protected=true) (the only override) - C(ssh)/C(sshd) and their
     C(@) instances, C(systemd-*), dbus and its C(dbus-org.freedesktop.*) activation aliases, udev, the
     gettys, C(networking), C(ifup@*), NetworkManager, kubelet, containerd, docker and cri-o with their
     sockets, C(amazon-ssm-agent), C(nvidia-fabricmanager), C(nvidia-persistenced), and O(protected).

@@ -27,7 +27,7 @@ description:
     these restarts.
   - Values are quoted and escaped for systemd (C(\\), C(") and the C(%) specifier character), so
     what the service sees is exactly the value given; C($) has no meaning in C(Environment=).
-    Names must match C([A-Za-z_][A-Za-z0-9_]*) (the whole name: a trailing newline is refused); values must
+    Names must match C([A-Za-z_][A-Za-z0-9_]*) (the whole name, so a trailing newline is refused); values must
     not contain newlines, NUL or other control characters (tabs included). Invalid input, invalid unit
     names, units that are not services, units that do not exist or are masked, and hosts without systemd
     are refused with no change.
