@@ -113,16 +113,32 @@ class PlanCaps(_Open):
     canary: NonNegInt
 
 
+Batches = Annotated[
+    list[Annotated[list[HostName], Field(min_length=1)]],
+    Field(description="exact host names, in order; the first is the canary batch when caps.canary > 0"),
+]
+
+
+def _check_batches(batches: list[list[str]], hosts: int | None) -> None:
+    """A host is in one batch only; ``hosts``, when given, counts the hosts in the batches."""
+    seen: set[str] = set()
+    for i, batch in enumerate(batches):
+        for host in batch:
+            if host in seen:
+                raise FieldProblem(("batches", i), f"host {host!r} is in more than one batch")
+            seen.add(host)
+    if hosts is not None and hosts != len(seen):
+        raise FieldProblem(("hosts",), f"is {hosts} but the batches hold {len(seen)} host(s)")
+
+
 class PlanDocument(_Open):
-    """``fleetops plan --format json``; also the ``plan`` of every rollout state."""
+    """``fleetops plan --format json``."""
 
     model_config = ConfigDict(title="fleetops.plan/v1")
 
     schema_: Literal["fleetops.plan/v1"] = Field(alias="schema")
     action: str = Field(min_length=1)
-    batches: list[Annotated[list[HostName], Field(min_length=1)]] = Field(
-        description="exact host names, in order; the first is the canary batch when caps.canary > 0"
-    )
+    batches: Batches
     excluded: list[str]
     caps: PlanCaps
     lower_bound: NonNegInt
@@ -133,14 +149,28 @@ class PlanDocument(_Open):
 
     @model_validator(mode="after")
     def _batches_consistent(self) -> Self:
-        seen: set[str] = set()
-        for i, batch in enumerate(self.batches):
-            for host in batch:
-                if host in seen:
-                    raise FieldProblem(("batches", i), f"host {host!r} is in more than one batch")
-                seen.add(host)
-        if self.hosts != len(seen):
-            raise FieldProblem(("hosts",), f"is {self.hosts} but the batches hold {len(seen)} host(s)")
+        _check_batches(self.batches, self.hosts)
+        return self
+
+
+class RolloutPlan(_Open):
+    """The ``plan`` a rollout state carries: the plan document it was started with. The engine
+    needs only ``batches``; the other fields, when present, are those of PlanDocument."""
+
+    schema_: Literal["fleetops.plan/v1"] | None = Field(default=None, alias="schema")
+    action: str | None = None
+    batches: Batches
+    excluded: list[str] | None = None
+    caps: PlanCaps | None = None
+    lower_bound: NonNegInt | None = None
+    groups: dict[str, list[HostName]] | None = None
+    group_by: str | None = None
+    hosts: NonNegInt | None = None
+    notes: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _batches_consistent(self) -> Self:
+        _check_batches(self.batches, self.hosts)
         return self
 
 
@@ -206,7 +236,7 @@ class RolloutState(_Open):
     apply: bool
     inventory: list[str]
     extravars: dict[str, Any]
-    plan: PlanDocument
+    plan: RolloutPlan
     max_failures: NonNegInt
     cooldown: Seconds
     gate: bool

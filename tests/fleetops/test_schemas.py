@@ -382,3 +382,13 @@ def _leaves(value: Any) -> list[Any]:
     if isinstance(value, list):
         return [leaf for v in value for leaf in _leaves(v)]
     return [value]
+
+
+def test_a_state_needs_only_the_batches_of_its_plan() -> None:
+    doc = sample("state-stopped.json")
+    doc["plan"] = {"batches": doc["plan"]["batches"]}  # what the engine reads; the rest is for people
+    assert schemas.validate_state(doc, "s.json") is doc
+    doc["plan"]["caps"] = {"max_parallel": 1}
+    assert error_of(lambda: schemas.validate_state(doc, "s.json")) == (
+        "s.json: plan.caps.max_parallel: Input should be a valid string (got 1) (and 3 more problem(s))"
+    )
