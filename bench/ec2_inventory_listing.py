@@ -57,8 +57,6 @@ def _environment() -> None:
     )
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
         os.environ.pop(name, None)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
 
 
 def _list(source: Path, expected: int) -> tuple[float, float]:

@@ -185,6 +185,10 @@ options:
     type: str
     aliases: [session_token, aws_security_token, security_token]
 notes:
+  - The connection options (O(endpoint_url), credentials, O(max_attempts), O(initial_backoff),
+    O(max_backoff), O(connect_timeout), O(read_timeout)), their defaults, the client, the retries
+    and the error texts are the collection's C(aws) module utilities, which the fleetops rollout's
+    EC2 lease uses too, so both reach the same endpoint with the same budget.
   - These C(aws_ec2) options are not implemented, and refused when present so that nothing is
     silently ignored; C(iam_role_arn), C(use_ssm_inventory), C(allow_duplicated_hosts),
     C(use_contrib_script_compatible_sanitization), C(use_contrib_script_compatible_ec2_tag_keys).
@@ -255,9 +259,9 @@ import functools
 import gc
 import hashlib
 import json
+import os
 import re
 import time
-from urllib.parse import urlparse
 
 import jinja2
 import jinja2.meta
@@ -265,6 +269,7 @@ from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.module_utils.common.dict_transformations import camel_dict_to_snake_dict
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible_collections.fleetops.node.plugins.module_utils import aws
 
 try:
     from ansible.utils.vars import validate_variable_name
@@ -272,42 +277,17 @@ except ImportError:  # older ansible-core: every variable takes the ordinary pat
     validate_variable_name = None
 
 try:
-    import boto3
     import botocore
-    import botocore.config
-    import botocore.exceptions
     import botocore.paginate
     import botocore.session
-    HAS_BOTO3 = True
 except ImportError:
-    HAS_BOTO3 = False
-
-try:
-    import tenacity
-    HAS_TENACITY = True
-except ImportError:
-    HAS_TENACITY = False
+    pass  # aws.HAS_BOTO3 says so; parse() refuses to run
 
 
 CACHE_FORMAT = 2  # 2: [hostname, host variables] per instance (1: the API's instance descriptions)
 STATUS_CHUNK = 100  # DescribeInstanceStatus takes at most 100 InstanceIds
 STATUS_WORKERS = 4
 MAX_DUPLICATE_WARNINGS = 10
-
-# Error codes worth another attempt (with HTTP >= 500, whatever the code).
-RETRYABLE_CODES = frozenset((
-    "RequestLimitExceeded",
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "InternalError",
-    "InternalFailure",
-    "ServiceUnavailable",
-    "Unavailable",
-))
 
 DEFAULT_STATES = ["pending", "running", "stopping", "stopped"]
 
@@ -325,7 +305,11 @@ ATTRIBUTES = {
     "ipv6-address": ("NetworkInterfaces", "Ipv6Addresses", "Ipv6Address"),
     "key-name": ("KeyName",),
     "launch-index": ("AmiLaunchIndex",),
-    "network-interface.addresses.private-ip-address": ("NetworkInterfaces", "PrivateIpAddresses", "PrivateIpAddress"),
+    "network-interface.addresses.private-ip-address": (
+        "NetworkInterfaces",
+        "PrivateIpAddresses",
+        "PrivateIpAddress",
+    ),
     "network-interface.private-dns-name": ("NetworkInterfaces", "PrivateDnsName"),
     "owner-id": ("OwnerId",),
     "placement-group-name": ("Placement", "GroupName"),
@@ -341,29 +325,66 @@ ATTRIBUTES = {
 # the ec2_* variable to use instead. Only with aws_ec2_hostvars (and never 'tags', a reserved name).
 _EC2 = "the ec2_* variables"
 AWS_EC2_HOSTVARS = {
-    "ami_launch_index": _EC2, "architecture": _EC2, "block_device_mappings": _EC2, "boot_mode": _EC2,
-    "capacity_reservation_specification": _EC2, "client_token": _EC2, "cpu_options": _EC2,
-    "ebs_optimized": _EC2, "ena_support": _EC2, "enclave_options": _EC2, "hibernation_options": _EC2,
-    "hypervisor": _EC2, "iam_instance_profile": _EC2, "image_id": "ec2_image_id", "instance_id": "ec2_instance_id",
-    "instance_lifecycle": _EC2, "instance_type": "ec2_instance_type", "key_name": _EC2,
-    "launch_time": "ec2_launch_time", "maintenance_options": _EC2, "metadata_options": _EC2, "monitoring": _EC2,
-    "network_interfaces": _EC2, "owner_id": _EC2, "placement": "ec2_az / ec2_region", "platform": _EC2,
-    "platform_details": _EC2, "private_dns_name": _EC2, "private_ip_address": "ec2_private_ip",
-    "product_codes": _EC2, "public_dns_name": _EC2, "public_ip_address": _EC2, "requester_id": _EC2,
-    "reservation_id": _EC2, "root_device_name": _EC2, "root_device_type": _EC2, "security_groups": _EC2,
-    "source_dest_check": _EC2, "spot_instance_request_id": _EC2, "sriov_net_support": _EC2,
-    "state": "ec2_state", "state_reason": _EC2, "state_transition_reason": _EC2, "subnet_id": _EC2,
-    "tags": "ec2_tags", "usage_operation": _EC2, "virtualization_type": _EC2, "vpc_id": _EC2,
+    "ami_launch_index": _EC2,
+    "architecture": _EC2,
+    "block_device_mappings": _EC2,
+    "boot_mode": _EC2,
+    "capacity_reservation_specification": _EC2,
+    "client_token": _EC2,
+    "cpu_options": _EC2,
+    "ebs_optimized": _EC2,
+    "ena_support": _EC2,
+    "enclave_options": _EC2,
+    "hibernation_options": _EC2,
+    "hypervisor": _EC2,
+    "iam_instance_profile": _EC2,
+    "image_id": "ec2_image_id",
+    "instance_id": "ec2_instance_id",
+    "instance_lifecycle": _EC2,
+    "instance_type": "ec2_instance_type",
+    "key_name": _EC2,
+    "launch_time": "ec2_launch_time",
+    "maintenance_options": _EC2,
+    "metadata_options": _EC2,
+    "monitoring": _EC2,
+    "network_interfaces": _EC2,
+    "owner_id": _EC2,
+    "placement": "ec2_az / ec2_region",
+    "platform": _EC2,
+    "platform_details": _EC2,
+    "private_dns_name": _EC2,
+    "private_ip_address": "ec2_private_ip",
+    "product_codes": _EC2,
+    "public_dns_name": _EC2,
+    "public_ip_address": _EC2,
+    "requester_id": _EC2,
+    "reservation_id": _EC2,
+    "root_device_name": _EC2,
+    "root_device_type": _EC2,
+    "security_groups": _EC2,
+    "source_dest_check": _EC2,
+    "spot_instance_request_id": _EC2,
+    "sriov_net_support": _EC2,
+    "state": "ec2_state",
+    "state_reason": _EC2,
+    "state_transition_reason": _EC2,
+    "subnet_id": _EC2,
+    "tags": "ec2_tags",
+    "usage_operation": _EC2,
+    "virtualization_type": _EC2,
+    "vpc_id": _EC2,
 }
 
 # amazon.aws.aws_ec2 options this plugin does not implement: refused with a clear message.
-UNSUPPORTED_AWS_EC2_OPTIONS = frozenset((
-    "iam_role_arn",
-    "use_ssm_inventory",
-    "allow_duplicated_hosts",
-    "use_contrib_script_compatible_sanitization",
-    "use_contrib_script_compatible_ec2_tag_keys",
-))
+UNSUPPORTED_AWS_EC2_OPTIONS = frozenset(
+    (
+        "iam_role_arn",
+        "use_ssm_inventory",
+        "allow_duplicated_hosts",
+        "use_contrib_script_compatible_sanitization",
+        "use_contrib_script_compatible_ec2_tag_keys",
+    )
+)
 
 _GROUP_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -474,27 +495,6 @@ def _closest(name, candidates):
     return best
 
 
-def _error_text(exc):
-    if HAS_BOTO3 and isinstance(exc, botocore.exceptions.ClientError):
-        err = exc.response.get("Error", {})
-        code = err.get("Code") or "HTTP %s" % exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
-        return "%s: %s" % (code, err.get("Message") or to_native(exc))
-    if HAS_BOTO3 and isinstance(exc, botocore.exceptions.NoCredentialsError):
-        return ("%s (set aws_profile, or aws_access_key and aws_secret_key, or the AWS_ACCESS_KEY_ID/"
-                "AWS_SECRET_ACCESS_KEY/AWS_PROFILE environment variables)" % to_native(exc))
-    return to_native(exc) or type(exc).__name__
-
-
-def _is_retryable(exc):
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-        return code in RETRYABLE_CODES or int(status) >= 500
-    if isinstance(exc, botocore.exceptions.SSLError):
-        return False
-    return isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError))
-
-
 def _first_page(paginator, pagination, kwargs):
     """One request: the first page of a fresh paginator (started at pagination's StartingToken)."""
     return next(iter(paginator.paginate(PaginationConfig=pagination, **kwargs)))
@@ -548,8 +548,12 @@ class _HostvarsWriter:
 
     def set(self, hostname, hostvars, new):
         inventory = self._inventory
-        if (new and self._batch and hostname not in inventory.groups
-                and (hostvars.keys() <= self._good_names or self._names_ok(hostvars))):
+        if (
+            new
+            and self._batch
+            and hostname not in inventory.groups
+            and (hostvars.keys() <= self._good_names or self._names_ok(hostvars))
+        ):
             seen = self._seen
             given = {}
             keys = {}  # name -> _flat_key() of its value, for the values not seen before
@@ -613,7 +617,6 @@ class _RegionDenied(Exception):
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
-
     NAME = "fleetops.node.ec2"
 
     def __init__(self):
@@ -621,6 +624,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         self._session = None
         self._clients = {}
         self._settings = {}
+        self._connection = None  # aws.ConnectionSettings
 
     # ---- plugin entry points -------------------------------------------------------------------
 
@@ -635,19 +639,36 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         The cache holds shaped hosts, so another query, or options that shape hostnames and host
         variables differently, never read this one's data.
         """
-        query = {k: self._settings.get(k) for k in (
-            "regions", "filter_sets", "exclude_sets", "endpoint_url", "include_events", "aws_profile",
-            "aws_access_key", "strict_permissions", "hostnames", "aws_ec2_hostvars", "hostvars_prefix",
-            "hostvars_suffix")}
+        query = {
+            k: self._settings.get(k)
+            for k in (
+                "regions",
+                "filter_sets",
+                "exclude_sets",
+                "endpoint_url",
+                "include_events",
+                "aws_profile",
+                "aws_access_key",
+                "strict_permissions",
+                "hostnames",
+                "aws_ec2_hostvars",
+                "hostvars_prefix",
+                "hostvars_suffix",
+            )
+        }
         digest = hashlib.sha256(json.dumps(query, sort_keys=True, default=str).encode()).hexdigest()[:12]
         return "%s_%s" % (super().get_cache_key(path), digest)
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path)
-        if not HAS_BOTO3:
-            raise AnsibleError("The fleetops.node.ec2 inventory plugin requires boto3 and botocore (pip install boto3).")
-        if not HAS_TENACITY:
-            raise AnsibleError("The fleetops.node.ec2 inventory plugin requires tenacity (pip install tenacity).")
+        if not aws.HAS_BOTO3:
+            raise AnsibleError(
+                "The fleetops.node.ec2 inventory plugin requires boto3 and botocore (pip install boto3)."
+            )
+        if not aws.HAS_TENACITY:
+            raise AnsibleError(
+                "The fleetops.node.ec2 inventory plugin requires tenacity (pip install tenacity)."
+            )
 
         config = self._read_config_data(path)
         self._check_option_names(config, path)
@@ -689,7 +710,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             # the cache reshapes nothing and decodes a tenth of the data. One JSON string: cache
             # plugins decode nested data slowly (every dict and string is visited); the stdlib
             # decoder reads 5,000 hosts in about 15 ms.
-            self._cache[cache_key] = {"format": CACHE_FORMAT, "hosts": json.dumps(hosts, separators=(",", ":"))}
+            self._cache[cache_key] = {
+                "format": CACHE_FORMAT,
+                "hosts": json.dumps(hosts, separators=(",", ":")),
+            }
 
         self._populate(hosts)
 
@@ -702,8 +726,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         except ValueError:
             return None
         if not isinstance(hosts, list) or not all(
-                isinstance(h, list) and len(h) == 2 and (h[0] is None or isinstance(h[0], str)) and isinstance(h[1], dict)
-                for h in hosts):
+            isinstance(h, list)
+            and len(h) == 2
+            and (h[0] is None or isinstance(h[0], str))
+            and isinstance(h[1], dict)
+            for h in hosts
+        ):
             return None
         return hosts
 
@@ -724,8 +752,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 continue
             close = _closest(name, known)
             problems.append("'%s'%s" % (name, " (did you mean '%s'?)" % close if close else ""))
-        raise AnsibleParserError("%s: unknown option%s for fleetops.node.ec2: %s" % (
-            path, "s" if len(problems) > 1 else "", ", ".join(problems)))
+        raise AnsibleParserError(
+            "%s: unknown option%s for fleetops.node.ec2: %s"
+            % (path, "s" if len(problems) > 1 else "", ", ".join(problems))
+        )
 
     def _validated_settings(self, config):
         s = {}
@@ -737,7 +767,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         for label, sets in (("include_filters", include), ("exclude_filters", exclude)):
             for entry in sets:
                 if not isinstance(entry, dict) or not entry:
-                    raise AnsibleParserError("%s: every entry must be a non-empty mapping of EC2 filters, got %r" % (label, entry))
+                    raise AnsibleParserError(
+                        "%s: every entry must be a non-empty mapping of EC2 filters, got %r" % (label, entry)
+                    )
         filters_given = "filters" in config
         filter_sets = []
         if filters_given or not include:
@@ -754,40 +786,37 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             for name in names:
                 if name is None or name == "":
                     continue
-                if not isinstance(name, str) or not (name.startswith("tag:") and len(name) > 4 or name in ATTRIBUTES):
+                if not isinstance(name, str) or not (
+                    name.startswith("tag:") and len(name) > 4 or name in ATTRIBUTES
+                ):
                     close = _closest(str(name), ATTRIBUTES)
                     raise AnsibleParserError(
-                        "hostnames: unknown entry %r%s; use tag:NAME, tag:NAME=VALUE or one of: %s" % (
-                            name, " (did you mean '%s'?)" % close if close else "", ", ".join(sorted(ATTRIBUTES))))
+                        "hostnames: unknown entry %r%s; use tag:NAME, tag:NAME=VALUE or one of: %s"
+                        % (
+                            name,
+                            " (did you mean '%s'?)" % close if close else "",
+                            ", ".join(sorted(ATTRIBUTES)),
+                        )
+                    )
         s["hostnames"] = hostnames
 
         page_size = self.get_option("page_size")
         if not 5 <= page_size <= 1000:
             raise AnsibleParserError("page_size must be between 5 and 1000, got %d" % page_size)
         s["page_size"] = page_size
-        if self.get_option("max_attempts") < 1:
-            raise AnsibleParserError("max_attempts must be at least 1, got %d" % self.get_option("max_attempts"))
-        for name in ("initial_backoff", "max_backoff"):
-            if self.get_option(name) < 0:
-                raise AnsibleParserError("%s must not be negative" % name)
-        for name in ("connect_timeout", "read_timeout"):
-            if self.get_option(name) <= 0:
-                raise AnsibleParserError("%s must be positive" % name)
 
-        endpoint = self.get_option("endpoint_url") or None
-        if endpoint:
-            parsed = urlparse(endpoint)
-            if parsed.scheme not in ("http", "https") or not parsed.netloc:
-                raise AnsibleParserError("endpoint_url must be an http:// or https:// URL, got %r" % endpoint)
-        s["endpoint_url"] = endpoint
-
-        access, secret = self.get_option("aws_access_key"), self.get_option("aws_secret_key")
-        if bool(access) != bool(secret):
-            raise AnsibleParserError("aws_access_key and aws_secret_key must be given together")
-        if access and self.get_option("aws_profile"):
-            raise AnsibleParserError("aws_profile and aws_access_key are mutually exclusive")
-        s["aws_profile"] = self.get_option("aws_profile")
-        s["aws_access_key"] = access
+        # The connection options as module_utils/aws.py resolves and validates them (Ansible has
+        # applied the aliases, environment variables and defaults it documents, the same ones).
+        try:
+            connection = aws.ConnectionSettings.from_options(
+                dict((name, self.get_option(name)) for name in aws.OPTIONS), environ=os.environ
+            )
+        except aws.AwsSettingsError as e:
+            raise AnsibleParserError(to_native(e)) from None
+        self._connection = connection
+        s["endpoint_url"] = connection.endpoint_url or None
+        s["aws_profile"] = connection.aws_profile
+        s["aws_access_key"] = connection.aws_access_key
         s["include_events"] = self.get_option("include_events")
         s["aws_ec2_hostvars"] = self.get_option("aws_ec2_hostvars")
         s["hostvars_prefix"] = self.get_option("hostvars_prefix") or ""
@@ -807,8 +836,14 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 close = _closest(str(region), known)
                 raise AnsibleParserError(
                     "regions: %r is not an AWS region%s (botocore %s knows %d; a region newer than that "
-                    "needs a newer botocore)" % (
-                        region, ", did you mean '%s'?" % close if close else "", botocore.__version__, len(known)))
+                    "needs a newer botocore)"
+                    % (
+                        region,
+                        ", did you mean '%s'?" % close if close else "",
+                        botocore.__version__,
+                        len(known),
+                    )
+                )
             if str(region) not in result:
                 result.append(str(region))
         return result
@@ -846,69 +881,51 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     advice = "use %s ('tags' is reserved in Ansible)" % hint
                 else:
                     advice = "set aws_ec2_hostvars: true, or use %s" % hint
-                self.display.warning("fleetops.node.ec2: %s uses %r, an amazon.aws.aws_ec2 host variable this "
-                                     "configuration does not set; %s" % (where, name, advice))
+                self.display.warning(
+                    "fleetops.node.ec2: %s uses %r, an amazon.aws.aws_ec2 host variable this "
+                    "configuration does not set; %s" % (where, name, advice)
+                )
 
     # ---- AWS calls -----------------------------------------------------------------------------
 
     def _get_session(self):
         if self._session is None:
-            kwargs = {}
-            if self.get_option("aws_profile"):
-                kwargs["profile_name"] = self.get_option("aws_profile")
-            if self.get_option("aws_access_key"):
-                kwargs["aws_access_key_id"] = self.get_option("aws_access_key")
-                kwargs["aws_secret_access_key"] = self.get_option("aws_secret_key")
-                kwargs["aws_session_token"] = self.get_option("aws_session_token") or None
             try:
-                self._session = boto3.session.Session(**kwargs)
-            except botocore.exceptions.BotoCoreError as e:
-                raise AnsibleError("Failed to set up AWS credentials: %s" % _error_text(e)) from None
+                self._session = aws.session(self._connection)
+            except aws.AwsError as e:
+                raise AnsibleError(to_native(e)) from None
         return self._session
 
     def _client(self, region):
         if region in self._clients:
             return self._clients[region]
-        config = botocore.config.Config(
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            connect_timeout=self.get_option("connect_timeout"),
-            read_timeout=self.get_option("read_timeout"),
-            user_agent_extra="fleetops.node.ec2",
-        )
         try:
-            client = self._get_session().client("ec2", region_name=region, endpoint_url=self._settings["endpoint_url"], config=config)
-        except (botocore.exceptions.BotoCoreError, ValueError) as e:
-            raise AnsibleError("Failed to create an EC2 client for %s: %s" % (region, _error_text(e))) from None
+            client = aws.client(
+                self._connection,
+                "ec2",
+                region,
+                aws_session=self._get_session(),
+                user_agent="fleetops.node.ec2",
+            )
+        except aws.AwsError as e:
+            raise AnsibleError(to_native(e)) from None
         self._clients[region] = client
         return client
 
     def _call(self, operation, region, func):
         """Run one API request under our retry budget; AnsibleError naming the call when it runs out."""
-        max_attempts = self.get_option("max_attempts")
-
-        def log_retry(state):
-            exc = state.outcome.exception()
-            self.display.vvv("fleetops.node.ec2: ec2:%s in %s: %s; attempt %d of %d failed, next in %.2fs" % (
-                operation, region, _error_text(exc), state.attempt_number, max_attempts,
-                state.next_action.sleep if state.next_action else 0.0))
-
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(max_attempts),
-            wait=tenacity.wait_random_exponential(multiplier=self.get_option("initial_backoff"),
-                                                  max=self.get_option("max_backoff")),
-            retry=tenacity.retry_if_exception(_is_retryable),
-            before_sleep=log_retry,
-            reraise=True,
-        )
         try:
-            return retrying(func)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
-            if (isinstance(e, botocore.exceptions.ClientError) and not self.get_option("strict_permissions")
-                    and e.response.get("Error", {}).get("Code") == "UnauthorizedOperation"):
-                raise _RegionDenied(_error_text(e)) from None
-            attempts = retrying.statistics.get("attempt_number", 1)
-            raise AnsibleError("Failed to call ec2:%s in %s%s: %s" % (
-                operation, region, " after %d attempts" % attempts if attempts > 1 else "", _error_text(e))) from None
+            return aws.call(
+                self._connection,
+                operation,
+                region,
+                func,
+                on_retry=lambda line: self.display.vvv("fleetops.node.ec2: " + line),
+            )
+        except aws.AwsError as e:
+            if e.code == "UnauthorizedOperation" and not self.get_option("strict_permissions"):
+                raise _RegionDenied(e.cause) from None
+            raise AnsibleError(to_native(e)) from None
 
     def _pages(self, region, operation, method, kwargs, page_size=None):
         """Every page of a paginated call; each page is one retried request.
@@ -928,14 +945,18 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             if token:
                 pagination["StartingToken"] = encoder.encode({"NextToken": token})
 
-            page = self._call(operation, region, functools.partial(_first_page, paginator, pagination, kwargs))
+            page = self._call(
+                operation, region, functools.partial(_first_page, paginator, pagination, kwargs)
+            )
             yield page
             token = page.get("NextToken")
             if not token:
                 return
             if token in seen:
-                raise AnsibleError("Failed to call ec2:%s in %s: the endpoint repeated pagination token %r" % (
-                    operation, region, token))
+                raise AnsibleError(
+                    "Failed to call ec2:%s in %s: the endpoint repeated pagination token %r"
+                    % (operation, region, token)
+                )
             seen.add(token)
 
     def _regions(self):
@@ -947,8 +968,13 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def _list_instances(self, region, filters):
         instances = []
-        for page in self._pages(region, "DescribeInstances", "describe_instances", {"Filters": filters},
-                                page_size=self._settings["page_size"]):
+        for page in self._pages(
+            region,
+            "DescribeInstances",
+            "describe_instances",
+            {"Filters": filters},
+            page_size=self._settings["page_size"],
+        ):
             for reservation in page.get("Reservations", []):
                 for instance in reservation.get("Instances", []):
                     instance["OwnerId"] = reservation.get("OwnerId", "")
@@ -963,14 +989,16 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         The calls are latency-bound (5,000 instances are 50 calls), so STATUS_WORKERS run at once;
         each one has its own retry budget.
         """
-        chunks = [instance_ids[i:i + STATUS_CHUNK] for i in range(0, len(instance_ids), STATUS_CHUNK)]
+        chunks = [instance_ids[i : i + STATUS_CHUNK] for i in range(0, len(instance_ids), STATUS_CHUNK)]
         self._client(region)  # created once, before the threads share it (boto3 clients are thread-safe)
 
         def fetch(chunk):
             kwargs = {"InstanceIds": chunk, "IncludeAllInstances": True}
-            return [status
-                    for page in self._pages(region, "DescribeInstanceStatus", "describe_instance_status", kwargs)
-                    for status in page.get("InstanceStatuses", [])]
+            return [
+                status
+                for page in self._pages(region, "DescribeInstanceStatus", "describe_instance_status", kwargs)
+                for status in page.get("InstanceStatuses", [])
+            ]
 
         statuses = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(STATUS_WORKERS, len(chunks) or 1)) as pool:
@@ -1001,18 +1029,24 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 try:
                     statuses = self._statuses(region, sorted(found)) if found else {}
                 except _RegionDenied as e:
-                    self.display.warning("fleetops.node.ec2: no scheduled events or status checks in %s (its hosts "
-                                         "get neither variable): %s" % (region, e))
-            self.display.vvv("fleetops.node.ec2: %s: %d instances listed in %.2fs, statuses in %.2fs" % (
-                region, len(found), listed - started, time.monotonic() - listed))
+                    self.display.warning(
+                        "fleetops.node.ec2: no scheduled events or status checks in %s (its hosts "
+                        "get neither variable): %s" % (region, e)
+                    )
+            self.display.vvv(
+                "fleetops.node.ec2: %s: %d instances listed in %.2fs, statuses in %.2fs"
+                % (region, len(found), listed - started, time.monotonic() - listed)
+            )
             for instance_id in sorted(found):
                 # status: the DescribeInstanceStatus item ({} when EC2 had none), None when not asked
                 status = None if statuses is None else statuses.get(instance_id, {})
-                records.append({
-                    "region": str(region),
-                    "instance": _jsonable(found[instance_id]),
-                    "status": _jsonable(status) if status is not None else None,
-                })
+                records.append(
+                    {
+                        "region": str(region),
+                        "instance": _jsonable(found[instance_id]),
+                        "status": _jsonable(status) if status is not None else None,
+                    }
+                )
         return records
 
     # ---- inventory -----------------------------------------------------------------------------
@@ -1049,17 +1083,19 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 # 'tags' is a reserved name (a play keyword); only a renamed copy can be a host variable.
                 hostvars["tags"] = tags
                 hostvars = {prefix + k + suffix: v for k, v in hostvars.items()}
-        hostvars.update({
-            "ec2_instance_id": instance.get("InstanceId"),
-            "ec2_instance_type": instance.get("InstanceType"),
-            "ec2_az": az,
-            "ec2_region": record["region"],
-            "ec2_image_id": instance.get("ImageId"),
-            "ec2_tags": tags,
-            "ec2_private_ip": instance.get("PrivateIpAddress"),
-            "ec2_launch_time": instance.get("LaunchTime"),
-            "ec2_state": (instance.get("State") or {}).get("Name"),
-        })
+        hostvars.update(
+            {
+                "ec2_instance_id": instance.get("InstanceId"),
+                "ec2_instance_type": instance.get("InstanceType"),
+                "ec2_az": az,
+                "ec2_region": record["region"],
+                "ec2_image_id": instance.get("ImageId"),
+                "ec2_tags": tags,
+                "ec2_private_ip": instance.get("PrivateIpAddress"),
+                "ec2_launch_time": instance.get("LaunchTime"),
+                "ec2_state": (instance.get("State") or {}).get("Name"),
+            }
+        )
         status = record.get("status")
         if self._settings["include_events"] and status is not None:
             hostvars["ec2_scheduled_events"] = [
@@ -1107,8 +1143,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         for hostname, hostvars in hosts:
             instance_id = hostvars.get("ec2_instance_id")
             if not hostname:
-                self.display.vvv("fleetops.node.ec2: %s has no hostname from %s; left out" % (
-                    instance_id, self._settings["hostnames"]))
+                self.display.vvv(
+                    "fleetops.node.ec2: %s has no hostname from %s; left out"
+                    % (instance_id, self._settings["hostnames"])
+                )
                 continue
             if ":" in hostname:
                 hostname = self._sanitize_group_name(hostname)
@@ -1123,7 +1161,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 if value:
                     group = default_groups.get((prefix, value))
                     if group is None:
-                        group = default_groups[(prefix, value)] = inventory.add_group(_group_name(prefix, value))
+                        group = default_groups[(prefix, value)] = inventory.add_group(
+                            _group_name(prefix, value)
+                        )
                     if hostname in known_groups:
                         add_host(hostname, group=group)
                     else:  # the same, a little cheaper: add_child takes a name as a group's first
@@ -1135,8 +1175,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             if keyed_groups:
                 self._add_host_to_keyed_groups(keyed_groups, hostvars, hostname, strict=strict)
         for kept, dropped, hostname in duplicates[:MAX_DUPLICATE_WARNINGS]:
-            self.display.warning("fleetops.node.ec2: %s and %s both map to hostname %r; %s left out" % (
-                kept, dropped, hostname, dropped))
+            self.display.warning(
+                "fleetops.node.ec2: %s and %s both map to hostname %r; %s left out"
+                % (kept, dropped, hostname, dropped)
+            )
         if len(duplicates) > MAX_DUPLICATE_WARNINGS:
-            self.display.warning("fleetops.node.ec2: %d more instances left out for the same reason; choose "
-                                 "hostnames that are unique (instance-id is)" % (len(duplicates) - MAX_DUPLICATE_WARNINGS))
+            self.display.warning(
+                "fleetops.node.ec2: %d more instances left out for the same reason; choose "
+                "hostnames that are unique (instance-id is)" % (len(duplicates) - MAX_DUPLICATE_WARNINGS)
+            )

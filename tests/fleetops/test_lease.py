@@ -7,7 +7,9 @@ Ec2Proxy sits in front of it to throttle (503 RequestLimitExceeded) for the retr
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -16,13 +18,19 @@ from typing import Any
 
 import pytest
 
+from fleetops.errors import UsageError
 from fleetops.rollout.lease import (
     KEY_PREFIX,
+    MAX_TTL_S,
+    TAG_VALUE_MAX,
     Ec2Connection,
     Ec2Lease,
     LeaseError,
     connection_for,
+    lease_settle,
     lease_targets,
+    lease_ttl,
+    validate_ttl,
 )
 from fleetops_lab.ec2sim import Ec2Proxy, MotoServer, client, launch_many
 
@@ -219,3 +227,96 @@ def test_lease_targets_come_from_ec2_hostvars() -> None:
         InventoryHost("b", None, None, {}),
     ]
     assert lease_targets(hosts) == {"a": {"instance": "i-1", "region": "us-east-1"}}
+
+
+# operator names: non-ASCII (2-byte, 3-byte, 4-byte UTF-8), and too long for the tag in any script
+OPERATORS = {
+    "latin": "\u00e9" * 40 + "@bastion",
+    "cjk": "\u904b\u7528\u62c5\u5f53\u8005" * 12 + "@\u30b3\u30f3\u30c8\u30ed\u30fc\u30e9\u30fc-01",
+    "emoji": "\U0001f600" * 80,
+    "long-host": "alice@" + "gpu-bastion-" * 40,
+    "long-both": "b" * 300 + "@" + "h" * 300,
+    "controls": 'quote"back\\slash\nnew\udcffline@ctl',
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_a_non_ascii_or_long_operator_keeps_the_tag_readable(moto: tuple[str, list[str]], name: str) -> None:
+    """The tag stays JSON of at most 256 bytes (so 256 characters however EC2 counts); a second rollout reads it."""
+    url, ids = moto
+    operator = OPERATORS[name]
+    holder = Ec2Lease(_conn(url), {"host-0": {"instance": ids[0], "region": REGION}}, A, operator, settle=0.1)
+    holder.acquire()
+    try:
+        stored = _tags(url, ids[:1])[ids[0]][KEY_PREFIX + A]  # as moto_server keeps it, over real HTTP
+        assert stored == holder.value
+        assert len(stored.encode("utf-8")) <= TAG_VALUE_MAX
+        data = json.loads(stored)
+        assert set(data) == {"operator", "since", "expires"}
+        shown = data["operator"]
+        clean = operator.encode("utf-8", "replace").decode("utf-8")
+        if len(json.dumps({"operator": clean}, ensure_ascii=False).encode()) + 50 <= TAG_VALUE_MAX:
+            assert shown == clean  # it fits: kept whole
+        else:
+            assert shown != clean and "\u2026" in shown and len(shown) >= 40  # shortened, still telling
+            user, _, host = clean.rpartition("@")
+            if "@" in clean:
+                assert "@" in shown
+                kept_user, _, kept_host = shown.rpartition("@")
+                assert user.startswith(kept_user.rstrip("\u2026")) and host.startswith(
+                    kept_host.rstrip("\u2026")
+                )
+        second = Ec2Lease(
+            _conn(url), {"host-0": {"instance": ids[0], "region": REGION}}, B, "op-b@ctl", settle=0.1
+        )
+        with pytest.raises(LeaseError) as refused:
+            second.acquire()
+        text = str(refused.value)
+        assert f"rollout {A} by {shown}, expires 20" in text  # readable: holder and expiry, not "unreadable"
+        assert "unreadable" not in text
+    finally:
+        holder.release()
+    assert _tags(url, ids[:1]) == {ids[0]: {}}
+
+
+def test_lease_ttl_and_settle_are_range_checked_before_anything_is_taken(moto: tuple[str, list[str]]) -> None:
+    for bad in (math.nan, math.inf, -math.inf, 0.0, -5.0, 2.0, 1.5, MAX_TTL_S + 1):
+        with pytest.raises(UsageError, match="lease TTL must be"):
+            validate_ttl(bad, settle=2.0)
+    assert (
+        validate_ttl(2.5, settle=2.0) == 2.5
+        and validate_ttl(900) == 900.0
+        and validate_ttl(MAX_TTL_S) == MAX_TTL_S
+    )
+    for bad_settle in (math.nan, -0.1, math.inf):
+        with pytest.raises(UsageError, match="settle time must be"):
+            validate_ttl(900, settle=bad_settle)
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--lease-ttl", type=lease_ttl, default=900.0)
+    parser.add_argument("--lease-settle", type=lease_settle, default=2.0)
+    assert parser.parse_args(["--lease-ttl", "60", "--lease-settle", "0"]) == argparse.Namespace(
+        lease_ttl=60.0, lease_settle=0.0
+    )
+    for argv in (["--lease-ttl", "nan"], ["--lease-ttl", "inf"], ["--lease-ttl", "-1"], ["--lease-ttl", "x"],
+                 ["--lease-settle", "nan"], ["--lease-ttl", "1e9"]):  # fmt: skip
+        with pytest.raises(argparse.ArgumentError):
+            parser.parse_args(argv)
+
+    url, ids = moto
+    with pytest.raises(UsageError):  # refused when made, before any tag is written
+        _lease(url, ids, A, ttl=math.nan)
+    assert _tags(url, ids) == {i: {} for i in ids}
+
+
+def test_a_connection_option_that_cannot_work_is_refused_naming_the_source(tmp_path: Path) -> None:
+    source = tmp_path / "prod.fleet_ec2.yml"
+    source.write_text("plugin: fleetops.node.ec2\nmax_attempts: 0\n")
+    with pytest.raises(UsageError) as refused:
+        connection_for([source])
+    assert (
+        str(refused.value)
+        == f"Failed to read the EC2 connection of {source}: max_attempts must be at least 1, got 0"
+    )
+    with pytest.raises(UsageError, match="initial_backoff must not be negative, got nan"):
+        Ec2Connection(initial_backoff=math.nan)

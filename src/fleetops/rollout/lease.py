@@ -28,54 +28,49 @@ targeted instance for its lifetime:
   a tag given with a value only while it still has that value, so we never remove a lease we no
   longer hold.
 
+The tag's value is compact JSON of at most 256 bytes in UTF-8 (EC2 allows 256 Unicode characters;
+bytes are the strictest reading): a long operator is shortened, never the JSON, so every
+controller can read every lease, whatever alphabet its operator's name is in.
+
 The EC2 endpoint, credentials and retry budget come from the inventory source's own options (and
-the environment variables the plugin reads), resolved from the plugin's documented options, so the
-lease talks to exactly the endpoint the inventory listed; throttling is retried with the plugin's
-own retry predicate (jittered exponential backoff, tenacity).
+the environment variables the plugin reads), resolved by the collection's ``module_utils/aws.py``,
+the code the inventory plugin resolves them with, so the lease talks to exactly the endpoint the
+inventory listed; its client factory, throttling retries (jittered exponential backoff, tenacity)
+and error texts are the plugin's too. The collection's code is loaded through
+``fleetops.ansible.collection`` only.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
-import importlib
 import json
+import math
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fleetops import paths
-from fleetops.errors import FleetopsError
+from fleetops.ansible.collection import module_utils
+from fleetops.errors import FleetopsError, UsageError
 
 KEY_PREFIX = "fleetops:lease:"
 PLUGIN_NAMES = ("fleetops.node.ec2",)
-PLUGIN_MODULE = "ansible_collections.fleetops.node.plugins.inventory.ec2"
 DEFAULT_TTL_S = 900.0
 DEFAULT_SETTLE_S = 2.0
+MAX_TTL_S = 86400.0  # a crashed controller's lease blocks others this long at most (renewals keep a live one)
+MAX_SETTLE_S = 300.0
+TAG_VALUE_MAX = 256  # EC2: 256 Unicode characters; kept to 256 bytes of UTF-8, which satisfies any count
+ELLIPSIS = "\u2026"
 FILTER_CHUNK = 200  # values per DescribeTags filter
 TAG_CHUNK = 500  # resources per CreateTags / DeleteTags call
 ROLLOUT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
-CONNECTION_OPTIONS = (
-    "endpoint_url",
-    "aws_profile",
-    "aws_access_key",
-    "aws_secret_key",
-    "aws_session_token",
-    "max_attempts",
-    "initial_backoff",
-    "max_backoff",
-    "connect_timeout",
-    "read_timeout",
-    "regions",
-)
 
 
 class LeaseError(FleetopsError):
@@ -90,22 +85,13 @@ class LeaseApiError(FleetopsError):
     exit_code = 3
 
 
-@cache
-def _plugin() -> Any:
-    """The fleetops.node.ec2 inventory plugin module: its retry predicate, error text and option docs."""
-    try:
-        return importlib.import_module(PLUGIN_MODULE)
-    except ImportError:
-        pass
-    candidates = [paths.collections_path()]
-    candidates += [Path(p) for p in os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(os.pathsep) if p]
-    candidates += [Path.home() / ".ansible" / "collections", Path("/usr/share/ansible/collections")]
-    for folder in candidates:
-        if folder is not None and (folder / "ansible_collections" / "fleetops" / "node").is_dir():
-            if str(folder) not in sys.path:
-                sys.path.append(str(folder))
-            return importlib.import_module(PLUGIN_MODULE)
-    raise LeaseApiError("Failed to take the EC2 lease: the fleetops.node collection is not installed")
+def _aws() -> Any:
+    """The collection's module_utils/aws.py: connection options, client factory, retries, error texts."""
+    return module_utils("aws")
+
+
+def _default(name: str) -> Any:
+    return _aws().OPTIONS[name]["default"]
 
 
 # --------------------------------------------------------------------------------------- connection
@@ -113,50 +99,50 @@ def _plugin() -> Any:
 
 @dataclass(frozen=True)
 class Ec2Connection:
-    """Endpoint, credentials and retry budget, as the inventory plugin resolves them."""
+    """Endpoint, credentials and retry budget, as the inventory plugin resolves them (module_utils/aws.py).
+
+    Options left out get module_utils/aws.py's defaults; the values are checked as the plugin checks
+    them (UsageError when one cannot work).
+    """
 
     endpoint_url: str | None = None
     aws_profile: str | None = None
     aws_access_key: str | None = None
-    aws_secret_key: str | None = None
-    aws_session_token: str | None = None
-    max_attempts: int = 8
-    initial_backoff: float = 0.5
-    max_backoff: float = 20.0
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
+    aws_secret_key: str | None = field(default=None, repr=False)
+    aws_session_token: str | None = field(default=None, repr=False)
+    max_attempts: int = field(default_factory=lambda: int(_default("max_attempts")))
+    initial_backoff: float = field(default_factory=lambda: float(_default("initial_backoff")))
+    max_backoff: float = field(default_factory=lambda: float(_default("max_backoff")))
+    connect_timeout: float = field(default_factory=lambda: float(_default("connect_timeout")))
+    read_timeout: float = field(default_factory=lambda: float(_default("read_timeout")))
     regions: tuple[str, ...] = ()
     source: str = ""
+
+    def __post_init__(self) -> None:
+        self.settings()  # refuses values the plugin would refuse
+
+    def settings(self) -> Any:
+        """These values as module_utils/aws.py's ConnectionSettings (what its client() and call() take)."""
+        aws = _aws()
+        try:
+            return aws.ConnectionSettings(**{name: getattr(self, name) for name in aws.OPTIONS})
+        except aws.AwsSettingsError as exc:
+            where = f" of {self.source}" if self.source else ""
+            raise UsageError(f"Failed to read the EC2 connection{where}: {exc}") from None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> Ec2Connection:
         """Each option as the plugin reads it: the source's value (or an alias), its env vars, its default."""
-        options = yaml.safe_load(_plugin().DOCUMENTATION)["options"]
-        values: dict[str, Any] = {}
-        for name in CONNECTION_OPTIONS:
-            doc = options[name]
-            value = next(
-                (config[k] for k in (name, *doc.get("aliases", ())) if config.get(k) not in (None, "")),
-                None,
-            )
-            if value is None:
-                value = next(
-                    (os.environ[e["name"]] for e in doc.get("env", ()) if os.environ.get(e["name"])), None
-                )
-            if value is None:
-                value = doc.get("default")
-            if value is not None:
-                kind = doc.get("type")
-                if kind == "int":
-                    value = int(value)
-                elif kind == "float":
-                    value = float(value)
-                elif kind == "list":
-                    value = tuple(str(v) for v in value)
-                else:
-                    value = str(value)
-                values[name] = value
-        return cls(**values, source=source)
+        aws = _aws()
+        try:
+            settings = aws.ConnectionSettings.from_options(config, environ=os.environ)
+        except aws.AwsSettingsError as exc:
+            where = f" of {source}" if source else ""
+            raise UsageError(f"Failed to read the EC2 connection{where}: {exc}") from None
+        regions = config.get("regions") or ()
+        if isinstance(regions, str):  # Ansible's list type splits a string at commas
+            regions = [r.strip() for r in regions.split(",") if r.strip()]
+        return cls(**settings.as_dict(), regions=tuple(str(r) for r in regions), source=source)
 
 
 def ec2_sources(inventories: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
@@ -197,13 +183,54 @@ def lease_targets(hosts: Iterable[Any]) -> dict[str, dict[str, str]]:
 
 def rollout_id(text: str) -> str:
     """argparse type for ``--break-lock ROLLOUT``."""
-    import argparse
-
     if not ROLLOUT_ID.match(text):
         raise argparse.ArgumentTypeError(
             f"not a rollout id (like 20261129T170102Z-3fa9c1): {text!r}; use --break-lock alone for any stale lock"
         )
     return text
+
+
+def validate_settle(settle: float) -> float:
+    """The lease's settle time (seconds between writing the tags and reading them back), checked."""
+    if not isinstance(settle, (int, float)) or not math.isfinite(settle) or not 0 <= settle <= MAX_SETTLE_S:
+        raise UsageError(
+            f"the lease settle time must be between 0 and {MAX_SETTLE_S:g} seconds, got {settle!r}"
+        )
+    return float(settle)
+
+
+def validate_ttl(ttl: float, settle: float = DEFAULT_SETTLE_S) -> float:
+    """The lease TTL, checked: a finite number of seconds above the settle time, at most MAX_TTL_S.
+
+    Call it when parsing the command line (UsageError, exit 2), before any lock is taken; Ec2Lease
+    checks again when made.
+    """
+    settle = validate_settle(settle)
+    if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or not settle < ttl <= MAX_TTL_S:
+        raise UsageError(
+            f"the lease TTL must be a number of seconds above the settle time ({settle:g}s) and at most "
+            f"{MAX_TTL_S:g}, got {ttl!r}"
+        )
+    return float(ttl)
+
+
+def _seconds(text: str, check: Callable[[float], float]) -> float:
+    try:
+        return check(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def lease_ttl(text: str) -> float:
+    """argparse type for ``--lease-ttl S`` (against the default settle time; validate_ttl for the pair)."""
+    return _seconds(text, lambda ttl: validate_ttl(ttl, settle=0.0))
+
+
+def lease_settle(text: str) -> float:
+    """argparse type for ``--lease-settle S``."""
+    return _seconds(text, validate_settle)
 
 
 # --------------------------------------------------------------------------------------- records
@@ -255,11 +282,53 @@ class LeaseRecord:
         return f"rollout {self.rollout} by {self.operator}, {when}"
 
 
+def _size(text: str) -> int:
+    """Bytes of ``text`` in the tag value: JSON-escaped (ensure_ascii off), in UTF-8."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2
+
+
+def _fit(text: str, budget: int) -> str:
+    """``text``, or its longest prefix + an ellipsis, of at most ``budget`` bytes (whole characters)."""
+    if _size(text) <= budget:
+        return text
+    room, kept = budget - _size(ELLIPSIS), []
+    for ch in text:
+        room -= _size(ch)
+        if room < 0:
+            break
+        kept.append(ch)
+    return "".join(kept) + ELLIPSIS
+
+
+def _shorten(operator: str, budget: int) -> str:
+    """``user@controller`` in ``budget`` bytes: a part that fits in half is kept whole, the rest shortened."""
+    if "@" not in operator:
+        return _fit(operator, budget)
+    user, host = operator.rsplit("@", 1)
+    room = budget - 1
+    if _size(host) <= room // 2:
+        return _fit(user, room - _size(host)) + "@" + host
+    if _size(user) <= room // 2:
+        return user + "@" + _fit(host, room - _size(user))
+    return _fit(user, room // 2) + "@" + _fit(host, room - room // 2)
+
+
 def encode(operator: str, since: float, expires: float) -> str:
-    value = json.dumps(
-        {"operator": operator[:150], "since": _iso(since), "expires": _iso(expires)}, separators=(",", ":")
-    )
-    return value[:256]
+    """The lease tag's value: compact JSON of at most TAG_VALUE_MAX bytes; the operator is shortened to fit.
+
+    Non-ASCII is written as is (``\\u00e9`` would take 6 bytes for a 2-byte character); lone
+    surrogates (an undecodable user name) become ``?``.
+    """
+    operator = operator.encode("utf-8", "replace").decode("utf-8")
+
+    def dump(op: str) -> str:
+        data = {"operator": op, "since": _iso(since), "expires": _iso(expires)}
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+    value = dump(operator)
+    if len(value.encode("utf-8")) > TAG_VALUE_MAX:
+        value = dump(_shorten(operator, TAG_VALUE_MAX - len(dump("").encode("utf-8"))))
+    return value
 
 
 # --------------------------------------------------------------------------------------- the lease
@@ -281,9 +350,16 @@ class Ec2Lease:
     since: float = 0.0
     expires: float = 0.0
     lost: str | None = None
+    _settings: Any = None  # module_utils/aws.py ConnectionSettings
+    _session: Any = None
     _clients: dict[str, Any] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.ttl = validate_ttl(self.ttl, self.settle)
+        self.settle = float(self.settle)
+        self._settings = self.connection.settings()
 
     @property
     def key(self) -> str:
@@ -308,55 +384,28 @@ class Ec2Lease:
 
     def _client(self, region: str) -> Any:
         if region not in self._clients:
-            import boto3  # type: ignore[import-untyped]
-            import botocore.config  # type: ignore[import-untyped]
-
-            c = self.connection
-            kwargs: dict[str, Any] = {}
-            if c.aws_profile:
-                kwargs["profile_name"] = c.aws_profile
-            if c.aws_access_key:
-                kwargs["aws_access_key_id"] = c.aws_access_key
-                kwargs["aws_secret_access_key"] = c.aws_secret_key
-                kwargs["aws_session_token"] = c.aws_session_token or None
-            config = botocore.config.Config(
-                retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity is the whole budget
-                connect_timeout=c.connect_timeout,
-                read_timeout=c.read_timeout,
-                user_agent_extra="fleetops.rollout.lease",
-            )
+            aws = _aws()
             try:
-                session = boto3.session.Session(**kwargs)
-                self._clients[region] = session.client(
-                    "ec2", region_name=region, endpoint_url=c.endpoint_url, config=config
+                if self._session is None:
+                    self._session = aws.session(self._settings)
+                self._clients[region] = aws.client(
+                    self._settings,
+                    "ec2",
+                    region,
+                    aws_session=self._session,
+                    user_agent="fleetops.rollout.lease",
                 )
-            except Exception as exc:  # botocore's errors share no base with ValueError
-                raise LeaseApiError(
-                    f"Failed to create an EC2 client for {region}: {_plugin()._error_text(exc)}"
-                ) from None
+            except aws.AwsError as exc:
+                raise LeaseApiError(str(exc)) from None
         return self._clients[region]
 
     def _call(self, operation: str, region: str, func: Callable[[], Any]) -> Any:
-        """One request under the inventory's retry budget (the plugin's retry predicate)."""
-        import botocore.exceptions  # type: ignore[import-untyped]
-        import tenacity
-
-        plugin = _plugin()
-        c = self.connection
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(c.max_attempts),
-            wait=tenacity.wait_random_exponential(multiplier=c.initial_backoff, max=c.max_backoff),
-            retry=tenacity.retry_if_exception(plugin._is_retryable),
-            reraise=True,
-        )
+        """One request under the inventory's retry budget (module_utils/aws.py's call)."""
+        aws = _aws()
         try:
-            return retrying(func)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-            attempts = retrying.statistics.get("attempt_number", 1)
-            raise LeaseApiError(
-                f"Failed to call ec2:{operation} in {region}"
-                f"{f' after {attempts} attempts' if attempts > 1 else ''}: {plugin._error_text(exc)}"
-            ) from None
+            return aws.call(self._settings, operation, region, func)
+        except aws.AwsError as exc:
+            raise LeaseApiError(str(exc)) from None
 
     def read(self) -> dict[str, dict[str, LeaseRecord]]:
         """{instance id: {rollout: lease}} for every lease tag on our instances."""
