@@ -23,8 +23,9 @@ What it reads, and what it costs:
   ~100,000 ``openat`` calls and ~0.6 s; with the candidates as patterns ~1,900 and a few ms.
 - One ``systemctl show -p Id,Environment,UnitFileState -- UNITS`` call for the key services
   (``env_units``; by default the enabled services, at most ``ENV_UNITS_MAX``). Values of variables
-  whose names look secret (``*PASSWORD*``, ``*TOKEN*``, ...) are replaced by a short digest, so a
-  drift report still sees that they differ without printing them.
+  whose names look secret (``*PASSWORD*``, ``*TOKEN*``, ...) are replaced by a short digest, and so are
+  credentials inside other values (URL userinfo, ``password=`` pairs, AWS keys, bearer tokens:
+  ``module_utils/redact.py``), so a drift report still sees that they differ without printing them.
 - ``host_facts()``: ``os.uname()``, ``/etc/os-release`` and the boot id; no process is run.
 
 Stdlib only; importable on Python >= 3.9.
@@ -35,7 +36,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import fnmatch
-import hashlib
 import os
 import re
 import time
@@ -44,6 +44,7 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     DetectorError,
     make_finding,
 )
+from ansible_collections.fleetops.node.plugins.module_utils.redact import redact_env
 from ansible_collections.fleetops.node.plugins.module_utils.systemd import (
     UnitNameError,
     is_systemd_host,
@@ -69,8 +70,7 @@ CONFIG_DIRS = (
 )
 _DEP_DIR_SUFFIXES = (".wants", ".requires", ".upholds")
 # unit-name characters plus the glob characters fnmatch understands
-_PATTERN_RE = re.compile(r"^[A-Za-z0-9:_.\\@*?\[\]!-]+$")
-_SECRET_RE = re.compile(r"(?i)(PASS|SECRET|TOKEN|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH)")
+_PATTERN_RE = re.compile(r"^[A-Za-z0-9:_.\\@*?\[\]!-]+\Z")
 _INSTANCE_RE = re.compile(r"^([^@]+@)[^@]*(\.[a-z]+)$")
 
 
@@ -156,16 +156,6 @@ def parse_os_release(text):
     return values
 
 
-def redact(env):
-    """``env`` with the values of secret-looking variables replaced by a short digest."""
-    out = {}
-    for name, value in env.items():
-        if _SECRET_RE.search(name):
-            value = "<redacted sha256:%s>" % hashlib.sha256(value.encode("utf-8")).hexdigest()[:12]
-        out[name] = value
-    return out
-
-
 def parse_env_show(text):
     """{unit: {unit_file_state, environment}} from ``systemctl show -p Id,Environment,UnitFileState``.
 
@@ -182,7 +172,7 @@ def parse_env_show(text):
             continue
         result[unit] = {
             "unit_file_state": props["UnitFileState"],
-            "environment": redact(parse_unit_environment(props.get("Environment", ""))),
+            "environment": redact_env(parse_unit_environment(props.get("Environment", ""))),
         }
     return result
 

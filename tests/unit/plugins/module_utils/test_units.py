@@ -70,8 +70,8 @@ def test_parse_env_show_lab_capture() -> None:
 
 
 def test_redaction_keeps_differences_visible() -> None:
-    a = units.redact({"API_TOKEN": "one", "PATH": "/bin"})
-    b = units.redact({"API_TOKEN": "two", "PATH": "/bin"})
+    a = units.redact_env({"API_TOKEN": "one", "PATH": "/bin"})
+    b = units.redact_env({"API_TOKEN": "two", "PATH": "/bin"})
     assert a["PATH"] == "/bin" and a["API_TOKEN"] != b["API_TOKEN"]
 
 
@@ -264,3 +264,17 @@ def test_run_checks_returns_host_facts_even_for_one_detector() -> None:
     result = node_health.run_checks({"checks": ["zombie_memcg"]})
     assert set(result["facts"]) == {"memcg", "host"}
     assert result["facts"]["host"]["kernel"] == os.uname().release
+
+
+def test_credentials_inside_values_are_digested_in_the_scan() -> None:
+    """The issue's case: DATABASE_URL's name is not secret-looking, its userinfo password is."""
+    text = (
+        "Id=api.service\n"
+        'Environment="DATABASE_URL=postgres://app:s3cr3t-9f2@db.internal/x" UCX_MEM_MMAP_HOOK_MODE=none\n'
+        "UnitFileState=enabled\n"
+    )
+    env = units.parse_env_show(text)["api.service"]["environment"]
+    assert "s3cr3t-9f2" not in env["DATABASE_URL"]
+    assert env["DATABASE_URL"].startswith("postgres://app:<redacted sha256:")
+    assert env["DATABASE_URL"].endswith("@db.internal/x")
+    assert env["UCX_MEM_MMAP_HOOK_MODE"] == "none"
