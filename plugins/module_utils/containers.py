@@ -35,6 +35,7 @@ import re
 import time
 
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
+    RESTART_RATE_THRESHOLDS,
     DetectorError,
     make_finding,
     restart_rate_severity,
@@ -50,14 +51,24 @@ from ansible_collections.fleetops.node.plugins.module_utils.systemd import is_pr
 
 CHECK = "crashloop_container"
 RECENT_SECONDS = 60
-DEFAULT_THRESHOLDS = {"crashloop_warning_per_min": 0.5, "crashloop_critical_per_min": 5.0}
+DEFAULT_THRESHOLDS = dict(RESTART_RATE_THRESHOLDS)
 # podman run --label PODMAN_SYSTEMD_UNIT=%n (podman generate systemd, quadlet; podman auto-update reads it)
 OWNER_LABELS = ("PODMAN_SYSTEMD_UNIT",)
 CLIENTS = ("docker", "podman", "nerdctl")
 # Creators that make a container through the API, without naming it on their command line:
 # {comm: container names}. ecs-init (ecs.service) creates and waits on ecs-agent.
 KNOWN_CREATORS = {"amazon-ecs-init": ("ecs-agent",)}
-_GLOBAL_OPTIONS_WITH_VALUE = ("-H", "--host", "-c", "--context", "--config", "-l", "--log-level", "--namespace", "-n")
+_GLOBAL_OPTIONS_WITH_VALUE = (
+    "-H",
+    "--host",
+    "-c",
+    "--context",
+    "--config",
+    "-l",
+    "--log-level",
+    "--namespace",
+    "-n",
+)
 _TS_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
@@ -75,7 +86,9 @@ def parse_timestamp(text):
     base = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S"))
     frac = float("0" + match.group(2)) if match.group(2) else 0.0
     zone = match.group(3)
-    offset = 0 if zone == "Z" else (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60) * (1 if zone[0] == "+" else -1)
+    offset = (
+        0 if zone == "Z" else (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60) * (1 if zone[0] == "+" else -1)
+    )
     return base + frac - offset
 
 
@@ -117,7 +130,9 @@ def _owner_labels(labels):
     """The owner labels a container carries (``{}`` when none): all a finding needs of its labels."""
     if not isinstance(labels, dict):
         return {}
-    return dict((key, labels[key]) for key in OWNER_LABELS if isinstance(labels.get(key), str) and labels[key])
+    return dict(
+        (key, labels[key]) for key in OWNER_LABELS if isinstance(labels.get(key), str) and labels[key]
+    )
 
 
 def _subcommand(args):
@@ -156,7 +171,7 @@ def referenced_containers(argv, containers):
     rest = argv[first:]
     for index, arg in enumerate(rest):
         if arg.startswith("--name="):
-            add(arg[len("--name="):])
+            add(arg[len("--name=") :])
         elif arg == "--name" and index + 1 < len(rest):
             add(rest[index + 1])
         elif sub != "start" or arg.startswith("-"):
@@ -177,7 +192,7 @@ def _client_args(argv, comm):
     """
     for index, arg in enumerate(argv[:2]):
         if arg.rsplit("/", 1)[-1] in CLIENTS:
-            return argv[index + 1:]
+            return argv[index + 1 :]
     return argv[1:] if comm in CLIENTS else None
 
 
@@ -196,7 +211,12 @@ def find_owners(containers, proc=PROC):
     owners = {}
     for name, data in containers.items():
         for key, unit in sorted((data.get("labels") or {}).items()):
-            owners[name] = {"unit": unit, "manager": "system", "basis": "label %s=%s" % (key, unit), "pid": None}
+            owners[name] = {
+                "unit": unit,
+                "manager": "system",
+                "basis": "label %s=%s" % (key, unit),
+                "pid": None,
+            }
     if not containers or len(owners) == len(containers):
         return owners
     creators = {}
@@ -216,13 +236,29 @@ def find_owners(containers, proc=PROC):
         where = "%s (%s manager)" % (unit, manager) if unit else "cgroup %s" % (cgroup or "unknown")
         if args is not None:
             for name in referenced_containers(args, containers):
-                _prefer(owners, name, {"unit": unit, "manager": manager, "pid": pid,
-                                       "basis": "pid %d `%s` in %s" % (pid, parse_cmdline(raw), where)})
+                _prefer(
+                    owners,
+                    name,
+                    {
+                        "unit": unit,
+                        "manager": manager,
+                        "pid": pid,
+                        "basis": "pid %d `%s` in %s" % (pid, parse_cmdline(raw), where),
+                    },
+                )
         else:
             for name in KNOWN_CREATORS[comm]:
                 if name in containers:
-                    _prefer(creators, name, {"unit": unit, "manager": manager, "pid": pid,
-                                             "basis": "pid %d %s (creates %s) in %s" % (pid, comm, name, where)})
+                    _prefer(
+                        creators,
+                        name,
+                        {
+                            "unit": unit,
+                            "manager": manager,
+                            "pid": pid,
+                            "basis": "pid %d %s (creates %s) in %s" % (pid, comm, name, where),
+                        },
+                    )
     for name, owner in creators.items():
         _prefer(owners, name, owner)
     return owners
@@ -260,7 +296,11 @@ def collect(run, docker, proc=PROC):
         return {"docker": False, "reason": "docker is not installed", "containers": {}}
     rc, out, err = run([docker, "ps", "-aq", "--no-trunc"])
     if rc != 0:
-        return {"docker": False, "reason": "docker daemon not reachable: %s" % (err or out).strip()[:200], "containers": {}}
+        return {
+            "docker": False,
+            "reason": "docker daemon not reachable: %s" % (err or out).strip()[:200],
+            "containers": {},
+        }
     ids = out.split()
     now = time.time()
     containers = {}
@@ -288,8 +328,12 @@ def add_growth(first, second, seconds):
             recreated = 1  # appeared during the window
         restarts = data["restart_count"] - before["restart_count"] if before and not recreated else 0
         events = recreated + max(0, restarts)
-        entry = dict(data, recreated=recreated, restarts_in_window=events,
-                     restarts_per_min=round(events * 60.0 / seconds, 2))
+        entry = dict(
+            data,
+            recreated=recreated,
+            restarts_in_window=events,
+            restarts_per_min=round(events * 60.0 / seconds, 2),
+        )
         if before is not None and not entry.get("owner_basis") and before.get("owner_basis"):
             # the client may have exited between the samples (the container crashed): keep what the first saw
             for key in ("owner_unit", "owner_basis", "owner_protected"):
@@ -309,27 +353,41 @@ def evaluate(facts, thresholds=None):
         if rate is not None:
             severity = restart_rate_severity(rate, limits)
             what = "re-created or restarted %s times in %ss (%s/min)" % (
-                data["restarts_in_window"], facts.get("window_seconds"), rate)
+                data["restarts_in_window"],
+                facts.get("window_seconds"),
+                rate,
+            )
         else:
             young = data["created_age_s"] is not None and data["created_age_s"] < RECENT_SECONDS
             if data["restarting"] or data["restart_count"] >= 3:
                 severity = "warning"
-                what = "restarting (RestartCount %d, policy %s)" % (data["restart_count"], data["restart_policy"] or "no")
+                what = "restarting (RestartCount %d, policy %s)" % (
+                    data["restart_count"],
+                    data["restart_policy"] or "no",
+                )
             elif young and data["status"] != "running":
                 severity = "warning"
                 what = "created %ss ago and already %s (exit %s): a runtime re-creating it?" % (
-                    data["created_age_s"], data["status"], data["exit_code"])
+                    data["created_age_s"],
+                    data["status"],
+                    data["exit_code"],
+                )
         if severity is None:
             continue
         summary = "container %s (%s) crash loops: %s; %s" % (name, data["image"], what, _owner_text(data))
-        findings.append(make_finding(CHECK, severity, summary, dict(data, rate_basis=facts.get("rate_basis"))))
+        findings.append(
+            make_finding(CHECK, severity, summary, dict(data, rate_basis=facts.get("rate_basis")))
+        )
     return findings
 
 
 def _owner_text(data):
     if data.get("owner_unit"):
-        return "owned by %s%s (%s)" % (data["owner_unit"], ", a protected unit" if data.get("owner_protected") else "",
-                                       data["owner_basis"])
+        return "owned by %s%s (%s)" % (
+            data["owner_unit"],
+            ", a protected unit" if data.get("owner_protected") else "",
+            data["owner_basis"],
+        )
     if data.get("owner_basis"):
         return "no system service owns it (%s)" % data["owner_basis"]
     return "no owning unit found"

@@ -22,6 +22,7 @@ import json
 import time
 
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
+    RESTART_RATE_THRESHOLDS,
     DetectorError,
     fmt_int,
     make_finding,
@@ -38,12 +39,13 @@ SHOW_PROPS = (
 VENDOR_DIRS = ("/lib/systemd/", "/usr/lib/systemd/", "/usr/local/lib/systemd/")
 FAILED_RESULTS = ("exit-code", "signal", "core-dump", "watchdog", "timeout", "start-limit-hit", "oom-kill")
 
-DEFAULT_THRESHOLDS = {
-    "crashloop_warning_per_min": 0.5,
-    "crashloop_critical_per_min": 5.0,
-    "crashloop_min_restarts": 3,
-    "journal_window_seconds": 600,
-}
+DEFAULT_THRESHOLDS = dict(
+    RESTART_RATE_THRESHOLDS,
+    crashloop_min_restarts=3,
+    journal_window_seconds=600,
+    # memory cgroups piling up this fast (per minute) name their likely culprits (attribute_culprits)
+    zombie_growth_warning_per_min=10.0,
+)
 
 
 class CrashloopError(DetectorError):
@@ -125,18 +127,30 @@ def collect(run, use_journal=True, window_seconds=600, systemd_dir="/run/systemd
     """
     if not is_systemd_host(systemd_dir):
         return {"systemd": False, "reason": "systemd is not PID 1 on this host", "services": 0, "units": {}}
-    rc, out, err = run(["systemctl", "list-units", "--type=service", "--all", "--plain", "--no-legend", "--full"])
+    rc, out, err = run(
+        ["systemctl", "list-units", "--type=service", "--all", "--plain", "--no-legend", "--full"]
+    )
     if rc != 0:
         raise CrashloopError("run", "systemctl list-units", (err or out).strip() or "exit %d" % rc)
     listed = parse_list_units(out)
     candidates = set(
-        unit for unit, (_load, active, sub) in listed.items()
+        unit
+        for unit, (_load, active, sub) in listed.items()
         if sub == "auto-restart" or active in ("failed", "activating")
     )
     since = "@%d" % int(time.time() - window_seconds)
     rc, jout, jerr = run(
-        ["journalctl", "--no-pager", "-q", "-o", "json", "--output-fields=UNIT,USER_UNIT",
-         "--since", since, "MESSAGE_ID=" + RESTART_MESSAGE_ID]
+        [
+            "journalctl",
+            "--no-pager",
+            "-q",
+            "-o",
+            "json",
+            "--output-fields=UNIT,USER_UNIT",
+            "--since",
+            since,
+            "MESSAGE_ID=" + RESTART_MESSAGE_ID,
+        ]
     )
     counts = parse_journal_restarts(jout) if rc == 0 else None
     if counts is not None:
@@ -206,12 +220,16 @@ def evaluate(facts, thresholds=None):
             severity = "warning"
         if severity is None:
             continue
-        origin = "enabled by the image" if data["vendor_unit"] and data["unit_file_state"] == "enabled" else (
-            "unit file state %s" % (data["unit_file_state"] or "unknown")
+        origin = (
+            "enabled by the image"
+            if data["vendor_unit"] and data["unit_file_state"] == "enabled"
+            else ("unit file state %s" % (data["unit_file_state"] or "unknown"))
         )
         if rate is not None:
             what = "restarting %s/min (%s in %ss by %s)" % (
-                _num(rate), fmt_int(data["restarts_in_window"]), _num(facts.get("window_seconds", 0)),
+                _num(rate),
+                fmt_int(data["restarts_in_window"]),
+                _num(facts.get("window_seconds", 0)),
                 facts.get("rate_basis"),
             )
         elif data["result"] == "start-limit-hit":
@@ -219,7 +237,10 @@ def evaluate(facts, thresholds=None):
         else:
             what = "between crashes (auto-restart)"
         summary = "%s is crash looping: %s; NRestarts %s since its last start; %s" % (
-            unit, what, fmt_int(data["n_restarts"]), origin
+            unit,
+            what,
+            fmt_int(data["n_restarts"]),
+            origin,
         )
         finding_data = dict(data)
         finding_data["rate_basis"] = facts.get("rate_basis")
@@ -227,12 +248,14 @@ def evaluate(facts, thresholds=None):
     return findings
 
 
-def attribute_culprits(memcg_facts, crashloop_facts, growth_warning_per_min=10.0):
+def attribute_culprits(memcg_facts, crashloop_facts, growth_warning_per_min=None):
     """Culprits for zombie memcg growth: looping units whose restarts happen in the same window.
 
     Returns ``(growth_per_min, basis, culprits)``; culprits are sorted by restart rate, each with
     the evidence (restarts/min and memcgs gained per restart). Empty when there is no growth.
     """
+    if growth_warning_per_min is None:
+        growth_warning_per_min = DEFAULT_THRESHOLDS["zombie_growth_warning_per_min"]
     growth = (memcg_facts or {}).get("growth") or {}
     rate, basis = growth.get("zombies_per_min"), "zombies"
     if rate is None:
@@ -247,13 +270,15 @@ def attribute_culprits(memcg_facts, crashloop_facts, growth_warning_per_min=10.0
     for unit, data in (crashloop_facts or {}).get("units", {}).items():
         restarts = data.get("restarts_per_min")
         if restarts:
-            culprits.append({
-                "unit": unit,
-                "restarts_per_min": restarts,
-                "memcgs_per_restart": round(rate / restarts, 2),
-                "unit_file_state": data.get("unit_file_state"),
-                "vendor_unit": data.get("vendor_unit"),
-            })
+            culprits.append(
+                {
+                    "unit": unit,
+                    "restarts_per_min": restarts,
+                    "memcgs_per_restart": round(rate / restarts, 2),
+                    "unit_file_state": data.get("unit_file_state"),
+                    "vendor_unit": data.get("vendor_unit"),
+                }
+            )
     culprits.sort(key=lambda c: -c["restarts_per_min"])
     return rate, basis, culprits
 

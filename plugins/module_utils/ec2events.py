@@ -26,6 +26,8 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import make
 
 CHECK = "ec2_scheduled_event"
 IMDS_URL = "http://169.254.169.254"
+# When to ask IMDS: auto (only on an EC2 instance, by its firmware), always, never; the first is the default.
+IMDS_MODES = ("auto", "always", "never")
 EVENTS_PATH = "/latest/meta-data/events/maintenance/scheduled"
 # Codes that take the instance away (stop, retire) are critical; reboots and maintenance warn.
 CRITICAL_CODES = ("instance-stop", "instance-retirement", "system-maintenance-stop")
@@ -35,7 +37,10 @@ HYPERVISOR_UUID = "/sys/hypervisor/uuid"
 
 def on_ec2(dmi_vendor=DMI_VENDOR, hypervisor_uuid=HYPERVISOR_UUID):
     """True when the host's firmware says it is an EC2 instance (no network involved)."""
-    for path, test in ((dmi_vendor, lambda t: "amazon" in t.lower()), (hypervisor_uuid, lambda t: t.lower().startswith("ec2"))):
+    for path, test in (
+        (dmi_vendor, lambda t: "amazon" in t.lower()),
+        (hypervisor_uuid, lambda t: t.lower().startswith("ec2")),
+    ):
         try:
             with open(path) as handle:
                 if test(handle.read().strip()):
@@ -71,10 +76,21 @@ def parse_imds_events(text):
 def fetch_imds(base_url=IMDS_URL, timeout=0.5):
     """IMDSv2: a session token, then the events document. Returns (events, error)."""
     try:
-        token = open_url(base_url + "/latest/api/token", method="PUT", timeout=timeout,
-                         headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).read().decode()
-        body = open_url(base_url + EVENTS_PATH, timeout=timeout,
-                        headers={"X-aws-ec2-metadata-token": token}).read().decode()
+        token = (
+            open_url(
+                base_url + "/latest/api/token",
+                method="PUT",
+                timeout=timeout,
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+            )
+            .read()
+            .decode()
+        )
+        body = (
+            open_url(base_url + EVENTS_PATH, timeout=timeout, headers={"X-aws-ec2-metadata-token": token})
+            .read()
+            .decode()
+        )
         return parse_imds_events(body), None
     except ValueError as exc:
         return [], "IMDS answered something that is not an events list: %s" % exc
@@ -82,9 +98,13 @@ def fetch_imds(base_url=IMDS_URL, timeout=0.5):
         return [], "IMDS not reachable: %s" % exc
 
 
-def collect(inventory_events=None, imds="auto", imds_url=IMDS_URL, timeout=0.5):
+def collect(inventory_events=None, imds=IMDS_MODES[0], imds_url=IMDS_URL, timeout=0.5):
     """Facts: the merged events, and where they came from."""
-    events = [e for e in (_norm(item, "inventory") for item in inventory_events or [] if isinstance(item, dict)) if e]
+    events = [
+        e
+        for e in (_norm(item, "inventory") for item in inventory_events or [] if isinstance(item, dict))
+        if e
+    ]
     facts = {"on_ec2": None, "imds": None, "imds_error": None}
     ask = imds == "always" or (imds == "auto" and on_ec2())
     if imds == "auto":
@@ -94,7 +114,11 @@ def collect(inventory_events=None, imds="auto", imds_url=IMDS_URL, timeout=0.5):
         facts["imds"] = error is None
         facts["imds_error"] = error
         for event in found:
-            same = [e for e in events if (event["event_id"] and e["event_id"] == event["event_id"]) or e["code"] == event["code"]]
+            same = [
+                e
+                for e in events
+                if (event["event_id"] and e["event_id"] == event["event_id"]) or e["code"] == event["code"]
+            ]
             if same:
                 same[0]["source"] = "inventory+imds"
                 for key, value in event.items():
@@ -114,7 +138,10 @@ def evaluate(facts):
         severity = "critical" if event["code"] in CRITICAL_CODES else "warning"
         when = event.get("not_before") or "an unannounced time"
         summary = "EC2 scheduled event %s from %s (%s)%s" % (
-            event["code"], when, event["source"], (": " + event["description"]) if event.get("description") else ""
+            event["code"],
+            when,
+            event["source"],
+            (": " + event["description"]) if event.get("description") else "",
         )
         findings.append(make_finding(CHECK, severity, summary, dict(event)))
     return findings

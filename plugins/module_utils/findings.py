@@ -23,6 +23,9 @@ SYSTEM_BIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/bin", "/bin", 
 
 
 SEVERITIES = ("info", "warning", "critical")
+# The restart-rate thresholds (restarts per minute) of crashloop_unit and crashloop_container, both
+# judged by restart_rate_severity(): node_health's option defaults, defined here once.
+RESTART_RATE_THRESHOLDS = {"crashloop_warning_per_min": 0.5, "crashloop_critical_per_min": 5.0}
 _SEVERITY_RANK = dict((name, rank) for rank, name in enumerate(SEVERITIES))
 
 

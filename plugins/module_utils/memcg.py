@@ -104,7 +104,9 @@ ID_BASIS_LIVE_SWAP_EMPTY = (
     "live memcgs: swap is on but holds no page (Used 0 in /proc/swaps), so dying memcgs hold no ID "
     "(released at offline since Linux 4.7)"
 )
-ID_BASIS_SWAP_USED = "every memcg, dying included: swap is in use, and swapped-out pages keep a dying memcg's ID"
+ID_BASIS_SWAP_USED = (
+    "every memcg, dying included: swap is in use, and swapped-out pages keep a dying memcg's ID"
+)
 ID_BASIS_NAMESPACE = (
     "every memcg, dying included: worst case, live memcgs host-wide are unknown in a cgroup namespace"
 )
@@ -217,11 +219,15 @@ def parse_mountinfo(text, source=MOUNTINFO):
         try:
             sep = fields.index("-", 6)
         except ValueError:
-            raise MemcgError("parse", source, "line %d: no ' - ' separator after 6 fields: %r" % (lineno, line[:120]))
-        tail = fields[sep + 1:]
+            raise MemcgError(
+                "parse", source, "line %d: no ' - ' separator after 6 fields: %r" % (lineno, line[:120])
+            )
+        tail = fields[sep + 1 :]
         if len(tail) < 2:
             raise MemcgError(
-                "parse", source, "line %d: expected fstype, source, super options after ' - ': %r" % (lineno, line[:120])
+                "parse",
+                source,
+                "line %d: expected fstype, source, super options after ' - ': %r" % (lineno, line[:120]),
             )
         mounts.append(
             {
@@ -305,7 +311,7 @@ def parse_ns_link(link, kind="cgroup", source=CGROUP_NS):
     prefix = kind + ":["
     if not (link.startswith(prefix) and link.endswith("]")):
         raise MemcgError("parse", source, "expected '%s<inode>]', got %r" % (prefix, link[:80]))
-    return _int_field(link[len(prefix):-1], "inode", source, 1)
+    return _int_field(link[len(prefix) : -1], "inode", source, 1)
 
 
 def parse_proc_swaps(text, source=PROC_SWAPS):
@@ -319,7 +325,9 @@ def parse_proc_swaps(text, source=PROC_SWAPS):
     lines = text.split("\n")[:-1]
     if tuple(lines[0].split()) != _PROC_SWAPS_FIELDS:
         raise MemcgError(
-            "parse", source, "line 1: expected the header '%s', got %r" % (" ".join(_PROC_SWAPS_FIELDS), lines[0][:80])
+            "parse",
+            source,
+            "line 1: expected the header '%s', got %r" % (" ".join(_PROC_SWAPS_FIELDS), lines[0][:80]),
         )
     areas = []
     for lineno, line in enumerate(lines[1:], start=2):
@@ -438,11 +446,13 @@ def _scope(ns_inode, ns_text, mount):
     reasons = []
     if ns_inode is not None and ns_inode != PROC_CGROUP_INIT_INO:
         reasons.append(
-            "not in the initial cgroup namespace (%s, initial is cgroup:[%d])" % (ns_text, PROC_CGROUP_INIT_INO)
+            "not in the initial cgroup namespace (%s, initial is cgroup:[%d])"
+            % (ns_text, PROC_CGROUP_INIT_INO)
         )
     if mount is not None and mount["root"] != "/":
         reasons.append(
-            "the hierarchy mounted at %s is the subtree %s, not the root" % (mount["mount_point"], mount["root"])
+            "the hierarchy mounted at %s is the subtree %s, not the root"
+            % (mount["mount_point"], mount["root"])
         )
     if reasons:
         return "namespace", "; ".join(reasons)
@@ -568,7 +578,9 @@ def _collect_v2(memory_line, mount, ns_inode, ns_text, fs_root, ids):
     scope, scope_reason = _scope(ns_inode, ns_text, mount)
     if scope == "namespace":
         if memory_line is None:
-            scope_reason += "; /proc/cgroups has no memory line, so total and headroom cover only this subtree"
+            scope_reason += (
+                "; /proc/cgroups has no memory line, so total and headroom cover only this subtree"
+            )
         return _facts(2, scope, total, live, None, BASIS_V2_NAMESPACE, scope_reason, hierarchy, ids)
     return _facts(2, scope, total, live, dying, basis, scope_reason, hierarchy, ids)
 
@@ -601,7 +613,9 @@ def collect(
     if memory_line is not None and not memory_line["enabled"]:
         scope, scope_reason = _scope(ns_inode, ns_text, None)
         return _empty_facts(
-            scope, scope_reason, "the memory controller is disabled (enabled 0 in /proc/cgroups: cgroup_disable=memory)"
+            scope,
+            scope_reason,
+            "the memory controller is disabled (enabled 0 in /proc/cgroups: cgroup_disable=memory)",
         )
 
     ids = (_swap_state(proc_swaps), _kernel_state(kernel_release))
@@ -611,7 +625,8 @@ def collect(
             raise MemcgError(
                 "parse",
                 proc_cgroups,
-                "no memory line although a cgroup v1 memory hierarchy is mounted at %s" % v1_mount["mount_point"],
+                "no memory line although a cgroup v1 memory hierarchy is mounted at %s"
+                % v1_mount["mount_point"],
             )
         return _collect_v1(memory_line, v1_mount, ns_inode, ns_text, fs_root, ids)
 
@@ -678,7 +693,11 @@ def evaluate(facts, thresholds=None):
     id_basis = facts.get("id_headroom_basis") or ""
     growth = facts.get("growth")
 
-    noun = "dying cgroups (all controllers)" if facts["basis"].startswith(BASIS_V2_DESCENDANTS) else "zombie memory cgroups"
+    noun = (
+        "dying cgroups (all controllers)"
+        if facts["basis"].startswith(BASIS_V2_DESCENDANTS)
+        else "zombie memory cgroups"
+    )
     # exact: free / MAX < pct / 100, without float division (13,107 free is exactly 20%)
     headroom_low = free * 100.0 < limits["headroom_critical_pct"] * MEM_CGROUP_ID_MAX
     headroom_text = "%s of %s memcg IDs free" % (fmt_int(free), fmt_int(MEM_CGROUP_ID_MAX))
@@ -697,7 +716,11 @@ def evaluate(facts, thresholds=None):
     if zombies is None:
         if headroom_low:
             severity = "critical"
-            parts = [headroom_text, "host-wide memcg total %s" % fmt_int(total), "zombie count unknown in a cgroup namespace"]
+            parts = [
+                headroom_text,
+                "host-wide memcg total %s" % fmt_int(total),
+                "zombie count unknown in a cgroup namespace",
+            ]
         else:
             severity = "info"
             parts = [
@@ -707,10 +730,14 @@ def evaluate(facts, thresholds=None):
     else:
         if zombies >= limits["zombie_critical"]:
             severity = "critical"
-            parts.append("%s %s (critical at %s)" % (fmt_int(zombies), noun, fmt_int(limits["zombie_critical"])))
+            parts.append(
+                "%s %s (critical at %s)" % (fmt_int(zombies), noun, fmt_int(limits["zombie_critical"]))
+            )
         elif zombies >= limits["zombie_warning"]:
             severity = "warning"
-            parts.append("%s %s (warning at %s)" % (fmt_int(zombies), noun, fmt_int(limits["zombie_warning"])))
+            parts.append(
+                "%s %s (warning at %s)" % (fmt_int(zombies), noun, fmt_int(limits["zombie_warning"]))
+            )
         if headroom_low:
             severity = "critical"
         if severity is None:
@@ -725,7 +752,9 @@ def evaluate(facts, thresholds=None):
         if rate is None:
             rate, label = growth.get("total_per_min"), "total"
         if rate is not None:
-            parts.append("%s %s/min over %ss" % (label, fmt_rate(rate), _fmt_num(round(growth["seconds"], 1))))
+            parts.append(
+                "%s %s/min over %ss" % (label, fmt_rate(rate), _fmt_num(round(growth["seconds"], 1)))
+            )
 
     data = {
         "zombies": zombies,

@@ -27,6 +27,9 @@ window, for the finding. The rate itself comes from the statm counters at both e
 kernel 6.2 those counters are per-CPU (percpu_counter): a read can be off by the unfolded
 per-CPU batches (tens of pages per CPU the process ran on), far below a 100 MB/min threshold.
 
+Units: the kernel's ``kB`` (and every ``*_kb`` key here) is 1,024 bytes; MB (every ``*_mb*`` key,
+option and summary) is 10^6 bytes, so a leak of 90 MiB a minute is 94.4 MB/min.
+
 Stdlib only; importable on Python >= 3.9.
 """
 
@@ -55,6 +58,8 @@ MIN_DELTA_KB = 8192
 # ~10 MB in its first second): not compared.
 MIN_AGE_SECONDS = 10.0
 SMAPS_FIELDS = ("Rss", "Anonymous", "Swap")
+KB = 1024  # the kernel's kB in /proc (statm pages, smaps_rollup, meminfo)
+MB = 1000 * 1000
 CMDLINE_MAX = 300
 
 DEFAULT_THRESHOLDS = {
@@ -121,11 +126,11 @@ def parse_stat(text):
     start, end = text.find("("), text.rfind(")")
     if start < 0 or end < start:
         raise ValueError("no (comm) field")
-    fields = text[end + 2:].split()
+    fields = text[end + 2 :].split()
     # after comm: state(3) ppid pgrp session tty_nr tpgid flags(9) ... starttime(22)
     if len(fields) < 20:
         raise ValueError("%d fields after comm, expected at least 20" % len(fields))
-    return text[start + 1:end], fields[0], int(fields[6]), int(fields[19])
+    return text[start + 1 : end], fields[0], int(fields[6]), int(fields[19])
 
 
 def parse_statm(text):
@@ -208,7 +213,7 @@ def sample(proc=PROC, threshold_mb_per_min=None):
     anon_kb, rss_kb, vsz_kb]}); node_health does not return private keys.
     """
     started = time.monotonic()
-    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+    page_kb = os.sysconf("SC_PAGE_SIZE") // KB
     procs = {}
     unreadable = 0
     kernel_threads = 0
@@ -255,8 +260,13 @@ def sample(proc=PROC, threshold_mb_per_min=None):
     }
 
 
+def kb_to_mb(kb):
+    """MB (10^6 bytes) in ``kb`` of the kernel's kB (1,024 bytes)."""
+    return kb * float(KB) / MB
+
+
 def _mb_per_min(delta_kb, seconds):
-    return round(delta_kb / 1024.0 * 60.0 / seconds, 1)
+    return round(kb_to_mb(delta_kb) * 60.0 / seconds, 1)
 
 
 def read_detail(pid, proc=PROC):
@@ -359,17 +369,21 @@ def evaluate(facts, thresholds=None):
         severity = "critical" if rate >= limits["anon_growth_critical_mb_per_min"] else "warning"
         where = " in %s" % entry["unit"] if entry.get("unit") else ""
         text = "pid %d (%s)%s grows anonymous memory at %s MB/min (RSS %s MB/min) over %ss" % (
-            entry["pid"], entry["comm"], where, _num(rate), _num(entry["rss_mb_per_min"]),
+            entry["pid"],
+            entry["comm"],
+            where,
+            _num(rate),
+            _num(entry["rss_mb_per_min"]),
             _num(facts.get("window_seconds", 0)),
         )
         rollup = entry.get("smaps_rollup") or {}
         if rollup.get("anonymous_kb") is not None:
-            text += "; now %s MB anonymous" % fmt_int(rollup["anonymous_kb"] // 1024)
+            text += "; now %s MB anonymous" % fmt_int(int(kb_to_mb(rollup["anonymous_kb"])))
         if entry.get("map_count") is not None:
             text += " in %s mappings" % fmt_int(entry["map_count"])
         minutes = None
         if available and rate > 0:
-            minutes = round(available / 1024.0 / rate, 1)
+            minutes = round(kb_to_mb(available) / rate, 1)
             text += "; MemAvailable gone in ~%s min at this rate" % _num(minutes)
         data = dict(entry)
         data["minutes_to_exhaust_available"] = minutes
@@ -388,7 +402,8 @@ def growing_pids(facts, thresholds=None):
     if not facts or not facts.get("sampled"):
         return {}
     return dict(
-        (e["pid"], e) for e in facts.get("growing", [])
+        (e["pid"], e)
+        for e in facts.get("growing", [])
         if e["anon_mb_per_min"] >= limits["anon_growth_warning_mb_per_min"]
     )
 

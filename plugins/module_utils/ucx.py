@@ -61,8 +61,11 @@ VARIABLES = (HOOK_VAR, RCACHE_VAR)
 UCX_DEFAULTS = {HOOK_VAR: "bistro", RCACHE_VAR: "inf"}
 FIXED_IN = (1, 21)
 UPSTREAM_FIX = "openucx/ucx#11248"
+HOOKS_OFF = "none"
+# The environment fixes, the one place they are defined: the first is the default one (the finding's
+# text, `fleetops remediate fix --ucx-fix`).
 FIXES = {
-    "hooks-off": {HOOK_VAR: "none"},
+    "hooks-off": {HOOK_VAR: HOOKS_OFF},
     "rcache-bound": {RCACHE_VAR: "1024"},
 }
 
@@ -100,7 +103,7 @@ def find_ucx_libraries(maps):
     found = []
     for match in _LIB_RE.finditer(maps):
         path = match.group(1).decode("utf-8", "replace").lstrip()
-        path = path[path.find("/"):]
+        path = path[path.find("/") :]
         if path not in found:
             found.append(path)
     return found
@@ -223,8 +226,14 @@ def rcache_is_bounded(value):
     return bool(_BOUND_RE.match(value.strip().lower())) and value.strip().lower() not in _UNBOUNDED
 
 
+def fix_text():
+    """The fixes of FIXES as a finding says them: ``A=x (or B=y)``, the default one first."""
+    texts = ["%s=%s" % item for fix in FIXES.values() for item in sorted(fix.items())]
+    return texts[0] + "".join(" (or %s)" % text for text in texts[1:])
+
+
 def hooks_are_on(value):
-    return value.strip().lower() != "none"
+    return value.strip().lower() != HOOKS_OFF
 
 
 def effective_values(environ, unit_env, file_env, file_paths=None):
@@ -360,9 +369,7 @@ def _safe_to_run(binary, libdir):
     """Only a root-owned ucx_info in root-owned directories, with root-owned libraries, is run."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         return False
-    return all(
-        _root_owned_not_writable(p) for p in (binary, os.path.dirname(binary), libdir)
-    )
+    return all(_root_owned_not_writable(p) for p in (binary, os.path.dirname(binary), libdir))
 
 
 class _VersionProbe(object):
@@ -463,22 +470,24 @@ def collect(run, proc=PROC, systemd_dir="/run/systemd/system"):
         unit, manager, cgroup_path = parse_cgroup_unit(cgroup)
         ns = _readlink(base + "ns/mnt")
         library = hits[pid][0]
-        processes.append({
-            "pid": pid,
-            "comm": (_read_text(base + "comm") or "").strip(),
-            "cmdline": parse_cmdline(read_bytes(base + "cmdline", 4096) or b""),
-            "libraries": hits[pid],
-            "libdir": os.path.dirname(library),
-            "unit": unit,
-            "unit_manager": manager,
-            "cgroup": cgroup_path,
-            "environ_readable": environ_data is not None,
-            "_environ": None if environ_data is None else parse_environ(environ_data),
-            "_cwd": _readlink(base + "cwd"),
-            "_cwd_conf": base + "cwd/ucx.conf",
-            "same_mount_ns": ns is not None and ns == own_ns,
-            "_root": base + "root",
-        })
+        processes.append(
+            {
+                "pid": pid,
+                "comm": (_read_text(base + "comm") or "").strip(),
+                "cmdline": parse_cmdline(read_bytes(base + "cmdline", 4096) or b""),
+                "libraries": hits[pid],
+                "libdir": os.path.dirname(library),
+                "unit": unit,
+                "unit_manager": manager,
+                "cgroup": cgroup_path,
+                "environ_readable": environ_data is not None,
+                "_environ": None if environ_data is None else parse_environ(environ_data),
+                "_cwd": _readlink(base + "cwd"),
+                "_cwd_conf": base + "cwd/ucx.conf",
+                "same_mount_ns": ns is not None and ns == own_ns,
+                "_root": base + "root",
+            }
+        )
     systemd = is_systemd_host(systemd_dir)
     unit_envs = {}
     units = set(p["unit"] for p in processes if p["unit"] and p["unit_manager"] == "system")
@@ -513,7 +522,8 @@ def collect(run, proc=PROC, systemd_dir="/run/systemd/system"):
         entry["hooks_on"] = hooks_are_on(variables[HOOK_VAR]["value"])
         entry["rcache_bounded"] = rcache_is_bounded(variables[RCACHE_VAR]["value"])
         entry["restart_pending"] = any(
-            v["unit"] is not None and environ is not None and v["environ"] != v["unit"] for v in variables.values()
+            v["unit"] is not None and environ is not None and v["environ"] != v["unit"]
+            for v in variables.values()
         )
         entry["fixable_unit"] = bool(
             entry["unit"] and entry["unit_manager"] == "system" and entry["unit"].endswith(".service")
@@ -559,26 +569,34 @@ def evaluate(facts, growing=None):
             who += " in %s" % entry["unit"]
         version = "UCX %s" % entry["version"] if entry["version"] else "UCX of unknown version"
         text = "%s runs %s with mmap hooks on (%s) and an unbounded registration cache (%s)" % (
-            who, version, _describe(HOOK_VAR, variables[HOOK_VAR]), _describe(RCACHE_VAR, variables[RCACHE_VAR])
+            who,
+            version,
+            _describe(HOOK_VAR, variables[HOOK_VAR]),
+            _describe(RCACHE_VAR, variables[RCACHE_VAR]),
         )
         if grow:
             text += "; anonymous memory growing at %s MB/min" % grow["anon_mb_per_min"]
         if reason == "fixed upstream":
-            text += "; it no longer leaks on %s, which has the upstream fix (%s, UCX >= 1.21)" % (version, UPSTREAM_FIX)
+            text += "; it no longer leaks on %s, which has the upstream fix (%s, UCX >= 1.21)" % (
+                version,
+                UPSTREAM_FIX,
+            )
             if grow:
                 text += ": the growth has another cause"
         else:
             text += (
                 "; the setup that leaks anonymous memory on UCX < 1.21"
                 + (" (cannot rule it out: version unknown)" if reason == "unknown version" else "")
-                + "; fix: %s=none (or %s=1024)" % (HOOK_VAR, RCACHE_VAR)
+                + "; fix: "
+                + fix_text()
             )
             if entry["fixable_unit"]:
                 text += " in %s's environment, then restart it" % entry["unit"]
         pending = [n for n, v in variables.items() if v["unit"] is not None and v["environ"] != v["unit"]]
         if entry["restart_pending"] and pending:
             text += "; %s already sets %s but the process predates it: restart the unit" % (
-                entry["unit"], ", ".join("%s=%s" % (n, variables[n]["unit"]) for n in pending)
+                entry["unit"],
+                ", ".join("%s=%s" % (n, variables[n]["unit"]) for n in pending),
             )
         data = dict(entry)
         data.update(

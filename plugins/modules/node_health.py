@@ -136,13 +136,13 @@ options:
   anon_growth_warning_mb_per_min:
     description:
       - With two samples, a warning for a process whose anonymous memory grows at least this many
-        MB (MiB) per minute.
+        MB (10^6 bytes; a leak of 90 MiB a minute is 94.4 MB/min) per minute.
       - Must not be greater than O(anon_growth_critical_mb_per_min).
     type: float
     default: 100
   anon_growth_critical_mb_per_min:
     description:
-      - With two samples, a critical finding for a process growing at least this fast.
+      - With two samples, a critical finding for a process growing at least this many MB (10^6 bytes) per minute.
     type: float
     default: 1000
   inventory_events:
@@ -314,6 +314,8 @@ facts:
           C(anon_mb_per_min), C(rss_mb_per_min), C(vsz_mb_per_min), C(anon_kb) and C(rss_kb)
           (both ends), C(smaps_rollup) (C(rss_kb), C(anonymous_kb), C(swap_kb)), C(map_count),
           C(cmdline), C(unit), C(unit_manager).
+        - Units. C(*_mb_per_min) are MB (10^6 bytes) per minute; C(*_kb) are the kernel's kB (1,024 bytes), as
+          C(/proc) counts them.
       returned: when anon_rss_growth ran without error
       type: dict
     containers:
@@ -480,7 +482,9 @@ def _memcg_thresholds(params):
 
 def _no_runner(argv):
     """In-process callers of run_checks() pass ``_run`` (AnsibleModule.run_command does it in the module)."""
-    raise DetectorError("run", argv[0], "no command runner: pass params['_run'] when calling run_checks() in-process")
+    raise DetectorError(
+        "run", argv[0], "no command runner: pass params['_run'] when calling run_checks() in-process"
+    )
 
 
 def _crashloop_thresholds(params):
@@ -535,7 +539,9 @@ DETECTORS = collections.OrderedDict(
             "crashloop_container",
             Detector(
                 fact_key="containers",
-                sample=lambda params: containers.collect(params.get("_run") or _no_runner, params.get("_docker")),
+                sample=lambda params: containers.collect(
+                    params.get("_run") or _no_runner, params.get("_docker")
+                ),
                 add_growth=containers.add_growth,
                 evaluate=lambda facts, params: containers.evaluate(facts, _crashloop_thresholds(params)),
             ),
@@ -544,7 +550,9 @@ DETECTORS = collections.OrderedDict(
             "anon_rss_growth",
             Detector(
                 fact_key="anon_rss",
-                sample=lambda params: procs.sample(threshold_mb_per_min=params["anon_growth_warning_mb_per_min"]),
+                sample=lambda params: procs.sample(
+                    threshold_mb_per_min=params["anon_growth_warning_mb_per_min"]
+                ),
                 add_growth=procs.add_growth,
                 evaluate=lambda facts, params: procs.evaluate(facts, _anon_thresholds(params)),
             ),
@@ -582,9 +590,13 @@ DETECTORS = collections.OrderedDict(
             "ena_resets",
             Detector(
                 fact_key="ena",
-                sample=lambda params: ena.collect(params.get("_run") or _no_runner, lambda: _kernel_log(params)),
+                sample=lambda params: ena.collect(
+                    params.get("_run") or _no_runner, lambda: _kernel_log(params)
+                ),
                 add_growth=ena.add_growth,
-                evaluate=lambda facts, params: ena.evaluate(facts, {"ena_resets_critical": params["ena_resets_critical"]}),
+                evaluate=lambda facts, params: ena.evaluate(
+                    facts, {"ena_resets_critical": params["ena_resets_critical"]}
+                ),
             ),
         ),
         (
@@ -621,7 +633,8 @@ def _attribute(facts, findings, params):
     text = "memory cgroups piling up at %s/min (%s)" % (fmt_int(round(rate)), basis)
     if culprits:
         text += "; likely culprit: " + ", ".join(
-            "%s (%s restarts/min, %s memcgs per restart)" % (c["unit"], c["restarts_per_min"], c["memcgs_per_restart"])
+            "%s (%s restarts/min, %s memcgs per restart)"
+            % (c["unit"], c["restarts_per_min"], c["memcgs_per_restart"])
             for c in culprits
         )
     extra = {"growth_per_min": rate, "growth_basis": basis, "culprits": culprits}
@@ -637,7 +650,9 @@ def _attribute(facts, findings, params):
             finding = make_finding(memcg.CHECK, severity, text + "; " + finding["summary"], data)
         out.append(finding)
     if not merged:
-        out.append(make_finding(memcg.CHECK, "warning", text, dict(facts["memcg"].get("growth") or {}, **extra)))
+        out.append(
+            make_finding(memcg.CHECK, "warning", text, dict(facts["memcg"].get("growth") or {}, **extra))
+        )
     return out
 
 
@@ -675,9 +690,12 @@ def _validate(params):
             params["zombie_critical"],
         )
     if params["anon_growth_warning_mb_per_min"] > params["anon_growth_critical_mb_per_min"]:
-        return "anon_growth_warning_mb_per_min (%s) must not be greater than anon_growth_critical_mb_per_min (%s)" % (
-            params["anon_growth_warning_mb_per_min"],
-            params["anon_growth_critical_mb_per_min"],
+        return (
+            "anon_growth_warning_mb_per_min (%s) must not be greater than anon_growth_critical_mb_per_min (%s)"
+            % (
+                params["anon_growth_warning_mb_per_min"],
+                params["anon_growth_critical_mb_per_min"],
+            )
         )
     if params["headroom_critical_pct"] > 100:
         return "headroom_critical_pct must be at most 100, got %s" % params["headroom_critical_pct"]
@@ -688,7 +706,9 @@ def _validate(params):
             params["cpu_system_warning_pct"],
             params["cpu_system_critical_pct"],
         )
-    problem = units.validate_patterns(params["unit_allowlist"]) or units.validate_env_units(params["env_units"])
+    problem = units.validate_patterns(params["unit_allowlist"]) or units.validate_env_units(
+        params["env_units"]
+    )
     if problem:
         return problem
     return None
@@ -706,26 +726,39 @@ def _sample(names, params, errors):
     return samples
 
 
+# Each default is defined once, in the detector's module_utils (its DEFAULT_THRESHOLDS); DOCUMENTATION
+# repeats the values as text (ansible-test validate-modules checks that they agree), and the playbooks
+# pass ``default(omit)``.
 ARGUMENT_SPEC = dict(
     checks=dict(type="list", elements="str", choices=list(DETECTORS)),
     sample_seconds=dict(type="float", default=0),
-    zombie_warning=dict(type="int", default=1000),
-    zombie_critical=dict(type="int", default=20000),
-    headroom_critical_pct=dict(type="float", default=20),
-    crashloop_warning_per_min=dict(type="float", default=0.5),
-    crashloop_critical_per_min=dict(type="float", default=5),
-    journal_window_seconds=dict(type="int", default=600),
-    zombie_growth_warning_per_min=dict(type="float", default=10),
-    anon_growth_warning_mb_per_min=dict(type="float", default=100),
-    anon_growth_critical_mb_per_min=dict(type="float", default=1000),
+    zombie_warning=dict(type="int", default=memcg.DEFAULT_THRESHOLDS["zombie_warning"]),
+    zombie_critical=dict(type="int", default=memcg.DEFAULT_THRESHOLDS["zombie_critical"]),
+    headroom_critical_pct=dict(type="float", default=memcg.DEFAULT_THRESHOLDS["headroom_critical_pct"]),
+    crashloop_warning_per_min=dict(
+        type="float", default=crashloop.DEFAULT_THRESHOLDS["crashloop_warning_per_min"]
+    ),
+    crashloop_critical_per_min=dict(
+        type="float", default=crashloop.DEFAULT_THRESHOLDS["crashloop_critical_per_min"]
+    ),
+    journal_window_seconds=dict(type="int", default=crashloop.DEFAULT_THRESHOLDS["journal_window_seconds"]),
+    zombie_growth_warning_per_min=dict(
+        type="float", default=crashloop.DEFAULT_THRESHOLDS["zombie_growth_warning_per_min"]
+    ),
+    anon_growth_warning_mb_per_min=dict(
+        type="float", default=procs.DEFAULT_THRESHOLDS["anon_growth_warning_mb_per_min"]
+    ),
+    anon_growth_critical_mb_per_min=dict(
+        type="float", default=procs.DEFAULT_THRESHOLDS["anon_growth_critical_mb_per_min"]
+    ),
     inventory_events=dict(type="list", elements="dict", default=[]),
-    imds=dict(type="str", choices=["auto", "always", "never"], default="auto"),
-    imds_url=dict(type="str", default="http://169.254.169.254"),
+    imds=dict(type="str", choices=list(ec2events.IMDS_MODES), default=ec2events.IMDS_MODES[0]),
+    imds_url=dict(type="str", default=ec2events.IMDS_URL),
     unit_allowlist=dict(type="list", elements="str", default=[]),
     env_units=dict(type="list", elements="str", default=[]),
-    ena_resets_critical=dict(type="int", default=3),
-    cpu_system_warning_pct=dict(type="float", default=50),
-    cpu_system_critical_pct=dict(type="float", default=90),
+    ena_resets_critical=dict(type="int", default=ena.DEFAULT_THRESHOLDS["ena_resets_critical"]),
+    cpu_system_warning_pct=dict(type="float", default=cpustat.DEFAULT_THRESHOLDS["cpu_system_warning_pct"]),
+    cpu_system_critical_pct=dict(type="float", default=cpustat.DEFAULT_THRESHOLDS["cpu_system_critical_pct"]),
 )
 # What run_checks() uses for options an in-process caller leaves out.
 DEFAULTS = dict((key, spec.get("default")) for key, spec in ARGUMENT_SPEC.items())
@@ -748,7 +781,12 @@ def run_checks(params):
         elapsed = time.monotonic() - first_at
         # a detector whose second sample failed keeps its first one (and an errors entry)
         samples = collections.OrderedDict(
-            (name, DETECTORS[name].add_growth(first[name], second[name], elapsed) if name in second else first[name])
+            (
+                name,
+                DETECTORS[name].add_growth(first[name], second[name], elapsed)
+                if name in second
+                else first[name],
+            )
             for name in first
         )
     facts = {}

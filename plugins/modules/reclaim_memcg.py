@@ -34,17 +34,22 @@ options:
     description:
       - Reclaim only when at least this many zombies exist (RV(pending)); below it do nothing and
         report no change.
+      - The default is the zombie count at which M(fleetops.node.node_health) warns, the default of its
+        O(fleetops.node.node_health#module:zombie_warning). Dropping the page cache costs every workload on
+        the host its cached files, so a host with a few zombies is left alone.
       - In a cgroup namespace (a container, an nspawn guest), where zombies cannot be counted, the
         host-wide total of memory cgroups (live and dying, every container's) is compared instead;
         set it above that total's normal level.
     type: int
-    default: 1
+    default: 1000
   settle_seconds:
     description: How long to wait for the kernel to free the dying cgroups after the reclaim (they go asynchronously).
     type: float
     default: 5
   reboot_threshold:
-    description: Zombies still present at or above this count after the reclaim set RV(needs_reboot).
+    description:
+      - Zombies still present at or above this count after the reclaim set RV(needs_reboot).
+      - The default is the zombie count at which M(fleetops.node.node_health) warns.
     type: int
     default: 1000
   v2_reclaim_bytes:
@@ -151,9 +156,10 @@ def _needs_reboot(facts, threshold):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            min_zombies=dict(type="int", default=1),
+            # the scan's warning level, defined once (memcg.DEFAULT_THRESHOLDS)
+            min_zombies=dict(type="int", default=memcg.DEFAULT_THRESHOLDS["zombie_warning"]),
             settle_seconds=dict(type="float", default=5),
-            reboot_threshold=dict(type="int", default=1000),
+            reboot_threshold=dict(type="int", default=memcg.DEFAULT_THRESHOLDS["zombie_warning"]),
             v2_reclaim_bytes=dict(type="int", default=0),
         ),
         supports_check_mode=True,

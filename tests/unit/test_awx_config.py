@@ -258,6 +258,19 @@ def test_surveys_are_valid_and_only_set_the_playbooks_documented_knobs() -> None
         assert "fleetops_targets" in variables  # where the canary / the rest is chosen
 
 
+def test_surveys_repeat_no_playbook_or_module_default() -> None:
+    """A question left blank passes nothing (AWX adds a survey variable only for an answer or a default),
+    so the playbook's `default(omit)` leaves the module's default: the one definition. Only the host
+    pattern keeps a default, `all`, shown so that the operator sees what a launch acts on.
+    """
+    for jt in _job_templates():
+        for q in jt["survey_spec"]["spec"]:
+            if q["variable"] == "fleetops_targets":
+                assert q["default"] == "all" and q["required"] is True
+                continue
+            assert "default" not in q, f"{jt['name']}: {q['variable']} repeats a default"
+
+
 def test_survey_validation_catches_what_awx_refuses() -> None:
     good = {
         "name": "n",

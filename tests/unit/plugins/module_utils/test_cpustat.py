@@ -119,7 +119,7 @@ def test_a_synthetic_single_core_spike_is_critical_and_names_only_that_cpu() -> 
     [
         (
             {"cpu_system_warning_pct": 95.0},
-            "cpu_system_warning_pct (95.0) must not be greater than cpu_system_critical_pct (90)",
+            "cpu_system_warning_pct (95.0) must not be greater than cpu_system_critical_pct (90.0)",
         ),
         ({"cpu_system_critical_pct": 101.0}, "cpu_system_critical_pct must be at most 100, got 101.0"),
         ({"cpu_system_warning_pct": -1.0}, "cpu_system_warning_pct must not be negative, got -1.0"),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +111,9 @@ def test_growth_rates_and_who_gets_the_expensive_read(tmp_path: Path) -> None:
         13: [103, "reused", 10 * mib, 20 * mib, 90 * mib],
     })  # fmt: skip
     second = _sample({
-        10: [100, "leaker", 170 * mib, 220 * mib, 970 * mib],  # +70 MiB in 10 s: 420 MiB/min
+        10: [100, "leaker", 170 * mib, 220 * mib, 970 * mib],  # +70 MiB in 10 s: 420 MiB/min, 440.4 MB/min
         11: [101, "steady", 500 * mib + 512, 600 * mib, 900 * mib],
-        12: [102, "slow", 19 * mib, 29 * mib, 90 * mib],  # 54 MiB/min: over half the threshold
+        12: [102, "slow", 19 * mib, 29 * mib, 90 * mib],  # 54 MiB/min (56.6 MB/min): over half the threshold
         13: [999, "reused", 900 * mib, 900 * mib, 990 * mib],  # another process with that PID
         14: [104, "new", 900 * mib, 900 * mib, 990 * mib],
     })  # fmt: skip
@@ -124,11 +127,13 @@ def test_growth_rates_and_who_gets_the_expensive_read(tmp_path: Path) -> None:
     assert read == [10, 12]  # smaps_rollup only where statm grew at >= half the threshold
     assert facts["compared"] == 3 and facts["sampled"] is True and facts["window_seconds"] == 10.0
     leaker, slow = facts["growing"]
-    assert leaker["pid"] == 10 and leaker["anon_mb_per_min"] == 420.0 and leaker["rss_mb_per_min"] == 420.0
+    # MB is 10^6 bytes: 70 MiB (73,400,320 bytes) in 10 s is 440.4 MB/min, not "420 MB/min"
+    assert leaker["pid"] == 10 and leaker["anon_mb_per_min"] == 440.4 and leaker["rss_mb_per_min"] == 440.4
+    assert leaker["vsz_mb_per_min"] == 440.4
     assert leaker["anon_kb"] == [100 * mib, 170 * mib]
-    assert slow["anon_mb_per_min"] == 54.0
+    assert slow["anon_mb_per_min"] == 56.6
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    4300800 kB\n")
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    4300800 kB\n")  # 4,404 MB
     facts = procs.add_growth(first, second, 10.0, read=_detail, meminfo_path=str(meminfo))
     findings = procs.evaluate(facts)
     (finding,) = findings  # the slow one is under the 100 MB/min warning
@@ -136,10 +141,10 @@ def test_growth_rates_and_who_gets_the_expensive_read(tmp_path: Path) -> None:
     assert finding["data"]["pid"] == 10
     assert finding["data"]["minutes_to_exhaust_available"] == 10.0
     assert finding["summary"] == (
-        "pid 10 (leaker) in vllm.service grows anonymous memory at 420 MB/min (RSS 420 MB/min) over 10s; "
-        "now 400 MB anonymous in 812 mappings; MemAvailable gone in ~10 min at this rate"
+        "pid 10 (leaker) in vllm.service grows anonymous memory at 440.4 MB/min (RSS 440.4 MB/min) over 10s; "
+        "now 419 MB anonymous in 812 mappings; MemAvailable gone in ~10 min at this rate"
     )
-    (critical,) = procs.evaluate(facts, {"anon_growth_critical_mb_per_min": 400.0})
+    (critical,) = procs.evaluate(facts, {"anon_growth_critical_mb_per_min": 440.4})
     assert critical["severity"] == "critical"
     assert (
         procs.evaluate(
@@ -148,7 +153,8 @@ def test_growth_rates_and_who_gets_the_expensive_read(tmp_path: Path) -> None:
         == []
     )
     assert list(procs.growing_pids(facts)) == [10]
-    assert list(procs.growing_pids(facts, {"anon_growth_warning_mb_per_min": 50.0})) == [10, 12]
+    assert list(procs.growing_pids(facts, {"anon_growth_warning_mb_per_min": 56.6})) == [10, 12]
+    assert list(procs.growing_pids(facts, {"anon_growth_warning_mb_per_min": 56.7})) == [10]
     assert procs.growing_pids(None) == {}
 
 
@@ -186,3 +192,61 @@ def test_young_processes_and_small_deltas_are_not_rates() -> None:
     facts = procs.add_growth(first, second, 0.5, read=_detail, meminfo_path="/nonexistent")
     assert facts["too_young"] == 1 and facts["compared"] == 2
     assert [e["pid"] for e in facts["growing"]] == [22]
+
+
+# A real leak: touches 64 KiB chunks (bytes filled with "x", heap memory) on a clock, so that its
+# anonymous memory grows at exactly argv[1] bytes per second (to within one chunk) from "ready" on.
+LEAKER = """
+import sys, time
+rate, chunk, held = float(sys.argv[1]), 64 * 1024, []
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
+start = time.monotonic()
+while True:
+    while len(held) * chunk < rate * (time.monotonic() - start):
+        held.append(b"x" * chunk)
+    time.sleep(0.01)
+"""
+LEAK_MIB_PER_MIN = 90.0
+WINDOW_SECONDS = 7.0  # 10.5 MiB in the window: over MIN_DELTA_KB (8 MiB), so it is a rate
+
+
+def test_a_real_90_mib_per_min_leak_is_reported_as_94_mb_per_min(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detector's two samples over a real child leaking 90 MiB/min: 94.4 MB/min (MB = 10^6 bytes).
+
+    Under the default 100 MB/min warning it is no finding; with the warning at 50 MB/min (the knob
+    fleetops_anon_growth_warning_mb_per_min) it is a warning that says MB/min. The child is seconds old:
+    the rule that skips processes under MIN_AGE_SECONDS (tested above) is set to 0 here, nothing else.
+    """
+    monkeypatch.setattr(procs, "MIN_AGE_SECONDS", 0.0)
+    true_mb_per_min = LEAK_MIB_PER_MIN * 1024 * 1024 / 1e6  # 94.37
+    child = subprocess.Popen(
+        [sys.executable, "-c", LEAKER, str(LEAK_MIB_PER_MIN * 1024 * 1024 / 60.0)], stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        time.sleep(0.5)
+        first = procs.sample(threshold_mb_per_min=50.0)
+        started = time.monotonic()
+        time.sleep(WINDOW_SECONDS)
+        second = procs.sample(threshold_mb_per_min=50.0)
+        facts = procs.public(procs.add_growth(first, second, time.monotonic() - started))
+        assert child.poll() is None, "the leaking child died"
+    finally:
+        child.kill()
+        child.wait()
+    (entry,) = [e for e in facts["growing"] if e["pid"] == child.pid]
+    rate = entry["anon_mb_per_min"]
+    print(f"leak of {LEAK_MIB_PER_MIN:g} MiB/min = {true_mb_per_min:.2f} MB/min; measured {rate} MB/min")
+    assert abs(rate - true_mb_per_min) <= 0.10 * true_mb_per_min, entry
+    # and it is MB, not MiB labelled MB: nearer 94.37 than 90 (measured 94.4-95.0 with 3 runs on 2 busy cores)
+    assert abs(rate - true_mb_per_min) < abs(rate - LEAK_MIB_PER_MIN), entry
+    assert [f for f in procs.evaluate(facts) if f["data"]["pid"] == child.pid] == []  # under 100 MB/min
+    (finding,) = [
+        f
+        for f in procs.evaluate(facts, {"anon_growth_warning_mb_per_min": 50.0})
+        if f["data"]["pid"] == child.pid
+    ]
+    assert finding["severity"] == "warning"
+    assert f"grows anonymous memory at {procs._num(rate)} MB/min" in finding["summary"], finding["summary"]
+    assert finding["data"]["thresholds"]["anon_growth_warning_mb_per_min"] == 50.0
