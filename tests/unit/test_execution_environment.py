@@ -112,11 +112,13 @@ def test_requirements_txt_lists_the_inventory_plugins_needs_with_pyprojects_rang
     wanted = {r.name.lower(): r for r in map(Requirement, project["dependencies"])}
     for name, req in reqs.items():
         assert req.specifier == wanted[name].specifier, name
-    # and the plugin really imports them
-    plugin = (REPO / "plugins" / "inventory" / "ec2.py").read_text()
-    assert re.search(r"^\s*import boto3", plugin, re.M) and re.search(
-        r"^\s*import tenacity|from tenacity", plugin, re.M
+    # and the EC2 layer the plugin (and the lease) use really imports them
+    layer = (REPO / "plugins" / "module_utils" / "aws.py").read_text()
+    assert re.search(r"^\s*import boto3", layer, re.M) and re.search(
+        r"^\s*import tenacity|from tenacity", layer, re.M
     )
+    plugin = (REPO / "plugins" / "inventory" / "ec2.py").read_text()
+    assert "module_utils.aws import" in plugin or "module_utils import aws" in plugin
 
 
 def test_bindep_installs_the_ssh_client_on_both_package_families() -> None:
