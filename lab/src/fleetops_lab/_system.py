@@ -15,7 +15,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetops.util import atomic_write, pid_alive
 from fleetops_lab.errors import LabError
+
+__all__ = ["pid_alive"]  # re-exported: the lab's callers use system.pid_alive
 
 # --------------------------------------------------------------------------- commands
 
@@ -66,32 +69,12 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write a file by rename, so readers never see half of it."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    """Write a file by rename (the product's one atomic writer), with exactly ``mode``."""
+    atomic_write(path, text, mode=mode)
+    os.chmod(path, mode)
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def pid_alive(pid: int) -> bool:
-    """True when the process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # "pid (comm) S ...": comm may contain spaces and parentheses, the state follows the last ')'.
-    fields = stat[stat.rfind(")") + 1 :].split()
-    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def cmdline(pid: int) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from fleetops.util import atomic_write, pid_alive
 from fleetops_lab.errors import LabError
 
 REGION = "us-east-1"
@@ -44,9 +45,7 @@ def _serve(state_path: Path) -> int:
     url = proxy.start()
     assert moto.proc is not None
     state = {"pid": os.getpid(), "moto_pid": moto.proc.pid, "moto_url": upstream, "url": url}
-    tmp = state_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, state_path)
+    atomic_write(state_path, json.dumps(state))
     stop = False
 
     def on_term(signum: int, frame: object) -> None:
@@ -70,19 +69,6 @@ def _read_state(state_dir: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return False
-    return True
 
 
 def inventory_path(state_dir: Path) -> Path:
@@ -174,15 +160,15 @@ def down(state_dir: Path) -> None:
     if state:
         for key, sig in (("pid", signal.SIGTERM), ("moto_pid", signal.SIGINT)):
             pid = int(state.get(key) or 0)
-            if pid > 0 and _alive(pid):
+            if pid > 0 and pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
         deadline = time.monotonic() + 10
         pids = [int(state.get(k) or 0) for k in ("pid", "moto_pid")]
-        while time.monotonic() < deadline and any(p > 0 and _alive(p) for p in pids):
+        while time.monotonic() < deadline and any(p > 0 and pid_alive(p) for p in pids):
             time.sleep(0.1)
         for pid in pids:
-            if pid > 0 and _alive(pid):
+            if pid > 0 and pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     for name in (STATE_FILE, INVENTORY_FILE):
@@ -193,7 +179,7 @@ def down(state_dir: Path) -> None:
 def running(state_dir: Path) -> str | None:
     """The endpoint's URL when it runs."""
     state = _read_state(state_dir)
-    if state and _alive(int(state.get("pid") or 0)):
+    if state and pid_alive(int(state.get("pid") or 0)):
         return str(state["url"])
     return None
 
