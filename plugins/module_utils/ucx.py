@@ -52,6 +52,9 @@ from ansible_collections.fleetops.node.plugins.module_utils.procs import (
     read_bytes,
 )
 from ansible_collections.fleetops.node.plugins.module_utils.systemd import is_systemd_host, parse_show
+from ansible_collections.fleetops.node.plugins.module_utils.systemd import (
+    parse_environment as parse_unit_environment,
+)
 
 CHECK = "ucx_mmap_hooks"
 HOOK_VAR = "UCX_MEM_MMAP_HOOK_MODE"
@@ -120,60 +123,6 @@ def parse_environ(data, names=None):
         if name.startswith("UCX_") or name == "HOME" or (names and name in names):
             values[name] = value.decode("utf-8", "replace")
     return values
-
-
-def parse_unit_environment(value):
-    """{NAME: value} from the value of ``systemctl show -p Environment``.
-
-    systemctl prints the assignments separated by spaces, quoting those that need it
-    (``"A=x y"``) with C escapes inside quotes. A word without ``=`` continues the previous value.
-    """
-    words = []
-    i, n = 0, len(value)
-    while i < n:
-        while i < n and value[i] in " \t":
-            i += 1
-        if i >= n:
-            break
-        word = []
-        quote = None
-        while i < n:
-            ch = value[i]
-            if quote:
-                if ch == "\\" and i + 1 < n:
-                    word.append(_unescape(value[i + 1]))
-                    i += 2
-                    continue
-                if ch == quote:
-                    quote = None
-                    i += 1
-                    continue
-                word.append(ch)
-            elif ch in "\"'":
-                quote = ch
-            elif ch in " \t":
-                break
-            elif ch == "\\" and i + 1 < n:
-                word.append(value[i + 1])
-                i += 1
-            else:
-                word.append(ch)
-            i += 1
-        words.append("".join(word))
-    env = {}
-    last = None
-    for word in words:
-        name, sep, val = word.partition("=")
-        if sep and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            env[name] = val
-            last = name
-        elif last is not None:
-            env[last] += " " + word
-    return env
-
-
-def _unescape(ch):
-    return {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}.get(ch, ch)
 
 
 def parse_ucx_conf(text):
