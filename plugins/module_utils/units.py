@@ -49,9 +49,9 @@ from ansible_collections.fleetops.node.plugins.module_utils.systemd import (
     UnitNameError,
     is_systemd_host,
     normalize_unit_name,
+    parse_environment,
     parse_show,
 )
-from ansible_collections.fleetops.node.plugins.module_utils.ucx import parse_unit_environment
 
 CHECK = "unexpected_unit"
 ENABLED_STATES = ("enabled", "enabled-runtime")
@@ -172,7 +172,7 @@ def parse_env_show(text):
             continue
         result[unit] = {
             "unit_file_state": props["UnitFileState"],
-            "environment": redact_env(parse_unit_environment(props.get("Environment", ""))),
+            "environment": redact_env(parse_environment(props.get("Environment", ""))),
         }
     return result
 
