@@ -62,7 +62,7 @@ class Remediation:
 
 
 def _unit_name(unit: str) -> str:
-    return unit if "." in unit else unit + ".service"
+    return facts.normalize_unit_name(unit)
 
 
 def _unit_still_looping(post: dict[str, Any], units: list[str]) -> str | None:

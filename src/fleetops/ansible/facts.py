@@ -47,3 +47,14 @@ def headroom_critical_pct_default() -> float:
 def ucx_fixes() -> dict[str, dict[str, str]]:
     """``{"hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "rcache-bound": {...}}`` (ucx.FIXES)."""
     return {name: dict(env) for name, env in module_utils("ucx").FIXES.items()}
+
+
+def normalize_unit_name(name: str) -> str:
+    """systemctl's unit-name rule, as the modules apply it (systemd.normalize_unit_name): ``ecs`` ->
+    ``ecs.service``, ``dbus-org.freedesktop.login1`` -> ``dbus-org.freedesktop.login1.service``.
+    A name the rule refuses is returned unchanged (the module then refuses it, with its reason)."""
+    systemd = module_utils("systemd")
+    try:
+        return str(systemd.normalize_unit_name(name))
+    except systemd.UnitNameError:
+        return name
