@@ -471,7 +471,7 @@ def resume(
 ) -> RolloutResult:
     """Continue a saved rollout: hosts caught mid-batch are probed first, failed ones re-checked."""
     obs = observer if observer is not None else NullObserver()
-    rollout = Rollout.load(request.state)
+    rollout = Rollout.load(request.state, actions=REMEDIATIONS)
     if rollout.status == "done":
         obs.message(f"rollout {rollout.id} is already done")
         return _result(rollout)
@@ -482,7 +482,7 @@ def resume(
 
 def report(path: Path) -> RolloutResult:
     """A saved rollout's report; exit code OK only when it is done with no failed host."""
-    rollout = Rollout.load(path)
+    rollout = Rollout.load(path, actions=REMEDIATIONS)
     code = ExitCode.OK if rollout.status == "done" and not rollout.failures() else ExitCode.FAILED
     return RolloutResult(rollout, report_document(rollout), code)
 
@@ -510,15 +510,10 @@ class DriftResult:
 
 
 def _read_report(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} is not a scan report")
-    return data
+    """A saved ``fleetops.scan/v1`` report, validated: a bad one is a DocumentError (one line, exit 2)."""
+    from fleetops.schemas import load_scan_report
+
+    return load_scan_report(path)
 
 
 def drift(request: DriftRequest, on_host: OnHost | None = None) -> DriftResult:

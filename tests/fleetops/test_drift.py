@@ -44,7 +44,15 @@ def entry(
 
 
 def report(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"schema": "fleetops.scan/v1", "started_at": "2026-01-01T00:00:00Z", "hosts": hosts, "summary": {}}
+    from fleetops.scan import summarize
+
+    return {
+        "schema": "fleetops.scan/v1",
+        "started_at": "2026-01-01T00:00:00Z",
+        "duration_s": 1.0,
+        "hosts": hosts,
+        "summary": summarize(hosts),
+    }
 
 
 AZ = {"h1": "us-east-1a", "h2": "us-east-1b", "h3": "us-east-1a", "h4": "us-east-1b"}
@@ -253,7 +261,7 @@ def test_cli_from_a_saved_report(tmp_path: Path) -> None:
     ("args", "needle"),
     [
         (["drift", "--group-by", "rack"], "--group-by: choose from az,ami,kernel,instance_type"),
-        (["drift", "--from", "/nonexistent.json"], "cannot read /nonexistent.json"),
+        (["drift", "--from", "/nonexistent.json"], "/nonexistent.json: no such file"),
         (
             ["scan", "--unit-allowlist", "/nonexistent.yml"],
             "cannot read the unit allow-list /nonexistent.yml",

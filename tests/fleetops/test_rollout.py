@@ -25,7 +25,8 @@ from fleetops.rollout.gate import generic_gate
 from fleetops.rollout.locks import HostLocks, LockError
 from fleetops.rollout.outcome import HostOutcome, host_outcome
 from fleetops.rollout.preflight import _ssh_params
-from fleetops.rollout.state import Rollout, RolloutError, new_rollout
+from fleetops.rollout.state import Rollout, new_rollout
+from fleetops.schemas import DocumentError
 
 
 def _rollout(tmp_path: Path, hosts: list[list[str]]) -> Rollout:
@@ -58,12 +59,13 @@ def test_state_round_trips_and_rejects_foreign_files(tmp_path: Path) -> None:
     assert back.pending() == ["b", "c"]
     assert back.summary() == {"hosts": 3, "done": 1, "failed": 0, "pending": 2, "skipped": 0, "changed": 1}
     (tmp_path / "other.json").write_text(json.dumps({"schema": "something/else"}))
-    with pytest.raises(RolloutError, match="is not a fleetops rollout state"):
+    expected = r"other\.json: schema: Input should be 'fleetops\.rollout\.engine-state/v1'"
+    with pytest.raises(DocumentError, match=expected):
         Rollout.load(tmp_path / "other.json")
-    with pytest.raises(RolloutError, match="no rollout state at"):
+    with pytest.raises(DocumentError, match=r"missing\.json: no such file"):
         Rollout.load(tmp_path / "missing.json")
     (tmp_path / "broken.json").write_text("{not json")
-    with pytest.raises(RolloutError, match="cannot read rollout state"):
+    with pytest.raises(DocumentError, match=r"broken\.json: not valid JSON"):
         Rollout.load(tmp_path / "broken.json")
 
 

@@ -8,7 +8,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,15 +85,13 @@ class Rollout:
         atomic_write(Path(self.state_path), json.dumps(self.to_dict(), indent=2) + "\n", mkdir=True)
 
     @classmethod
-    def load(cls, path: Path) -> Rollout:
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise RolloutError(f"Failed to resume: no rollout state at {path}") from None
-        except (OSError, ValueError) as exc:
-            raise RolloutError(f"Failed to resume: cannot read rollout state {path}: {exc}") from None
-        if not isinstance(data, dict) or data.get("schema") != STATE_SCHEMA:
-            raise RolloutError(f"Failed to resume: {path} is not a fleetops rollout state ({STATE_SCHEMA})")
+    def load(cls, path: Path, actions: Collection[str] | None = None) -> Rollout:
+        """The rollout saved at ``path``, validated (``fleetops.schemas.load_state``): a missing,
+        truncated or foreign file is a ``DocumentError`` (one line, exit 2). ``actions``: the
+        remediations this fleetops knows; a state naming another one is refused too."""
+        from fleetops import schemas  # pydantic costs ~0.2 s: only commands that read a state pay it
+
+        data = schemas.load_state(path, actions)
         known = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in data.items() if k in known}
         fields["results"] = {
