@@ -20,21 +20,29 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from fleetops import paths
 from fleetops.ansible import facts
-from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, load_hosts
+from fleetops.ansible.inventory import (
+    DEFAULT_GROUP_VARS,
+    InventoryHost,
+    load_groups,
+    load_hosts,
+    load_targets,
+)
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.planner import MaxParallel, Plan
 from fleetops.planner import plan as plan_batches
 from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.remediations import get as get_remediation
+from fleetops.rollout import guards
 from fleetops.rollout.batch import InventoryScanner, PlaybookBatchRunner
 from fleetops.rollout.budget import FailureBudget
-from fleetops.rollout.engine import Engine, NullObserver, RolloutObserver
+from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, Engine, NullObserver, RolloutObserver
 from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, connection_for, lease_targets
 from fleetops.rollout.locks import locked
 from fleetops.rollout.outcome import HostOutcome
@@ -221,8 +229,27 @@ def plan_document(action: str, result: Plan, group_by: str) -> dict[str, Any]:
 
 
 def _plan_hosts(request: PlanRequest, hosts: Sequence[InventoryHost]) -> PlanResult:
-    if not hosts:
-        raise UsageError("no hosts matched the inventory and limit")
+    guards.require_targets([h.name for h in hosts], "the selection")
+def _selection(inventories: Sequence[Path], limit: str | None) -> str:
+    """What selected the hosts, for ``guards.require_targets``' message."""
+    if limit:
+        return f"--limit {limit!r}"
+    return "the inventory " + " ".join(str(p) for p in inventories)
+
+
+def _targets(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> list[InventoryHost]:
+    """The hosts ``limit`` selects, refused (UsageError) when there are none or a name is not
+    targeted exactly by a ``--limit`` (``guards.check_target_names``)."""
+    found = load_targets(inventories, limit, group_by)
+    guards.require_targets([h.name for h in found.hosts], _selection(inventories, limit))
+    guards.check_target_names([h.name for h in found.hosts], found.groups)
+    return found.hosts
+
+
+def _check_targets(inventories: Sequence[Path], limit: str | None) -> None:
+    _targets(inventories, limit, None)
+
+
     max_parallel = request.max_parallel
     if not isinstance(max_parallel, MaxParallel):
         max_parallel = MaxParallel.parse(str(max_parallel))
@@ -240,7 +267,7 @@ def _plan_hosts(request: PlanRequest, hosts: Sequence[InventoryHost]) -> PlanRes
 def plan(request: PlanRequest) -> PlanResult:
     """Load the targeted hosts and plan them with the request's caps (changes nothing)."""
     inventories = paths.resolve_inventories(request.inventory)
-    return _plan_hosts(request, load_hosts(inventories, request.limit, request.group_by))
+    return _plan_hosts(request, _targets(inventories, request.limit, request.group_by))
 
 
 # ------------------------------------------------------------------------------------------ rollouts
@@ -265,6 +292,11 @@ class RemediationRequest(PlanRequest):
 
 
 @dataclass
+    # time limit of each remediation task on a host (seconds; None: the remediation's default)
+    host_timeout: int | None = None
+    # --max-unhealthy: None: the remediation's default (reboot: guards.DEFAULT_REBOOT_MAX_UNHEALTHY)
+    max_unhealthy: guards.MaxUnhealthy | str | None = None
+    not_after: datetime | None = None  # --not-after: no batch starts at or after it (aware)
 class ResumeRequest:
     state: Path
     break_lock: bool | str = False
@@ -320,7 +352,19 @@ def rollout_exit_code(rollout: Rollout) -> ExitCode:
     if rollout.status == "interrupted":
         return ExitCode.INTERRUPTED
     s = rollout.summary()
-    return ExitCode.FAILED if (s["failed"] or rollout.status != "done") else ExitCode.OK
+    """OK only when every host is done (verified): a failed, timed-out, preflight-skipped or
+    unverified (still in doubt) host, or a stopped rollout, is FAILED; an interrupted one INTERRUPTED,
+    or TERMINATED / HANGUP when a signal aborted it."""
+    return (
+        ExitCode.FAILED
+        if (s["failed"] or s["skipped"] or s["pending"] or rollout.status != "done")
+        else ExitCode.OK
+    )
+        signum = (rollout.stopped or {}).get("signal")
+        if signum == signal.SIGTERM:
+            return ExitCode.TERMINATED
+        if signum == signal.SIGHUP:
+            return ExitCode.HANGUP
 
 
 def _result(rollout: Rollout) -> RolloutResult:
@@ -340,7 +384,11 @@ def _start(
             if not targets:
                 return None
             limit = ",".join(targets)
-    hosts = load_hosts(inventories, limit, request.group_by)
+    hosts = _targets(inventories, limit, request.group_by)
+    if extravars.get("fleetops_kube_drain"):
+        for target in hosts:
+            node = target.hostvars.get("k8s_node_name") or target.name
+            guards.check_k8s_node_name(str(node), target.name)
     reasons: dict[str, str | None] = {}
     exclude = list(request.exclude)
     if request.apply:
@@ -385,6 +433,7 @@ def _start(
     if "fleetops_kube_drain" in rollout.extravars:
         rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
     if request.apply and request.ec2_lease:
+    _set_guards(rollout, request, remediation, hosts)
         instances = lease_targets(h for h in hosts if h.name in rollout.hosts)
         if instances and connection_for(inventories) is not None:
             rollout.lease = {"ttl": request.lease_ttl, "settle": request.lease_settle, "instances": instances}
@@ -397,7 +446,27 @@ def _start(
 
 @contextlib.contextmanager
 def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
-    """First Ctrl-C: finish the running batch, then stop (state saved). Second: abort the batch now."""
+    """First Ctrl-C: finish the running batch, then stop (state saved). Second: abort the batch now.
+
+    SIGTERM and SIGHUP abort at once, as a second Ctrl-C does (exit 143 / 129): the batch's ansible
+    run is cancelled, its hosts stay ``running`` for a resume to probe, the state is saved and the
+    lock and lease released."""
+def _set_guards(
+    rollout: Rollout, request: RemediationRequest, remediation: Remediation, hosts: Sequence[InventoryHost]
+) -> None:
+    """The guards' settings, kept in the rollout (``engine.GUARDS_KEY``) so a resume keeps them."""
+    limit = request.max_unhealthy if request.max_unhealthy is not None else remediation.max_unhealthy
+    if isinstance(limit, str):
+        limit = guards.MaxUnhealthy.parse(limit)
+    rollout.plan[GUARDS_KEY] = {
+        "max_unhealthy": None if limit is None else str(limit),
+        "not_after": None if request.not_after is None else request.not_after.isoformat(),
+        "group_of": {h.name: h.group for h in hosts},
+    }
+    timeout = remediation.host_timeout if request.host_timeout is None else request.host_timeout
+    rollout.extravars[HOST_TIMEOUT_VAR] = remediation.check_host_timeout(timeout, rollout.extravars)
+
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -405,8 +474,20 @@ def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
     aborting = False
 
     def handler(signum: int, frame: object) -> None:
+    previous_term = signal.getsignal(signal.SIGTERM)
+    previous_hup = signal.getsignal(signal.SIGHUP)
         nonlocal aborting
         if aborting:
+    def terminate(signum: int, frame: object) -> None:
+        nonlocal aborting
+        if aborting:
+            return
+        aborting = True
+        name = signal.Signals(signum).name
+        engine.abort(f"aborted mid-batch ({name})", signum)
+        observer.message(f"{name}: aborting now; the state is saved for --resume", "warning")
+        raise KeyboardInterrupt
+
             return  # already aborting: let the state be saved
         if engine.stop_requested.is_set():
             aborting = True
@@ -419,10 +500,14 @@ def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
     try:
         yield
     finally:
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
         signal.signal(signal.SIGINT, previous)
 
 
 def _execute(
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGHUP, previous_hup)
     rollout: Rollout,
     remediation: Remediation,
     observer: RolloutObserver,
@@ -431,17 +516,20 @@ def _execute(
 ) -> Rollout:
     targets = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
     inventory = [Path(p) for p in rollout.inventory]
-    with locked(rollout, targets, break_lock, say=lambda line: observer.message(line, "dim")) as guard:
+    groups = load_groups(inventory)  # a resume's hosts are checked again: groups may have come since
+    guards.check_target_names(targets, groups)
+    with locked(rollout, targets, break_lock, say=lambda line: observer.message(line, "dim")) as held:
         engine = Engine(
             rollout=rollout,
             actions=remediation.actions,
             runner=PlaybookBatchRunner(remediation.playbook, inventory),
-            scanner=InventoryScanner(inventory),
+            scanner=InventoryScanner(inventory, groups),
             observer=observer,
             gate_check=remediation.gate,
             probe_vars=remediation.probe_vars,
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
-            guard=guard,
+            guard=held.guard,
+            ec2_stop=held.ec2_stop,
         )
         if rollout.apply:
             observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")
@@ -481,10 +569,12 @@ def resume(
 
 
 def report(path: Path) -> RolloutResult:
-    """A saved rollout's report; exit code OK only when it is done with no failed host."""
+    """A saved rollout's report; exit code OK only when it is done with every host verified
+    (no failed, timed-out, preflight-skipped or in-doubt host)."""
     rollout = Rollout.load(path, actions=REMEDIATIONS)
-    code = ExitCode.OK if rollout.status == "done" and not rollout.failures() else ExitCode.FAILED
-    return RolloutResult(rollout, report_document(rollout), code)
+    s = rollout.summary()
+    done = rollout.status == "done" and not (s["failed"] or s["skipped"] or s["pending"])
+    return RolloutResult(rollout, report_document(rollout), ExitCode.OK if done else ExitCode.FAILED)
 
 
 # ------------------------------------------------------------------------------------------ drift

@@ -11,4 +11,6 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad command line, configuration or input file
     FAILED = 3  # a host unreachable or failed, a detector could not run, the rollout stopped
     LOCKED = 4  # hosts locked (lock file or EC2 lease) by another rollout
+    HANGUP = 129  # SIGHUP: a rollout aborted at once (state saved, lock released)
     INTERRUPTED = 130  # Ctrl-C / SIGINT
+    TERMINATED = 143  # SIGTERM: a rollout aborted at once (state saved, lock released)

@@ -16,12 +16,25 @@ from typing import Any
 from fleetops.ansible import facts
 from fleetops.errors import UsageError
 from fleetops.rollout.gate import GateCheck
+from fleetops.rollout.guards import DEFAULT_REBOOT_MAX_UNHEALTHY
 from fleetops.rollout.outcome import HostOutcome
 
 REQUIRED = object()  # a parameter without a default
+DEFAULT_HOST_TIMEOUT_S = 600  # a task on a host (a unit disabled, a cache dropped, a service restarted)
+MAX_HOST_TIMEOUT_S = 86400
+REBOOT_HOST_TIMEOUT_S = 1800  # drain (600) + reboot (600) + hooks, with room to spare
 Say = Callable[[str, str], None]  # (text, style) for the operator
 # (params, inventory, limit, say) -> (extra vars, the hosts to target or None: every selected host)
 Prepare = Callable[[Mapping[str, Any], list[Path], str | None, Say], tuple[dict[str, Any], list[str] | None]]
+
+
+def check_host_timeout(seconds: int) -> int:
+    """``--host-timeout``: whole seconds, at least 1, at most a day; UsageError otherwise."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise UsageError(f"--host-timeout must be whole seconds, got {seconds!r}")
+    if not 1 <= seconds <= MAX_HOST_TIMEOUT_S:
+        raise UsageError(f"--host-timeout must be between 1 and {MAX_HOST_TIMEOUT_S} seconds, got {seconds}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,28 @@ class Remediation:
     # Optional: extra vars for a second pass over the hosts that passed their gate (None: no pass).
     post_vars: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
     cooldown: float = 0.0  # default cooldown between batches
+    # --host-timeout's default: seconds each remediation task may take on a host (task `timeout:`)
+    host_timeout: int = DEFAULT_HOST_TIMEOUT_S
+    # --max-unhealthy's default (guards.MaxUnhealthy text); None: no capacity floor unless asked
+    max_unhealthy: str | None = None
+
+    def check_host_timeout(self, seconds: int, extravars: Mapping[str, Any]) -> int:
+        """``seconds`` if it is a usable ``--host-timeout`` for this remediation, else UsageError.
+
+        A reboot's limit must leave room for what it waits for: the drain and the reboot itself."""
+        check_host_timeout(seconds)
+        waits = [
+            (name, int(extravars[var]))
+            for name, var in (
+                ("--reboot-timeout", "fleetops_reboot_timeout"),
+                ("--drain-timeout", "fleetops_drain_timeout"),
+            )
+            if isinstance(extravars.get(var), int) and not isinstance(extravars.get(var), bool)
+        ]
+        if waits and seconds <= sum(v for _n, v in waits):
+            told = " + ".join(f"{n} {v}" for n, v in waits)
+            raise UsageError(f"--host-timeout {seconds} must be more than {told}, which it includes")
+        return seconds
 
     def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters with defaults filled in; unknown or missing ones are a UsageError."""
@@ -274,6 +309,8 @@ REMEDIATIONS: dict[str, Remediation] = {
             cooldown=10.0,
         ),
         Remediation(
+            host_timeout=REBOOT_HOST_TIMEOUT_S,
+            max_unhealthy=DEFAULT_REBOOT_MAX_UNHEALTHY,
             name="set-env",
             playbook="fleetops.node.remediate_set_env",
             actions=("fleetops.node.set_env",),

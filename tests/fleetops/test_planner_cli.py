@@ -188,7 +188,7 @@ def test_default_inventory_is_localhost(capsys: pytest.CaptureFixture[str]) -> N
             "canary (5) cannot be met: at most 1 per group over 4 group(s)",
         ),
         (["--exclude", "gpu-z9"], "--exclude matches no targeted host: gpu-z9"),
-        (["--limit", "nothing-here"], "no hosts matched the inventory and limit"),
+        (["--limit", "nothing-here"], "--limit 'nothing-here' matches no host: nothing to do"),
         (["--format", "xml"], "invalid choice: 'xml'"),
         (["--group-by", "bad_az"], None),  # not an error: everything is ungrouped
     ],

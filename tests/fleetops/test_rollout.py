@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -22,7 +23,6 @@ from fleetops.cli.remediate import _failure_budget
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import Engine
 from fleetops.rollout.gate import generic_gate
-from fleetops.rollout.locks import HostLocks, LockError
 from fleetops.rollout.outcome import HostOutcome, host_outcome
 from fleetops.rollout.preflight import _ssh_params
 from fleetops.rollout.state import Rollout, new_rollout
@@ -67,25 +67,6 @@ def test_state_round_trips_and_rejects_foreign_files(tmp_path: Path) -> None:
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(DocumentError, match=r"broken\.json: not valid JSON"):
         Rollout.load(tmp_path / "broken.json")
-
-
-def test_locks_refuse_another_rollout_and_let_the_same_one_back(tmp_path: Path) -> None:
-    first, second = _rollout(tmp_path, [["a", "b"]]), _rollout(tmp_path, [["b", "c"]])
-    locks = HostLocks(tmp_path / "locks")
-    locks.acquire(["a", "b"], first)
-    with pytest.raises(LockError, match=r"Failed to lock 1 host\(s\) held by another rollout: b \(rollout"):
-        HostLocks(tmp_path / "locks").acquire(["b", "c"], second)
-    assert not (tmp_path / "locks" / "c.lock").exists()  # all or nothing
-    # the same rollout (a resume after a kill) takes its own locks back
-    HostLocks(tmp_path / "locks").acquire(["a", "b"], first)
-    # a stale holder is only broken on request
-    held = json.loads((tmp_path / "locks" / "b.lock").read_text())
-    assert held["rollout"] == first.id and held["pid"] == os.getpid()
-    other = HostLocks(tmp_path / "locks")
-    other.acquire(["b", "c"], second, break_lock=True)
-    assert json.loads((tmp_path / "locks" / "b.lock").read_text())["rollout"] == second.id
-    other.release()
-    assert list((tmp_path / "locks").glob("[bc].lock")) == []
 
 
 @pytest.mark.parametrize(
@@ -289,10 +270,209 @@ def test_progress_is_a_transient_line_on_a_terminal(tmp_path: Path, monkeypatch:
     assert "progress:" not in out.getvalue()  # no plain lines on a terminal
 
 
-def test_break_lock_can_name_the_rollout_whose_locks_it_breaks(tmp_path: Path) -> None:
-    first, second = _rollout(tmp_path, [["a"]]), _rollout(tmp_path, [["a"]])
-    HostLocks(tmp_path / "locks").acquire(["a"], first)
-    with pytest.raises(LockError):
-        HostLocks(tmp_path / "locks").acquire(["a"], second, break_lock="20000101T000000Z-000000")
-    HostLocks(tmp_path / "locks").acquire(["a"], second, break_lock=first.id)
-    assert json.loads((tmp_path / "locks" / "a.lock").read_text())["rollout"] == second.id
+# ---- issue 14: the guards wired into the engine and the API (fake runner and scanner where a host
+# would be needed; ansible-inventory, ansible-playbook and ansible-runner are real where they run here).
+
+
+def _inventory(
+    tmp_path: Path, hosts: dict[str, dict[str, Any]], groups: dict[str, list[str]] | None = None
+) -> Path:
+    import yaml
+
+    children = {g: {"hosts": {h: {} for h in members}} for g, members in (groups or {}).items()}
+    data = {
+        "all": {
+            "hosts": {h: {"ansible_connection": "local", **v} for h, v in hosts.items()},
+            "children": children,
+        }
+    }
+    path = tmp_path / "inv.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(home))
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    return home
+
+
+def _no_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record any attempt to run a playbook, scan or preflight (none must happen when a guard refuses)."""
+    import fleetops.api as api_mod
+
+    calls: list[Any] = []
+    monkeypatch.setattr(api_mod, "preflight", lambda *a, **k: calls.append(("preflight", a)) or {})
+    monkeypatch.setattr(api_mod, "run_scan", lambda *a, **k: calls.append(("scan", a)) or {})
+    monkeypatch.setattr(api_mod, "PlaybookBatchRunner", lambda *a, **k: calls.append(("runner", a)))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["!spare", "gpu-*", "a,b", "~web.*", "-x", "@hosts"])
+def test_hostile_names_are_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_home: Path, name: str
+) -> None:
+    from fleetops import api
+    from fleetops.errors import UsageError
+
+    inv = _inventory(tmp_path, {"ok-1": {}, name: {}})
+    calls = _no_runs(monkeypatch)
+    with pytest.raises(UsageError, match=rf"host name {re.escape(repr(name))} "):
+        api.plan(api.PlanRequest(action="reboot", inventory=[inv]))
+    with pytest.raises(UsageError, match="host name"):
+        api.remediate(api.RemediationRequest(action="reboot", inventory=[inv], apply=True))
+    with pytest.raises(UsageError, match="host name"):
+        api.scan(api.ScanRequest(inventory=[inv]))
+    assert calls == []
+    assert not (state_home / "locks").exists() and not (state_home / "rollouts").exists()
+
+
+def test_a_host_named_like_a_group_is_refused(tmp_path: Path, state_home: Path) -> None:
+    from fleetops import api
+    from fleetops.errors import UsageError
+
+    # "spare" is a group (without hosts of its own: only a child of another group) and a host
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    spare: {ansible_connection: local}\n    ok-1: {ansible_connection: local}\n"
+        "  children:\n    pool:\n      children:\n        spares: {}\n"
+    )
+    assert api.plan(api.PlanRequest(action="reboot", inventory=[inv], limit="ok-1")).plan.hosts == 1
+    inv.write_text(inv.read_text().replace("spares: {}", "spare: {}"))
+    with pytest.raises(UsageError, match="is also the name of the inventory group 'spare'"):
+        api.plan(api.PlanRequest(action="reboot", inventory=[inv], limit="ok-1:spare"))
+
+
+def test_empty_never_means_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_home: Path) -> None:
+    from fleetops import api
+    from fleetops.errors import UsageError
+
+    calls = _no_runs(monkeypatch)
+    inv = _inventory(tmp_path, {"a": {}})
+    with pytest.raises(UsageError, match="--limit 'nothing' matches no host: nothing to do"):
+        api.remediate(api.RemediationRequest(action="reboot", inventory=[inv], limit="nothing", apply=True))
+    empty = tmp_path / "empty.yml"
+    empty.write_text("all:\n  hosts: {}\n")
+    with pytest.raises(UsageError, match=rf"the inventory {re.escape(str(empty))} matches no host"):
+        api.remediate(api.RemediationRequest(action="reboot", inventory=[empty], apply=True))
+    with pytest.raises(UsageError, match="matches no host"):
+        api.scan(api.ScanRequest(inventory=[empty]))
+    assert calls == []
+
+
+def test_kube_drain_refuses_a_bad_node_name_at_plan_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_home: Path
+) -> None:
+    from fleetops import api
+    from fleetops.errors import UsageError
+
+    calls = _no_runs(monkeypatch)
+    inv = _inventory(tmp_path, {"n1": {"k8s_node_name": "--all-namespaces"}, "n2": {}})
+    request = api.RemediationRequest(
+        action="reboot", inventory=[inv], apply=True, params={"kube_drain": True}
+    )
+    with pytest.raises(UsageError, match=r"Kubernetes node name '--all-namespaces' \(of host 'n1'\)"):
+        api.remediate(request)
+    assert calls == []
+
+
+class ScriptedRunner(FakeRunner):
+    """FakeRunner whose hosts' results come from ``script`` ({host: TaskResult status or a callable})."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail: dict[str, str] = {}  # host -> message (failed)
+        self.timeout_hosts: dict[str, int] = {}  # host -> task timeout period
+        self.extra: list[str] = []  # hosts outside the batch that "ran"
+        self.run_status = "successful"
+
+    def __call__(
+        self,
+        hosts: Sequence[str],
+        extravars: dict[str, Any],
+        *,
+        check: bool,
+        on_result: Callable[[TaskResult], None] | None,
+        cancel: threading.Event | None,
+    ) -> PlaybookRun:
+        run = super().__call__(hosts, extravars, check=check, on_result=on_result, cancel=cancel)
+        run.status = self.run_status
+        for host in hosts:
+            if host in self.fail:
+                run.tasks[host] = [TaskResult(host, "failed", "x", "x", {"msg": self.fail[host]})]
+            if host in self.timeout_hosts:
+                period = self.timeout_hosts[host]
+                result = {
+                    "msg": f"Task failed: Timed out after {period} second(s).",
+                    "timedout": {"period": period},
+                }
+                run.tasks[host] = [TaskResult(host, "failed", "x", "x", result)]
+            if self.run_status == "timeout":
+                run.tasks.pop(host, None)
+        for host in self.extra:
+            run.tasks[host] = [TaskResult(host, "ok", "x", "x", {"changed": True})]
+        return run
+
+
+def _scripted(
+    tmp_path: Path, batches: list[list[str]], max_failures: int = 0
+) -> tuple[Engine, ScriptedRunner]:
+    rollout = _rollout(tmp_path, batches)
+    rollout.max_failures = max_failures
+    runner = ScriptedRunner()
+    runner.rollout = rollout
+    return Engine(rollout=rollout, actions=("x",), runner=runner, scanner=fake_scanner), runner
+
+
+def test_hosts_outside_the_batch_stop_the_rollout_and_are_audited(tmp_path: Path, state_home: Path) -> None:
+    from fleetops.api import rollout_exit_code
+
+    engine, runner = _scripted(tmp_path, [["a"], ["b"], ["c"]])
+    runner.on_batch = lambda n: runner.extra.append("spare-9") if n == 2 else None
+    rollout = engine.run()
+    assert rollout.status == "stopped" and rollout_exit_code(rollout) == 3
+    assert rollout.stopped is not None
+    assert rollout.stopped["reason"].startswith("1 host(s) outside the batch ran the playbook: spare-9")
+    assert rollout.hosts == {"a": "done", "b": "running", "c": "pending"}  # b in doubt, c untouched
+    assert runner.batches == [["a"], ["b"]]
+    lines = [json.loads(ln) for ln in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    extra = [e for e in lines if e["host"] == "spare-9"]
+    assert len(extra) == 1 and extra[0]["result"]["msg"].startswith("ran outside its batch: 1 host(s)")
+
+
+def test_failed_hosts_make_the_exit_code_3_and_resume_runs_them_again(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from fleetops.api import rollout_exit_code
+
+    engine, runner = _scripted(tmp_path, [["a", "b"], ["c"]], max_failures=1)
+    runner.fail["b"] = "boom"
+    rollout = engine.run()
+    assert rollout.status == "done" and rollout.hosts == {"a": "done", "b": "failed", "c": "done"}
+    assert rollout_exit_code(rollout) == 3
+    saved = Rollout.load(tmp_path / "state.json")
+    resumed, again = _scripted(tmp_path, [])
+    resumed.rollout = again.rollout = saved
+    again.fail["b"] = "still broken"
+    assert resumed.run().hosts["b"] == "failed"
+    assert again.batches == [["b"]]  # run again, not judged done by a rescan
+    assert rollout_exit_code(saved) == 3
+    resumed, again = _scripted(tmp_path, [])
+    resumed.rollout = again.rollout = saved
+    assert resumed.run().hosts == {"a": "done", "b": "done", "c": "done"}
+    assert again.batches == [["b"]] and rollout_exit_code(saved) == 0
+
+
+def test_preflight_skipped_and_in_doubt_hosts_are_not_ok(tmp_path: Path) -> None:
+    from fleetops.api import rollout_exit_code
+
+    r = _rollout(tmp_path, [["a"]])
+    r.hosts = {"a": "done", "z": "skipped"}
+    r.status = "done"
+    assert rollout_exit_code(r) == 3
+    r.hosts = {"a": "done"}
+    assert rollout_exit_code(r) == 0
+    r.hosts = {"a": "running"}
+    assert rollout_exit_code(r) == 3

@@ -49,13 +49,55 @@ def load_hosts(
     ``group_by`` names the hostvar to group by; None means ``ec2_az`` where a host has it, else
     ``fleetops_az``, else no group. Hosts come in ansible's order; the planner sorts them.
     """
+    return hosts_from_list(_checked_list(inventories, limit), group_by)
+
+
+def _checked_list(inventories: Sequence[Path], limit: str | None) -> dict[str, Any]:
     if not inventories:
         raise UsageError("no inventory given")
     for inv in inventories:
         if not inv.exists():
             raise UsageError(f"inventory not found: {inv}")
-    data = _list_inventory(inventories, limit)
-    return hosts_from_list(data, group_by)
+    return _list_inventory(inventories, limit)
+
+
+@dataclass(frozen=True)
+class InventoryTargets:
+    """The hosts a limit selects and every group name of the inventory (for ``guards.check_target_names``)."""
+
+    hosts: list[InventoryHost]
+    groups: frozenset[str]
+
+
+def load_targets(
+    inventories: Sequence[Path], limit: str | None = None, group_by: str | None = None
+) -> InventoryTargets:
+    """``load_hosts`` plus the inventory's group names.
+
+    A ``--limit`` drops the groups without a selected host from ansible-inventory's listing, so the
+    group names come from a listing without it (a second ansible-inventory run when there is a limit).
+    """
+    full = _checked_list(inventories, None)
+    data = _list_inventory(inventories, limit) if limit else full
+    return InventoryTargets(hosts_from_list(data, group_by), groups_from_list(full))
+
+
+def load_groups(inventories: Sequence[Path]) -> frozenset[str]:
+    """Every group name of ``inventories`` (``all`` and ``ungrouped`` included)."""
+    return groups_from_list(_checked_list(inventories, None))
+
+
+def groups_from_list(data: Mapping[str, Any]) -> frozenset[str]:
+    """Group names from ``ansible-inventory --list`` output: its keys but ``_meta``, and every group's
+    children (a group without hosts of its own appears only as a child)."""
+    names: set[str] = {"all", "ungrouped"}
+    for key, body in data.items():
+        if key == "_meta":
+            continue
+        names.add(str(key))
+        if isinstance(body, Mapping):
+            names.update(str(c) for c in body.get("children") or ())
+    return frozenset(names)
 
 
 def hosts_from_list(data: Mapping[str, Any], group_by: str | None = None) -> list[InventoryHost]:

@@ -103,7 +103,9 @@ class RunnerOptions:
     check: bool = False
     diff: bool = False
     verbosity: int = 0
-    timeout: int | None = None  # the whole run (runner's job timeout)
+    # the whole run (ansible-runner's job timeout): past it runner ends ansible-playbook and the run's
+    # status is "timeout" (its leftover workers are stopped too); hosts without a result timed out
+    timeout: int | None = None
     # ssh's connect timeout, banner exchange included (ansible-playbook --timeout); None: ansible.cfg's
     connect_timeout: int | None = None
     keep_artifacts: bool = bool(os.environ.get("FLEETOPS_KEEP_ARTIFACTS"))
@@ -202,7 +204,8 @@ def run_playbook(
         run.status = str(r.status)
         run.rc = int(r.rc) if r.rc is not None else -1
         run.interrupted = r.status == "canceled" or (cancel is not None and cancel.is_set())
-        if not run.tasks and run.status not in ("successful", "canceled") and not run.interrupted:
+        # a run ended at its time limit (``timeout``) is the caller's to judge: its hosts timed out
+        if not run.tasks and run.status not in ("successful", "canceled", "timeout") and not run.interrupted:
             detail = "; ".join(w for w in run.warnings if w) or _tail(r.stdout.read() if r.stdout else "")
             raise RunnerError(f"Failed to run {opts.playbook}: ansible-playbook exited {run.rc}: {detail}")
     finally:

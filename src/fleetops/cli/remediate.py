@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -22,8 +23,9 @@ from fleetops.cli.args import add_format_arg, add_target_args, from_library
 from fleetops.cli.plan import add_rollout_args, plan_request
 from fleetops.cli.progress import ConsoleObserver
 from fleetops.errors import UsageError
-from fleetops.remediations import REMEDIATIONS
+from fleetops.remediations import REMEDIATIONS, check_host_timeout
 from fleetops.rollout.budget import FailureBudget
+from fleetops.rollout.guards import MaxUnhealthy, parse_not_after
 from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, rollout_id
 from fleetops.rollout.state import Rollout
 
@@ -35,6 +37,32 @@ ROLLOUT_EPILOG = (
     "stopped, 4 hosts locked (lock file or EC2 lease) by another rollout, 130 interrupted."
 )
 _failure_budget = from_library(FailureBudget.parse)
+
+
+def _guard_arg[T](parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse type from a guard's parser that raises UsageError: checked at parse time (exit 2)."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name}: ")) from None
+
+    convert.__name__ = name
+    return convert
+
+
+def _parse_host_timeout(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise UsageError(f"must be whole seconds, got {text!r}") from None
+    return check_host_timeout(value)
+
+
+_max_unhealthy = _guard_arg(MaxUnhealthy.parse, "--max-unhealthy")
+_host_timeout = _guard_arg(_parse_host_timeout, "--host-timeout")
+_not_after = _guard_arg(lambda text: parse_not_after(text, datetime.now(UTC)), "--not-after")
 
 
 def _disable_unit_args(p: argparse.ArgumentParser) -> None:
@@ -218,6 +246,9 @@ def remediation_request(args: argparse.Namespace) -> api.RemediationRequest:
 def print_summary(rollout: Rollout, console: Console) -> None:
     s = rollout.summary()
     verb = "changed" if rollout.apply else "would change"
+        host_timeout=args.host_timeout,
+        max_unhealthy=args.max_unhealthy,
+        not_after=args.not_after,
     console.print(
         f"{rollout.action}: {s['hosts']} host(s): {s['changed']} {verb}, {s['done']} done, {s['failed']} failed, "
         f"{s['pending']} pending, {s['skipped']} skipped; status {rollout.status}"
@@ -267,6 +298,33 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
         type=_failure_budget,
         default=FailureBudget(count=0),
         metavar="N|P%",
+    rp.add_argument(
+        "--host-timeout",
+        type=_host_timeout,
+        default=None,
+        metavar="S",
+        help="time limit of each remediation task on a host, 1-86400 s (default: 1800 for reboot, which "
+        "must exceed --reboot-timeout plus --drain-timeout; 600 for the others); a host past it fails "
+        "'timed out after S s' and counts for --max-failures",
+    )
+    rp.add_argument(
+        "--max-unhealthy",
+        type=_max_unhealthy,
+        default=None,
+        metavar="N|P%",
+        help="capacity floor: a batch does not start while more than N hosts (or P%% of its group, "
+        "rounded down; N,P%%: the smaller) of its group are unhealthy (preflight-unreachable, failed, "
+        "timed out, failed gate); the rollout stops (exit 3), the rest pending for --resume "
+        "(default: 10%% for reboot, none for the others)",
+    )
+    rp.add_argument(
+        "--not-after",
+        type=_not_after,
+        default=None,
+        metavar="TIME",
+        help="deadline: no batch starts at or after TIME (ISO 8601, a naive time is local; or a duration "
+        "from now: 90m, 2h, 1h30m); the rollout then stops (exit 3), the rest pending for --resume",
+    )
         help="unreachable hosts (ssh, host key, login) left out before the rollout refuses to start (default: 0)",
     )
     rp.add_argument("--preflight-timeout", type=float, default=5.0, metavar="S", help=argparse.SUPPRESS)

@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
+from fleetops.rollout import guards
 from fleetops.scan import ScanOptions, run_scan
+
+HOST_TIMEOUT_VAR = "fleetops_host_timeout"
+RUNNER_MARGIN_S = 120  # on top of the host timeout: ssh connects, the boot id reads, the probes
+MAX_BATCH_FORKS = 50  # a batch's hosts run at once up to this many (each within its host timeout)
+
+
+def runner_timeout(hosts: int, extravars: dict[str, Any]) -> int | None:
+    """The whole batch run's limit: the host timeout (per round of at most MAX_BATCH_FORKS hosts)
+    plus RUNNER_MARGIN_S; None when the rollout has no host timeout."""
+    value = extravars.get(HOST_TIMEOUT_VAR)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return None
+    rounds = max(1, math.ceil(hosts / MAX_BATCH_FORKS))
+    return value * rounds + RUNNER_MARGIN_S
 
 
 @dataclass(frozen=True)
 class PlaybookBatchRunner:
-    """One batch = one ansible-runner invocation of ``playbook``, limited to exactly the batch's hosts."""
+    """One batch = one ansible-runner invocation of ``playbook``, limited to exactly the batch's hosts
+    (names ``guards.check_target_names`` accepted at plan time), all at once (forks), bounded in
+    time (``runner_timeout``)."""
 
     playbook: str
     inventory: Sequence[Path]
@@ -34,8 +52,10 @@ class PlaybookBatchRunner:
                 inventory=list(self.inventory),
                 limit=",".join(hosts),
                 extravars=extravars,
+                forks=min(max(len(hosts), 1), MAX_BATCH_FORKS),
                 check=check,
                 diff=True,
+                timeout=runner_timeout(len(hosts), extravars),
             ),
             on_result=on_result,
             cancel=cancel,
@@ -44,11 +64,17 @@ class PlaybookBatchRunner:
 
 @dataclass(frozen=True)
 class InventoryScanner:
-    """The gate's scan: one node_health call per host of ``hosts``, through the rollout's inventory."""
+    """The gate's scan: one node_health call per host of ``hosts``, through the rollout's inventory.
+
+    The hosts reach ansible as a limit: their names are checked against the inventory's ``groups``
+    first (``guards.check_target_names``), as at plan time."""
 
     inventory: Sequence[Path]
+    groups: Collection[str] = field(default_factory=frozenset)
 
     def __call__(self, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
+        guards.require_targets(hosts, "the gate's rescan")
+        guards.check_target_names(hosts, self.groups)
         report = run_scan(ScanOptions(inventory=list(self.inventory), limit=",".join(hosts)))
         hosts_out: dict[str, dict[str, Any]] = report["hosts"]
         return hosts_out

@@ -11,7 +11,14 @@
   mid-batch by a kill instead of redoing them blindly), an **audit log** line per host change.
 - **Stop**: ``request_stop()`` ends the rollout after the current batch (state saved,
   ``interrupted``); ``abort()`` cancels the running batch, leaving its hosts ``running`` (in doubt)
-  for a resume to probe. Signals are the caller's: the API maps Ctrl-C onto these two.
+  for a resume to probe. Signals are the caller's: the API maps Ctrl-C, SIGTERM and SIGHUP onto
+  these two (``abort(reason)`` names the signal).
+- **Guards** (issue 14, ``fleetops.rollout.guards``): the hosts that ran must be exactly the batch
+  (else stop, exit 3, the extra hosts audited); before each batch the kill switch
+  (``fleetops stop``), the EC2 lease, the deadline (``--not-after``) and the capacity floor
+  (``--max-unhealthy``) are asked, any of them stops the rollout with the rest pending. A host past
+  its time limit (``--host-timeout``) fails "timed out after S s" and counts for the breaker.
+  Their settings live in ``rollout.plan["guards"]`` (``GUARDS_KEY``), so a resume keeps them.
 
 The engine neither prints nor renders: it tells its observer (``RolloutObserver``) what happens.
 """
@@ -22,13 +29,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from fleetops.ansible.runner import PlaybookRun, TaskResult
+from fleetops.rollout import guards, killswitch
 from fleetops.rollout.audit import audit
 from fleetops.rollout.gate import GateCheck, judge
 from fleetops.rollout.outcome import HostOutcome, host_outcome, notes_of
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_PENDING, HOST_RUNNING, HOST_SKIPPED, Rollout
+
+GUARDS_KEY = "guards"  # rollout.plan[GUARDS_KEY]: {"max_unhealthy", "not_after", "group_of"}
+HOST_TIMEOUT_VAR = "fleetops_host_timeout"  # the playbooks' per-task time limit (seconds)
 
 # What every batch run passes to the remediation playbooks (their `serial` / `max_fail_percentage` knobs):
 # the batch is the plan's, all of it at once, failures judged by the breaker (the playbooks default to
@@ -118,6 +130,34 @@ class _Aborted(Exception):
     """abort() was called while a batch ran."""
 
 
+class _Violation(Exception):
+    """A guard failed mid-batch (hosts outside the batch ran): stop now, the batch's hosts in doubt."""
+
+
+def guard_settings(rollout: Rollout) -> dict[str, Any]:
+    """The rollout's guard settings (``rollout.plan[GUARDS_KEY]``; empty for a rollout from before them)."""
+    settings = rollout.plan.get(GUARDS_KEY)
+    return settings if isinstance(settings, dict) else {}
+
+
+def host_timeout_of(rollout: Rollout) -> int | None:
+    value = rollout.extravars.get(HOST_TIMEOUT_VAR)
+    return (
+        int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
+    )
+
+
+def timed_out(outcome: HostOutcome, host_timeout: int | None) -> HostOutcome:
+    """A failure because a task ran past its ``timeout:`` said so: "timed out after S s: ..."
+    (ansible-core marks such a result ``timedout: {period: S}``)."""
+    if outcome.status != "failed" or (outcome.msg or "").startswith("timed out after"):
+        return outcome
+    period = ((outcome.result or {}).get("timedout") or {}).get("period")
+    if isinstance(period, int | float) and not isinstance(period, bool):
+        return outcome.with_changes(msg=f"timed out after {period:g} s: {outcome.msg or 'task timed out'}")
+    return outcome
+
+
 @dataclass
 class Engine:
     """Runs (or resumes) one rollout with the batch runner, scanner and observer it is given."""
@@ -132,9 +172,15 @@ class Engine:
     # extra vars for a second pass over the hosts that passed their gate (reboot: uncordon, post hook)
     post_vars: dict[str, Any] | None = None
     guard: Callable[[], str | None] | None = None  # why no further batch may start (EC2 lease lost)
+    # the kill switch's EC2 channel: the stop request tagged on the rollout's instances (None: none)
+    ec2_stop: Callable[[float], killswitch.StopRequest | None] | None = None
     baseline: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> scan entry before
     stop_requested: threading.Event = field(default_factory=threading.Event)
     abort_requested: threading.Event = field(default_factory=threading.Event)
+    abort_reason: str = "aborted mid-batch (Ctrl-C twice)"
+    abort_signal: int | None = None  # the signal that aborted the rollout (SIGTERM, SIGHUP): exit 128+N
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    running_since: float = 0.0
 
     # ------------------------------------------------------------------ control (from any thread)
 
@@ -142,8 +188,14 @@ class Engine:
         """Stop after the current batch (or cooldown), state saved: status ``interrupted``."""
         self.stop_requested.set()
 
-    def abort(self) -> None:
-        """Cancel the running batch now; its hosts stay ``running`` (in doubt) for a resume to probe."""
+    def abort(self, reason: str | None = None, signum: int | None = None) -> None:
+        """Cancel the running batch now; its hosts stay ``running`` (in doubt) for a resume to probe.
+
+        ``signum``: the signal that asked for it (recorded in ``rollout.stopped["signal"]``)."""
+        if reason:
+            self.abort_reason = reason
+        if signum is not None:
+            self.abort_signal = signum
         self.stop_requested.set()
         self.abort_requested.set()
 
@@ -165,16 +217,34 @@ class Engine:
         )
         if self.abort_requested.is_set():
             raise _Aborted
+        extra = guards.exact_hosts_check(hosts, run.hosts())
+        if extra:
+            reason = guards.extra_hosts_reason(extra)
+            for host in sorted(extra):
+                audit(
+                    self.rollout, host, HostOutcome(status="failed", msg=f"ran outside its batch: {reason}")
+                )
+            raise _Violation(reason)
         return run
 
     def _run_batch(
         self, hosts: Sequence[str], extravars: dict[str, Any], check: bool | None = None
     ) -> dict[str, HostOutcome]:
         run = self._run(hosts, extravars, check)
-        return {h: host_outcome(run.results_for(h), self.actions) for h in hosts}
+        limit = host_timeout_of(self.rollout)
+        out: dict[str, HostOutcome] = {}
+        for h in hosts:
+            outcome = timed_out(host_outcome(run.results_for(h), self.actions), limit)
+            if run.status == "timeout" and outcome.status != "ok":
+                outcome = outcome.with_changes(
+                    status="failed",
+                    msg=f"timed out after {limit} s: the batch's ansible run was ended at its time limit",
+                )
+            out[h] = outcome
+        return out
 
     def _scan(self, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
-        return self.scanner(list(hosts))
+        return self.scanner(list(hosts)) if hosts else {}
 
     def _record(self, host: str, outcome: HostOutcome) -> None:
         self.rollout.hosts[host] = HOST_DONE if outcome.ok else HOST_FAILED
@@ -226,28 +296,43 @@ class Engine:
         return judge(host, outcome, self.baseline.get(host), after, self.rollout.extravars, self.gate_check)
 
     def recover(self) -> None:
-        """After a kill: hosts caught mid-batch are probed — finished ones are not redone."""
+        """On resume: hosts caught mid-batch by a kill (``running``) and hosts that failed before
+        (``failed``: they are not done) are probed, then run again; none is marked done unverified.
+
+        Without a probe (idempotent remediations) they simply run again in their batch. With one
+        (reboot): a host whose boot id changed since its last "before" already rebooted: it is not
+        rebooted again but judged by its gate (verified, or failed); one that does not answer stays
+        failed (it may be mid-reboot: a later resume checks it again); the others run again.
+        """
         caught = [h for h, s in self.rollout.hosts.items() if s == HOST_RUNNING]
-        if not caught:
+        failed = [h for h, s in self.rollout.hosts.items() if s == HOST_FAILED]
+        if caught:
+            self.observer.message(
+                f"resume: {len(caught)} host(s) were mid-batch when the rollout stopped: {' '.join(caught)}"
+            )
+        if failed:
+            self.observer.message(
+                f"resume: {len(failed)} host(s) failed before and run again: {' '.join(failed)}"
+            )
+        todo = caught + failed
+        if not todo:
             return
-        self.observer.message(
-            f"resume: {len(caught)} host(s) were mid-batch when the rollout stopped: {' '.join(caught)}"
-        )
-        if self.probe_vars is None:
-            for host in caught:  # idempotent remediations: simply run them again
+        if self.probe_vars is None or not self.rollout.apply:
+            for host in todo:  # idempotent remediations: simply run them again
                 self.rollout.hosts[host] = HOST_PENDING
             self.rollout.save()
             return
-        probed = self._run_batch(caught, {**self.rollout.extravars, **self.probe_vars}, check=False)
+        probed = self._run_batch(todo, {**self.rollout.extravars, **self.probe_vars}, check=False)
         rebooted: dict[str, HostOutcome] = {}
-        for host in caught:
+        after = self._scan([h for h in todo if probed[h].status == "ok"]) if self.rollout.gate else {}
+        for host in todo:
             previous = self.rollout.results.get(host)
             before = (previous.before if previous is not None else None) or {}
             now = probed[host].before or {}
             if before.get("boot_id") and now.get("boot_id") and now["boot_id"] != before["boot_id"]:
                 self.observer.message(f"  {host}: already rebooted (boot id changed): not rebooting again")
                 outcome = HostOutcome(status="ok", changed=True, before=before, after=now, result={})
-                rebooted[host] = self._gate_one(host, outcome)
+                rebooted[host] = self._gate_one(host, outcome, after.get(host) if self.rollout.gate else None)
             elif probed[host].status != "ok":
                 # It may be mid-reboot: never act on it blindly; a later resume re-checks it.
                 self._record(host, HostOutcome(
@@ -260,52 +345,59 @@ class Engine:
             self._record(host, outcome)
         self.rollout.save()
 
-    def regate_failed(self) -> None:
-        """On resume, a host that failed earlier (and may have been repaired) is checked again."""
-        failed = [h for h, s in self.rollout.hosts.items() if s == HOST_FAILED]
-        if not failed or not self.rollout.apply:
-            return
-        self.observer.message(
-            f"resume: re-checking {len(failed)} host(s) that failed before: {' '.join(failed)}"
-        )
-        after = self._scan(failed)
-        outcomes: dict[str, HostOutcome] = {}
-        for host in failed:
-            outcome = self.rollout.results.get(host) or HostOutcome(status="ok")
-            if outcome.status != "ok":
-                # it failed in the playbook (e.g. it did not come back): judge it by the gate alone now
-                outcome = outcome.with_changes(status="ok", msg=None)
-                if outcome.before and self.probe_vars is not None:
-                    probed = self._run_batch(
-                        [host], {**self.rollout.extravars, **self.probe_vars}, check=False
-                    )
-                    outcome = outcome.with_changes(after=probed[host].before)
-            outcome = outcome.with_changes(gate=None)
-            outcomes[host] = self._gate_one(host, outcome, after.get(host, {"status": "missing"}))
-        for host, outcome in self._post(outcomes).items():
-            self._record(host, outcome)
-        self.rollout.save()
-
     def run(self) -> Rollout:
         r = self.rollout
         r.status = "running"
         r.stopped = None
         r.save()
+        self.running_since = time.time()
         self.observer.rollout_started(r)
         try:
             return self._run_all()
         except (KeyboardInterrupt, _Aborted):
             self._interrupted(aborted=True)
             return r
+        except _Violation as exc:
+            self._stop(sum(1 for b in r.batches if b.get("finished")), str(exc))
+            return r
         finally:
             self.observer.rollout_finished(r)
+
+    def _before_batch(self, batch: Sequence[str]) -> str | None:
+        """Why the next batch must not start (kill switch, lease, deadline, capacity), or None."""
+        r = self.rollout
+        request = killswitch.pending_stop(r.id, self.running_since)
+        if request is None and self.ec2_stop is not None:
+            request = self.ec2_stop(self.running_since)
+        if request is not None:
+            if request.rollout == r.id and request.raw is None:
+                killswitch.clear_stop(r.id)  # honoured: our own stop file goes
+            return request.describe()
+        reason = self.guard() if self.guard is not None else None
+        if reason:
+            return reason
+        settings = guard_settings(r)
+        not_after = settings.get("not_after")
+        if not_after:
+            deadline = datetime.fromisoformat(str(not_after))
+            if guards.deadline_passed(deadline, self.clock()):
+                return guards.deadline_reason(deadline)
+        limit = settings.get("max_unhealthy")
+        if limit:
+            group_of: dict[str, str | None] = dict(settings.get("group_of") or {})
+            for host in r.hosts:
+                group_of.setdefault(host, None)
+            unhealthy = [h for h, s in r.hosts.items() if s in (HOST_FAILED, HOST_SKIPPED)]
+            return guards.capacity_violation(
+                batch, group_of, None, unhealthy, guards.MaxUnhealthy.parse(str(limit))
+            )
+        return None
 
     def _run_all(self) -> Rollout:
         r = self.rollout
         if r.apply and r.gate:
             self.baseline = self._scan([h for h, s in r.hosts.items() if s != HOST_SKIPPED])
         self.recover()
-        self.regate_failed()
         batches = r.plan["batches"]
         for index, batch in enumerate(batches, start=1):
             if r.failures() > r.max_failures:
@@ -317,7 +409,7 @@ class Engine:
             if self.stop_requested.is_set():
                 self._interrupted(aborted=False)
                 return r
-            reason = self.guard() if self.guard is not None else None
+            reason = self._before_batch(todo)
             if reason:
                 self._stop(index - 1, reason)
                 return r
@@ -377,10 +469,12 @@ class Engine:
         r.status = "interrupted"
         r.stopped = {
             "after_batch": sum(1 for b in r.batches if b.get("finished")),
-            "reason": "aborted mid-batch (Ctrl-C twice)" if aborted else "stopped after the batch (Ctrl-C)",
+            "reason": self.abort_reason if aborted else "stopped after the batch (Ctrl-C)",
             "pending": r.pending(),
             "in_doubt": in_doubt,
         }
+        if aborted and self.abort_signal is not None:
+            r.stopped["signal"] = self.abort_signal
         r.save()
         self.observer.interrupted(r)
 
