@@ -9,8 +9,8 @@ The Mistral / vLLM incident: UCX hooks mmap/munmap (``UCX_MEM_MMAP_HOOK_MODE``, 
 ``bistro``) and queues unmapped regions for its registration cache; with
 ``UCX_RCACHE_MAX_UNRELEASED=inf`` (the default since UCX 1.16) the queue never drained and
 decode workers grew by ~400 MB/min of anonymous mappings. UCX 1.21 fixed the cause
-(openucx/ucx#11248); ``UCX_MEM_MMAP_HOOK_MODE=none`` or a bounded ``UCX_RCACHE_MAX_UNRELEASED``
-avoids it on any version.
+(openucx/ucx#11248); a bounded ``UCX_RCACHE_MAX_UNRELEASED`` (the default fix, see DEFAULT_FIX) or
+``UCX_MEM_MMAP_HOOK_MODE=none`` avoids it on any version.
 
 What it reads, and what it costs:
 
@@ -65,12 +65,28 @@ UCX_DEFAULTS = {HOOK_VAR: "bistro", RCACHE_VAR: "inf"}
 FIXED_IN = (1, 21)
 UPSTREAM_FIX = "openucx/ucx#11248"
 HOOKS_OFF = "none"
-# The environment fixes, the one place they are defined: the first is the default one (the finding's
-# text, `fleetops remediate fix --ucx-fix`).
+# The environment fixes, the one place they are defined, the default one first (the finding's text,
+# `fleetops remediate fix --ucx-fix`).
+#
+# Why the bounded registration cache is the default (README, "The UCX fix"): it is what nixl sets
+# itself (ai-dynamo/nixl#1210: RCACHE_MAX_UNRELEASED=1024) and what vLLM's ROCm path moved to after
+# hooks off crashed its NIXL tests (vllm-project/vllm#32570, replacing #32181's hook mode none). It
+# keeps the hooks and the cache and only bounds the queue that leaked. Hooks off makes UCX fail to
+# create the registration cache (RCACHE_ENABLE=try carries on without one): every transfer then
+# registers its memory again, and on UCX releases without openucx/ucx#11485 a rendezvous aborted by a
+# peer failure (a NIC flap during a large transfer) crashes the process in
+# ucs_rcache_region_invalidate (openucx/ucx#11467, UCX 1.18). It applies to UCX < 1.21 only: from
+# 1.21 (openucx/ucx#11248) the finding is info and nothing is changed.
+DEFAULT_FIX = "rcache-bound"
 FIXES = {
-    "hooks-off": {HOOK_VAR: HOOKS_OFF},
     "rcache-bound": {RCACHE_VAR: "1024"},
+    "hooks-off": {HOOK_VAR: HOOKS_OFF},
 }
+# What the finding says about the alternative (hooks off), after the default fix.
+HOOKS_OFF_CAVEAT = (
+    "hooks off also turns the registration cache off (slower transfers; a crash on a peer failure "
+    "during a large transfer, openucx/ucx#11467)"
+)
 
 _NEEDLES = (b"/libucm", b"/libucs")
 # The path column of a maps line naming a UCX core library (renamed wheel copies included).
@@ -176,8 +192,14 @@ def rcache_is_bounded(value):
 
 
 def fix_text():
-    """The fixes of FIXES as a finding says them: ``A=x (or B=y)``, the default one first."""
-    texts = ["%s=%s" % item for fix in FIXES.values() for item in sorted(fix.items())]
+    """The fixes of FIXES as a finding says them: ``A=x (or B=y: caveat)``, DEFAULT_FIX first."""
+    names = [DEFAULT_FIX] + [name for name in FIXES if name != DEFAULT_FIX]
+    texts = []
+    for name in names:
+        text = " ".join("%s=%s" % item for item in sorted(FIXES[name].items()))
+        if name == "hooks-off" and name != DEFAULT_FIX:
+            text += ": " + HOOKS_OFF_CAVEAT
+        texts.append(text)
     return texts[0] + "".join(" (or %s)" % text for text in texts[1:])
 
 
