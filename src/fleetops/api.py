@@ -49,6 +49,7 @@ from fleetops.rollout.outcome import HostOutcome
 from fleetops.rollout.preflight import preflight
 from fleetops.rollout.state import HOST_SKIPPED, Rollout, RolloutError, new_rollout
 from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
+from fleetops.util import check_writable
 
 __all__ = [
     "REMEDIATIONS",
@@ -135,8 +136,9 @@ def scan(
         if not inv.exists():
             raise UsageError(f"inventory not found: {inv}")
     for out_path in (request.output, request.prometheus):
-        if out_path is not None and not out_path.parent.is_dir():
-            raise UsageError(f"cannot write {out_path}: no such directory {out_path.parent}")
+        why = check_writable(out_path) if out_path is not None else None
+        if why:
+            raise UsageError(f"cannot write {out_path}: {why}")
     opts = ScanOptions(
         inventory=inventories,
         limit=request.limit,
@@ -563,6 +565,7 @@ def resume(
     if rollout.status == "done":
         obs.message(f"rollout {rollout.id} is already done")
         return _result(rollout)
+    rollout.check_resumable()
     obs.message(f"resuming rollout {rollout.id} ({rollout.action}, status {rollout.status})")
     remediation = get_remediation(rollout.action)
     return _result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
@@ -613,8 +616,9 @@ def drift(request: DriftRequest, on_host: OnHost | None = None) -> DriftResult:
     inventories = list(request.inventory)
     if not inventories and request.from_report is None:
         inventories = paths.resolve_inventories(inventories)
-    if request.output is not None and not request.output.parent.is_dir():
-        raise UsageError(f"cannot write {request.output}: no such directory {request.output.parent}")
+    why = check_writable(request.output) if request.output is not None else None
+    if why:
+        raise UsageError(f"cannot write {request.output}: {why}")
     hostvars = {h.name: h.hostvars for h in load_hosts(inventories, request.limit)} if inventories else {}
     if request.from_report is not None:
         report_ = _read_report(request.from_report)

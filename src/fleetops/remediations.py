@@ -237,6 +237,8 @@ def _set_env_vars(p: Mapping[str, Any]) -> dict[str, Any]:
         "fleetops_env": dict(p["env"]),
         "fleetops_restart": bool(p["restart"]),
         "fleetops_drop_in": p["drop_in"],
+        # values digested in results, state, audit and reports unless shown (fleetops.rollout.state)
+        **({"fleetops_show_values": True} if p.get("show_values") else {}),
     }
 
 
@@ -315,7 +317,13 @@ REMEDIATIONS: dict[str, Remediation] = {
             playbook="fleetops.node.remediate_set_env",
             actions=("fleetops.node.set_env",),
             help="set environment variables of a service (a systemd drop-in), restart it if asked",
-            params={"unit": REQUIRED, "env": REQUIRED, "restart": False, "drop_in": "50-fleetops-env.conf"},
+            params={
+                "unit": REQUIRED,
+                "env": REQUIRED,
+                "restart": False,
+                "drop_in": "50-fleetops-env.conf",
+                "show_values": False,
+            },
             extravars=_set_env_vars,
             gate=_set_env_gate,
         ),

@@ -6,7 +6,9 @@ The report is the JSON contract ``fleetops.scan/v1`` that every other command re
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,9 +18,9 @@ from typing import IO, Any
 
 from fleetops.ansible import facts
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
-from fleetops.errors import FleetopsError
+from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import atomic_write
+from fleetops.util import atomic_write, open_append
 
 SCHEMA = "fleetops.scan/v1"
 SCAN_PLAYBOOK = "fleetops.node.scan"
@@ -205,7 +207,12 @@ class PartialReport:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.hosts = 0
-        self._fh: IO[str] | None = path.open("w", encoding="utf-8")
+        try:  # append-only, 0600, never through a symbolic link planted at the path
+            fd = open_append(path, truncate=True)
+        except OSError as exc:
+            why = "a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+            raise UsageError(f"cannot write {path}: {why}") from None
+        self._fh: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8")
         self._write({"schema": PARTIAL_SCHEMA, "started_at": _iso(time.time())})
 
     def add(self, host: str, entry: dict[str, Any]) -> None:
@@ -227,7 +234,8 @@ class PartialReport:
 
 
 def write_report(path: Path, text: str) -> None:
-    """Write the report atomically: a reader sees the old file or the whole new one, never a torn one."""
+    """Write the report atomically (a reader sees the old file or the whole new one, never a torn
+    one), 0600: a report names hosts, units and their environment."""
     atomic_write(path, text)
 
 

@@ -1,25 +1,149 @@
-"""Small helpers every layer may use: atomic writes and a zombie-aware liveness check."""
+"""Small helpers every layer may use: private files and directories, atomic writes, a zombie-aware
+liveness check.
+
+Every file fleetops writes (rollout state, audit log, reports, the scan's ``.partial``, Prometheus
+textfiles) may hold secrets or what an attacker would like to know: each is created 0600, and the
+directories fleetops keeps them in are 0700 (``private_dir``; an existing looser one is tightened,
+with a warning line on stderr).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import logging
 import os
 import secrets
+import stat
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+TEMP_ATTEMPTS = 8  # random temp names tried before giving up (each taken one is left alone)
+log = logging.getLogger("fleetops")
 
 
-def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o666, mkdir: bool = False) -> None:
+def private_dir(directory: Path) -> None:
+    """Make sure ``directory`` exists and is 0700: created so (parents too), or tightened when it is
+    ours and group or others may enter it (one warning line). A directory of another user, or a
+    shared sticky one (/tmp), is left as it is."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        os.makedirs(directory, DIR_MODE, exist_ok=True)  # every component created is 0700
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(directory))
+    loose = stat.S_IMODE(st.st_mode) & 0o077
+    if loose and st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:
+        os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o077)
+        log.warning(
+            "fleetops: warning: tightened %s from %04o to %04o (it holds rollout state, the audit log "
+            "or reports)",
+            directory,
+            stat.S_IMODE(st.st_mode),
+            stat.S_IMODE(st.st_mode) & ~0o077,
+        )
+
+
+DIGEST_HEX = 12  # as plugins/module_utils/systemd.py digest_value (the set_env module's results)
+
+
+def digest_value(value: str) -> str:
+    """What files and output show instead of a secret value: ``sha256:`` and 12 hex digits of its
+    SHA-256, the format the set_env module returns (so the two can be compared)."""
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_HEX]
+
+
+# Shorter secrets are replaced only where a whole string equals them: "1" inside "10" is no leak.
+MIN_SUBSTRING_SECRET = 4
+
+
+def redact(data: Any, secrets_: Sequence[str]) -> Any:
+    """``data`` (JSON-like) with each string equal to a secret, or containing one at least
+    MIN_SUBSTRING_SECRET long, rewritten with ``digest_value`` in its place (keys too)."""
+    if not secrets_:
+        return data
+    exact = {s: digest_value(s) for s in secrets_}
+    inner = sorted((s for s in exact if len(s) >= MIN_SUBSTRING_SECRET), key=len, reverse=True)
+
+    def text(value: str) -> str:
+        if value in exact:
+            return exact[value]
+        for secret in inner:
+            if secret in value:
+                value = value.replace(secret, exact[secret])
+        return value
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return text(value)
+        if isinstance(value, dict):
+            return {(text(k) if isinstance(k, str) else k): walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(data)
+
+
+def open_append(path: Path, *, truncate: bool = False) -> int:
+    """A descriptor to append to ``path`` (created 0600; an existing looser file is made 0600), never
+    through a symbolic link (O_NOFOLLOW: ELOOP, an OSError, instead)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags | (os.O_TRUNC if truncate else 0), FILE_MODE)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_writable(path: Path) -> str | None:
+    """Why fleetops could not write the file ``path`` (its parent missing or not a directory, not
+    writable, ``path`` a directory), or None. Checked before any work, so a long scan never ends
+    unable to save its report."""
+    parent = path.parent
+    if path.is_dir():
+        return f"{path} is a directory"
+    if not parent.exists():
+        return f"no such directory {parent}"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"no permission to create files in {parent}"
+    return None
+
+
+def atomic_write(path: Path, data: str | bytes, *, mode: int = FILE_MODE, mkdir: bool = False) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never a torn one.
 
-    A temp file is created with O_EXCL (no link followed, no other writer's file reused) in the target's
-    directory, written and fsynced, renamed over ``path``, and the directory is fsynced so the rename
-    survives a crash. ``mode`` is the new file's mode before the umask (0o666: as ``open("w")``).
+    A temp file with a random name is created with O_EXCL|O_NOFOLLOW (no link followed, no other
+    writer's file reused) in the target's directory, written and fsynced, renamed over ``path`` (a
+    link at ``path`` is replaced, not followed), and the directory is fsynced so the rename survives
+    a crash. ``mode``: the new file's mode before the umask (default 0600). ``mkdir``: create the
+    directory first (0700; an existing one is left as it is: see ``private_dir``).
     """
     if mkdir:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(path.parent, DIR_MODE, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for attempt in range(TEMP_ATTEMPTS):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:  # something (a planted link?) holds that name: never reuse it
+            if attempt == TEMP_ATTEMPTS - 1:
+                raise
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(raw)

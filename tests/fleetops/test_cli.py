@@ -29,6 +29,13 @@ from tests.helpers import fleetops
         (["scan", "-e", "{a: [1"], "-e: not YAML/JSON"),
         (["scan", "-e", "{a: 1, 2: b}"], "-e: expected a mapping of variable names to values"),
         (["no-such-command"], "invalid choice: 'no-such-command'"),
+        (["scan", "-o", "/tmp"], "cannot write /tmp: /tmp is a directory"),
+        (
+            ["scan", "-o", "/nonexistent/r.json"],
+            "cannot write /nonexistent/r.json: no such directory /nonexistent",
+        ),
+        (["scan", "--prometheus", "/etc/hostname/x.prom"], "/etc/hostname is not a directory"),
+        (["drift", "-o", "/nonexistent/d.json"], "cannot write /nonexistent/d.json: no such directory"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None:

@@ -202,6 +202,12 @@ def _set_env_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the drop-in under /etc/systemd/system/UNIT.d/ (default: 50-fleetops-env.conf)",
     )
+    p.add_argument(
+        "--show-values",
+        action="store_true",
+        help="keep the values as given in results, state, audit log and reports (default: only a digest, "
+        "sha256:<12 hex>, as they may be secrets; a rollout without them cannot be resumed: run it again)",
+    )
 
 
 # remediation -> the options it takes; their argparse dests are the remediation's params

@@ -13,12 +13,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetops.errors import FleetopsError
+from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout.outcome import HostOutcome
-from fleetops.util import atomic_write
+from fleetops.util import atomic_write, digest_value, private_dir, redact
 
 STATE_SCHEMA = "fleetops.rollout.engine-state/v1"
+# set-env's values: kept only as digests at rest (state, audit, reports) unless fleetops_show_values
+SECRET_ENV_VAR, SHOW_VALUES_VAR, DIGESTED_VAR = (
+    "fleetops_env",
+    "fleetops_show_values",
+    "fleetops_env_digested",
+)
 HOST_PENDING, HOST_RUNNING, HOST_DONE, HOST_FAILED, HOST_SKIPPED = (
     "pending",
     "running",
@@ -76,13 +82,59 @@ class Rollout:
     lease: dict[str, Any] | None = None
     schema: str = STATE_SCHEMA
 
+    def secret_values(self) -> list[str]:
+        """The values no file or output may hold: set-env's (``fleetops_env``), unless it was asked to
+        show them (``--show-values``) or they are digests already (a loaded state)."""
+        env = self.extravars.get(SECRET_ENV_VAR)
+        if (
+            not isinstance(env, dict)
+            or self.extravars.get(SHOW_VALUES_VAR)
+            or self.extravars.get(DIGESTED_VAR)
+        ):
+            return []
+        return [str(v) for v in env.values() if v is not None and str(v) != ""]
+
+    def redact_outcome(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        """A host outcome's saved form (``HostOutcome.to_dict``) with any secret value in what the host
+        said (msg, result, before, after, notes) replaced by its digest; status and gate are fleetops'
+        own words and left alone. (The set_env module digests its results itself: this is the net.)"""
+        secrets = self.secret_values()
+        if not secrets:
+            return outcome
+        said = ("msg", "result", "before", "after", "notes")
+        return {k: (redact(v, secrets) if k in said else v) for k, v in outcome.items()}
+
     def to_dict(self) -> dict[str, Any]:
+        """The state as saved: set-env's values digested (``sha256:<12 hex>``, as the module shows them)."""
         data = asdict(self)
-        data["results"] = {h: o.to_dict() for h, o in self.results.items()}
+        data["results"] = {h: self.redact_outcome(o.to_dict()) for h, o in self.results.items()}
+        if self.secret_values():
+            env = self.extravars[SECRET_ENV_VAR]
+            data["extravars"] = {
+                **data["extravars"],
+                SECRET_ENV_VAR: {k: digest_value(str(v)) for k, v in env.items()},
+                DIGESTED_VAR: True,
+            }
         return data
 
     def save(self) -> None:
-        atomic_write(Path(self.state_path), json.dumps(self.to_dict(), indent=2) + "\n", mkdir=True)
+        """Write the state atomically, 0600 in a 0700 directory (the state home tightened if looser)."""
+        path = Path(self.state_path)
+        home = state_home()
+        if path.parent == home or home in path.parent.parents:
+            private_dir(home)
+            private_dir(path.parent)
+        atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n", mkdir=True)
+
+    def check_resumable(self) -> None:
+        """Refuse to resume a set-env rollout whose values were kept only as digests (a digest is not
+        a value to set): the operator runs it again with the same --env (done hosts stay unchanged)."""
+        if self.extravars.get(DIGESTED_VAR):
+            raise UsageError(
+                f"cannot resume rollout {self.id}: its set-env values are kept only as digests (secrets are "
+                "not stored); run `fleetops remediate set-env` again with the same --env (hosts already "
+                "done stay unchanged: setting the same values again changes nothing)"
+            )
 
     @classmethod
     def load(cls, path: Path, actions: Collection[str] | None = None) -> Rollout:
