@@ -325,7 +325,11 @@ class Policy(_Strict):
 
     schema_: Literal["fleetops.policy/v1"] = Field(alias="schema")
     description: str | None = None
-    budgets: dict[Action, Budget] = Field(default_factory=dict, description="per action")
+    budgets: dict[str, Budget] = Field(
+        default_factory=dict,
+        description="per action",
+        json_schema_extra={"propertyNames": {"enum": [a for a in ACTIONS if a != HUMAN]}},
+    )
     rules: list[Rule] = Field(
         min_length=1, description="tried in order: the first that matches a finding takes it"
     )
@@ -337,8 +341,12 @@ class Policy(_Strict):
             if rule.name in seen:
                 raise FieldProblem(("rules", i, "name"), f"rule {rule.name!r} is defined twice")
             seen.add(rule.name)
-        if HUMAN in self.budgets:
-            raise FieldProblem(("budgets", HUMAN), "'human' runs nothing: it takes no budget")
+        for action in self.budgets:
+            if action == HUMAN:
+                raise FieldProblem(("budgets", HUMAN), "'human' runs nothing: it takes no budget")
+            if action not in ACTIONS:
+                known = ", ".join(a for a in ACTIONS if a != HUMAN)
+                raise FieldProblem(("budgets", action), f"unknown action {action!r} (known: {known})")
         return self
 
     def rule(self, name: str) -> Rule | None:
