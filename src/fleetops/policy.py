@@ -72,7 +72,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, get_args
 
@@ -126,6 +126,9 @@ DEFAULT_SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 NO_GROUP = "-"  # the group of a host group_of knows nothing about
 MAX_WINDOW_S = 7 * 86400  # the longest budget window; the ledger keeps entries this long
 LOCK_TIMEOUT_S = 30.0
+RULE_NAME = r"^[a-z0-9][a-z0-9_.-]*$"
+TAG_KEY = "fleetops.io/ladder"  # the EC2 tag that carries a host's ladders (LadderState.tag_value)
+TAG_MAX = 256  # EC2's limit on a tag value
 
 _DURATION = re.compile(r"^(?:[0-9]+[smhd])+$")
 _DURATION_PART = re.compile(r"([0-9]+)([smhd])")
@@ -258,7 +261,7 @@ class Rung(_Strict):
 
 
 class Rule(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=64)
+    name: str = Field(pattern=RULE_NAME, max_length=64)
     description: str | None = None
     match: list[Match] = Field(min_length=1, description="the rule takes a finding any entry matches")
     ladder: list[Rung] = Field(min_length=1, description="the actions, in the order they are tried")
@@ -578,6 +581,7 @@ class _RungRecordDoc(_StateDoc):
     first_tried: Epoch
     last_tried: Epoch
     tries: Annotated[int, Field(ge=1)] = 1
+    quarantined: bool = False
 
 
 class _LadderDoc(_StateDoc):
@@ -626,6 +630,7 @@ class RungRecord:
     first_tried: float  # when the ladder's first rung was taken (this episode)
     last_tried: float  # when this rung was taken
     tries: int = 1  # rungs taken in this episode
+    quarantined: bool = False  # a quarantine rung was taken in this episode (the taint stays until released)
 
 
 @dataclass
@@ -650,6 +655,7 @@ class LadderState:
             first_tried=old.first_tried if old is not None else now,
             last_tried=now,
             tries=old.tries + 1 if old is not None else 1,
+            quarantined=(old is not None and old.quarantined) or action == "quarantine",
         )
         self.hosts.setdefault(host, {})[rule] = rec
         return rec
@@ -660,6 +666,51 @@ class LadderState:
             rules.pop(rule, None)
             if not rules:
                 del self.hosts[host]
+
+    def tag_value(self, host: str) -> str | None:
+        """``host``'s ladders as the value of the EC2 tag ``TAG_KEY`` (at most 256 characters: the
+        most recently tried first, what does not fit left out); None: no ladder (delete the tag).
+
+        ``rule=rung:action:first_tried:last_tried:tries:quarantined:check`` joined by ``;``. Write it
+        after every pass (and delete it when None) so another controller's ``merge_tag`` sees this one's."""
+        parts: list[str] = []
+        for rule, rec in sorted(self.hosts.get(host, {}).items(), key=lambda kv: (-kv[1].last_tried, kv[0])):
+            part = (
+                f"{rule}={rec.rung}:{rec.action}:{int(rec.first_tried)}:{int(rec.last_tried)}:{rec.tries}:"
+                f"{int(rec.quarantined)}:{rec.check}"
+            )
+            if len(";".join([*parts, part])) <= TAG_MAX:
+                parts.append(part)
+        return ";".join(parts) or None
+
+    def merge_tag(self, host: str, value: str, source: str) -> None:
+        """Take in the ladders a host's tag holds (``tag_value``'s format): per rule, the record
+        tried last wins. DocumentError (one line, naming ``source``) when the value is not of it."""
+        merged: dict[str, RungRecord] = {}
+        for i, part in enumerate(value.split(";") if value else []):
+            rule, eq, rest = part.partition("=")
+            fields = rest.split(":")
+            if (
+                not eq
+                or not re.fullmatch(RULE_NAME, rule)
+                or len(fields) != 7
+                or not all(f.isdigit() for f in (*fields[0:1], *fields[2:6]))
+                or fields[1] not in ACTIONS
+                or fields[5] not in ("0", "1")
+                or fields[6] not in CHECKS
+                or int(fields[4]) < 1
+                or not int(fields[2]) <= int(fields[3]) <= MAX_EPOCH
+            ):
+                raise DocumentError(source, f"entry {i + 1} is not rule=rung:action:first:last:tries:quarantined:check: "
+                                            f"{part[:60]!r}")  # fmt: skip
+            merged[rule] = RungRecord(
+                check=fields[6], rung=int(fields[0]), action=fields[1], first_tried=float(fields[2]),
+                last_tried=float(fields[3]), tries=int(fields[4]), quarantined=fields[5] == "1",
+            )  # fmt: skip
+        for rule, rec in merged.items():
+            mine = self.get(host, rule)
+            if mine is None or rec.last_tried > mine.last_tried:
+                self.hosts.setdefault(host, {})[rule] = rec
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -683,6 +734,7 @@ class LadderState:
                         first_tried=float(r["first_tried"]),
                         last_tried=float(r["last_tried"]),
                         tries=r.get("tries", 1),
+                        quarantined=r.get("quarantined", False),
                     )
                     for rule, r in rules.items()
                 }
@@ -841,6 +893,14 @@ class Decision:
     params: Mapping[str, Any] = field(default_factory=dict)
     waiting_rules: tuple[str, ...] = ()  # other rules the host matches, after this one
     reset: tuple[str, ...] = ()  # ladders this scan showed cleared (reset by commit)
+    # of those, the ones whose episode quarantined the host: its taint stays until someone releases it
+    still_quarantined: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The decision as JSON-ready data (for a report or the audit log)."""
+        data = asdict(self)
+        data["params"] = dict(self.params)
+        return data
 
     def line(self) -> str:
         """One line for the operator: host, finding, rule and rung, and the action or why none."""
@@ -915,14 +975,18 @@ def _decide_host(
         ):
             matched[rule.name] = (rule, finding)
     reset = tuple(r for r in ladder.rules(host) if r not in matched)
+    held = tuple(r for r in reset if _rec(ladder, host, r).quarantined)
     if not matched:
         was = "; ".join(f"{r} reset (was at {_rec(ladder, host, r).action})" for r in reset)
+        if held:
+            was += f"; still quarantined by {', '.join(held)}: release it when the host is trusted again"
         if unmatched:
             what = ", ".join(sorted({f"{f.get('check')} ({f.get('severity')})" for f in unmatched}))
-            return Decision(
-                host, group, "no_rule", f"no rule matches: {what}" + (f"; {was}" if was else ""), reset=reset
-            )
-        return Decision(host, group, "clean", "clean" + (f"; {was}" if was else ""), reset=reset)
+            why = f"no rule matches: {what}" + (f"; {was}" if was else "")
+            return Decision(host, group, "no_rule", why, reset=reset, still_quarantined=held)
+        return Decision(
+            host, group, "clean", "clean" + (f"; {was}" if was else ""), reset=reset, still_quarantined=held
+        )
 
     order = [r.name for r in policy.rules if r.name in matched]
     rule, finding = matched[order[0]]
@@ -938,6 +1002,7 @@ def _decide_host(
         rungs=len(rule.ladder),
         waiting_rules=tuple(order[1:]),
         reset=reset,
+        still_quarantined=held,
     )
 
     rec = ladder.get(host, rule.name)

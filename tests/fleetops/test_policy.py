@@ -592,6 +592,7 @@ def test_state_files_round_trip_atomically_and_privately(tmp_path: Path, default
     assert P.BudgetLedger.load(bpath) == ledger
     assert json.loads(lpath.read_text())["hosts"]["a-1"]["gpu-fatal"] == {
         "action": "quarantine", "check": "gpu_health", "first_tried": T0, "last_tried": T0, "rung": 0, "tries": 1,
+        "quarantined": True,
     }  # fmt: skip
     assert P.LadderState.load(tmp_path / "none.json") == P.LadderState()  # the first pass
     ledger.save(bpath, now=T0 + 8 * 86400)  # older than any window: forgotten
@@ -678,3 +679,50 @@ def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path) -> None:
     with P.BudgetLedger.locked(path, timeout=0.2) as ledger:  # released: free again
         ledger.record("reboot", "h", "g", T0)
     assert len(P.BudgetLedger.load(path).entries) == 1
+
+
+def test_a_healed_host_stays_quarantined_and_the_decision_says_so(default: P.Policy) -> None:
+    ladder, ledger = P.LadderState(), P.BudgetLedger()
+    sick = report({"a-1": [gpu_xid_finding()]})
+    run_pass(default, sick, ladder, ledger, T0)  # quarantine
+    d = one(run_pass(default, sick, ladder, ledger, T0 + 15 * MIN), "a-1")
+    assert (d.action, d.still_quarantined) == ("stop-start", ())
+    rec = ladder.get("a-1", "gpu-fatal")
+    assert rec is not None and rec.quarantined and rec.action == "stop-start"
+    d = one(run_pass(default, report({"a-1": []}), ladder, ledger, T0 + HOUR), "a-1")  # new hardware: clean
+    assert (d.status, d.reset, d.still_quarantined) == ("clean", ("gpu-fatal",), ("gpu-fatal",))
+    assert d.reason == (
+        "clean; gpu-fatal reset (was at stop-start); still quarantined by gpu-fatal: release it when the host "
+        "is trusted again"
+    )
+    assert json.loads(json.dumps(d.to_dict()))["still_quarantined"] == ["gpu-fatal"]
+
+
+def test_the_ec2_tag_carries_a_hosts_ladders_to_another_controller() -> None:
+    mine = P.LadderState()
+    mine.record("a-1", "gpu-fatal", "gpu_health", 0, "quarantine", T0)
+    mine.record("a-1", "gpu-fatal", "gpu_health", 1, "stop-start", T0 + HOUR)
+    mine.record("a-1", "ena-resets", "ena_resets", 0, "reboot", T0 + 10)
+    value = mine.tag_value("a-1")
+    assert value == (
+        f"gpu-fatal=1:stop-start:{int(T0)}:{int(T0 + HOUR)}:2:1:gpu_health;ena-resets=0:reboot:{int(T0 + 10)}:"
+        f"{int(T0 + 10)}:1:0:ena_resets"
+    )
+    assert mine.tag_value("b-1") is None
+    other = P.LadderState()
+    other.record("a-1", "gpu-fatal", "gpu_health", 0, "quarantine", T0)  # older than the tag's
+    other.record("a-1", "ena-resets", "ena_resets", 1, "stop-start", T0 + 2 * HOUR)  # newer: kept
+    assert value is not None
+    other.merge_tag("a-1", value, "tag fleetops.io/ladder of i-0abc")
+    assert other.get("a-1", "gpu-fatal") == mine.get("a-1", "gpu-fatal")
+    ena_rec = other.get("a-1", "ena-resets")
+    assert ena_rec is not None and ena_rec.action == "stop-start"
+    many = P.LadderState()
+    for i in range(12):
+        many.record("h", f"rule-number-{i:02d}", "gpu_health", 0, "quarantine", T0 + i)
+    tag = many.tag_value("h")
+    assert tag is not None and len(tag) <= P.TAG_MAX and tag.startswith("rule-number-11=")  # newest first
+    for bad in ("gpu-fatal", "gpu-fatal=1:stop-start:1:2:2:1", "gpu-fatal=1:reimage:1:2:2:1:gpu_health",
+                "Gpu=1:reboot:1:2:2:1:gpu_health", "gpu-fatal=1:reboot:5:2:2:1:gpu_health"):  # fmt: skip
+        with pytest.raises(DocumentError, match=r"^tag of i-0abc: entry 1 is not rule=rung:action:"):
+            P.LadderState().merge_tag("a-1", bad, "tag of i-0abc")
