@@ -40,6 +40,7 @@ from fleetops.planner import plan as plan_batches
 from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
+from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.batch import InventoryScanner, PlaybookBatchRunner
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, Engine, NullObserver, RolloutObserver
@@ -520,6 +521,8 @@ def _execute(
     inventory = [Path(p) for p in rollout.inventory]
     groups = load_groups(inventory)  # a resume's hosts are checked again: groups may have come since
     guards.check_target_names(targets, groups)
+    if rollout.apply:
+        ensure_audit_writable()  # never change a host unaudited (AuditError, exit 3, nothing changed)
     with locked(rollout, targets, break_lock, say=lambda line: observer.message(line, "dim")) as held:
         engine = Engine(
             rollout=rollout,

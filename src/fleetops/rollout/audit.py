@@ -125,6 +125,32 @@ def _stop_unaudited(rollout: Rollout, host: str, why: str) -> None:
         rollout.save()
 
 
+def _append(path: Path, data: bytes) -> None:
+    home = state_home()
+    if path.parent == home or home in path.parent.parents:
+        private_dir(home)
+    private_dir(path.parent)
+    fd = open_append(path)
+    try:
+        if data and os.write(fd, data) != len(data):
+            raise OSError("short write")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_writable() -> None:
+    """Before a rollout that changes hosts: AuditError now when the audit log cannot be written, rather
+    than after the first batch changed hosts unaudited."""
+    path = audit_path()
+    try:
+        _append(path, b"")
+    except OSError as exc:
+        raise AuditError(
+            f"Failed to open the audit log {path}: {exc.strerror or exc}; nothing was changed"
+        ) from None
+
+
 def audit(rollout: Rollout, host: str, outcome: HostOutcome) -> None:
     """Append one line per host change: time, operator, host, action, before, after, result.
 
@@ -132,18 +158,7 @@ def audit(rollout: Rollout, host: str, outcome: HostOutcome) -> None:
     line = json.dumps(entry_of(rollout, host, outcome), default=str) + "\n"
     path = audit_path()
     try:
-        home = state_home()
-        if path.parent == home or home in path.parent.parents:
-            private_dir(home)
-        private_dir(path.parent)
-        fd = open_append(path)
-        try:
-            data = line.encode("utf-8")
-            if os.write(fd, data) != len(data):
-                raise OSError("short write")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _append(path, line.encode("utf-8"))
     except OSError as exc:
         why = f"{path}: {exc.strerror or exc}"
         _stop_unaudited(rollout, host, why)
