@@ -802,16 +802,10 @@ class BudgetLedger:
         """Why ``budget`` forbids one more ``action`` in ``group`` at ``now`` ("budget: ..."), or None."""
         if budget is None:
             return None
-        since = now - budget.window_s
-        recent = self.taken(action, since, now)
-        if budget.max is not None and len(recent) >= budget.max:
-            return f"budget: {action} {budget.max}{budget.per()} across the fleet used"
-        limit = budget.group_limit(group_size)
-        if limit is not None:
-            n, how = limit
-            if sum(1 for e in recent if e.group == group) >= n:
-                return f"budget: {action} {how} in group {group} used"
-        return None
+        recent = self.taken(action, now - budget.window_s, now)
+        return _verdict(
+            action, group, group_size, budget, len(recent), sum(1 for e in recent if e.group == group)
+        )
 
     def allows(self, action: str, group: str, group_size: int, now: float, budget: Budget | None) -> bool:
         """True when ``budget`` lets one more ``action`` happen in ``group`` at ``now``."""
@@ -866,6 +860,44 @@ class BudgetLedger:
             ledger = cls.load(path)
             yield ledger
             ledger.save(path)
+
+
+def _verdict(
+    action: str, group: str, group_size: int, budget: Budget, fleet: int, in_group: int
+) -> str | None:
+    """Why one more ``action`` is over ``budget`` when ``fleet`` were taken in its window (``in_group``
+    of them in ``group``), or None."""
+    if budget.max is not None and fleet >= budget.max:
+        return f"budget: {action} {budget.max}{budget.per()} across the fleet used"
+    limit = budget.group_limit(group_size)
+    if limit is not None and in_group >= limit[0]:
+        return f"budget: {action} {limit[1]} in group {group} used"
+    return None
+
+
+class _Spending:
+    """A pass's view of the ledger: per budgeted action, what its window holds at ``now`` (counted
+    once, so a pass costs O(hosts + entries)), plus what the pass itself decides."""
+
+    def __init__(self, ledger: BudgetLedger, budgets: Mapping[str, Budget], now: float) -> None:
+        self.budgets = budgets
+        self.fleet: Counter[str] = Counter()
+        self.group: Counter[tuple[str, str]] = Counter()
+        for e in ledger.entries:
+            budget = budgets.get(e.action)
+            if budget is not None and now - budget.window_s < e.at <= now:
+                self.fleet[e.action] += 1
+                self.group[(e.action, e.group)] += 1
+
+    def blocked(self, action: str, group: str, group_size: int) -> str | None:
+        budget = self.budgets.get(action)
+        if budget is None:
+            return None
+        return _verdict(action, group, group_size, budget, self.fleet[action], self.group[(action, group)])
+
+    def take(self, action: str, group: str) -> None:
+        self.fleet[action] += 1
+        self.group[(action, group)] += 1
 
 
 # ---------------------------------------------------------------------------------- deciding
@@ -939,7 +971,7 @@ def decide(
     """
     hosts: Mapping[str, Any] = scan_report.get("hosts") or {}
     sizes = dict(group_sizes) if group_sizes is not None else _group_sizes(list(hosts), group_of)
-    pending = BudgetLedger(entries=list(budget_ledger.entries))
+    pending = _Spending(budget_ledger, policy.budgets, now)
     return [
         _decide_host(policy, host, hosts[host], ladder_state, pending, now, group_of(host) or NO_GROUP, sizes)
         for host in sorted(hosts)
@@ -951,7 +983,7 @@ def _decide_host(
     host: str,
     result: Mapping[str, Any],
     ladder: LadderState,
-    pending: BudgetLedger,
+    pending: _Spending,
     now: float,
     group: str,
     sizes: Mapping[str, int],
@@ -1037,10 +1069,10 @@ def _decide_host(
             reason=f"needs a human: {rung.note or 'no note'}" + (f" ({why})" if want else ""),
         )  # fmt: skip
     size = sizes.get(group, 1)
-    blocked = pending.blocked(rung.action, group, size, now, policy.budgets.get(rung.action))
+    blocked = pending.blocked(rung.action, group, size)
     if blocked is not None:
         return replace(base, status="budget", rung=want, rung_action=rung.action, reason=blocked)
-    pending.record(rung.action, host, group, now)
+    pending.take(rung.action, group)
     return replace(
         base, status="act", rung=want, rung_action=rung.action, action=rung.action, params=dict(rung.params),
         reason=f"{rung.action} now ({why})",

@@ -25,6 +25,8 @@ import jsonschema
 import pytest
 import yaml
 from ansible_collections.fleetops.node.plugins.module_utils import crashloop, ec2events, ena, gpu, kernlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetops import policy as P
 from fleetops.remediations import REMEDIATIONS
@@ -122,6 +124,7 @@ def ucx_finding(fixable: bool, severity: str = "warning") -> dict[str, Any]:
     }  # fmt: skip
 
 
+EC2_RETIREMENT = ec2_findings("instance-retirement")
 BASE_REPORT = json.loads((FIXTURES / "documents" / "scan-3hosts.json").read_text())
 ZOMBIE = BASE_REPORT["hosts"]["localhost"]["findings"][0]
 
@@ -726,3 +729,40 @@ def test_the_ec2_tag_carries_a_hosts_ladders_to_another_controller() -> None:
                 "Gpu=1:reboot:1:2:2:1:gpu_health", "gpu-fatal=1:reboot:5:2:2:1:gpu_health"):  # fmt: skip
         with pytest.raises(DocumentError, match=r"^tag of i-0abc: entry 1 is not rule=rung:action:"):
             P.LadderState().merge_tag("a-1", bad, "tag of i-0abc")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.sampled_from(["reboot", "replace"]),
+            st.sampled_from(["us-east-1a", "us-east-1b"]),
+            st.floats(min_value=-3 * HOUR, max_value=60),
+        ),
+        max_size=12,
+    ),
+    fleet=st.one_of(st.none(), st.integers(0, 6)),
+    per_group=st.one_of(st.none(), st.integers(0, 4)),
+    pct=st.one_of(st.none(), st.floats(min_value=1, max_value=100)),
+    size=st.integers(1, 40),
+)
+def test_decide_spends_budgets_as_the_ledger_counts_them(
+    entries: list[tuple[str, str, float]],
+    fleet: int | None,
+    per_group: int | None,
+    pct: float | None,
+    size: int,
+) -> None:
+    if fleet is None and per_group is None and pct is None:
+        per_group = 1
+    budget = P.Budget(window="1h", max=fleet, per_group=per_group, per_group_pct=pct)
+    pol = policy(REPLACE_NOW).model_copy(update={"budgets": {"replace": budget}})
+    ledger = P.BudgetLedger()
+    for action, group, at in entries:
+        ledger.record(action, "x", group, T0 + at)
+    (event,) = EC2_RETIREMENT
+    (d,) = P.decide(
+        pol, report({"a-1": [event]}), P.LadderState(), ledger, T0, az, group_sizes={"us-east-1a": size}
+    )
+    want = ledger.blocked("replace", "us-east-1a", size, T0, budget)
+    assert (d.status, d.reason) == (("budget", want) if want else ("act", "replace now (first rung)"))
