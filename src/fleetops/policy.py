@@ -53,7 +53,18 @@ caps and capacity floor still hold).
 
 State files (``LadderState``, ``BudgetLedger``) are JSON, written atomically, 0600; ``locked(path)``
 holds an exclusive lock on a side file while a controller reads, decides and writes, so two
-controllers sharing the files (an operator and AWX) never both spend the last of a budget.
+controllers sharing the files (an operator and AWX) never both spend the last of a budget. One pass
+of ``remediate auto`` (take the locks in this order, ladder first)::
+
+    with LadderState.locked(ladder_path) as ladder, BudgetLedger.locked(ledger_path) as ledger:
+        decisions = decide(policy, scan_report, ladder, ledger, time.time(), group_of)
+        ...  # print d.line() for each; run the "act" decisions through the engine
+        commit(decisions, ladder, ledger, time.time(), taken=lambda d: d.host in ran_ok)
+
+On EC2 a host's ladders also travel in the tag ``TAG_KEY`` (``LadderState.tag_value`` after each
+pass, ``merge_tag`` before the next: the record tried last wins), so a controller with another state
+directory climbs from where the first left off. A ladder that quarantined a host and then cleared
+says so (``Decision.still_quarantined``): the taint stays until someone releases it.
 """
 
 from __future__ import annotations
@@ -73,6 +84,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, get_args
 
@@ -92,6 +104,7 @@ from fleetops.schemas import (
     MAX_EPOCH,
     DocumentError,
     FieldProblem,
+    Severity,
     _raise_validation,  # the one-line DocumentError every document of fleetops uses
     read_json,
 )
@@ -121,7 +134,6 @@ CHECKS = (
     "gpu_health",
     "unexpected_unit",
 )
-Severity = Literal["critical", "warning", "info"]
 DEFAULT_SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 NO_GROUP = "-"  # the group of a host group_of knows nothing about
 MAX_WINDOW_S = 7 * 86400  # the longest budget window; the ledger keeps entries this long
@@ -316,7 +328,7 @@ class Budget(_Strict):
         if self.per_group is not None:
             limits.append((self.per_group, f"{self.per_group}{self.per()}"))
         if self.per_group_pct is not None:
-            n = max(1, math.floor(self.per_group_pct * group_size / 100))
+            n = max(1, math.floor(Fraction(str(self.per_group_pct)) * group_size / 100))  # exact: no 2.999...
             limits.append((n, f"{self.per_group_pct:g}% ({n} of {group_size} hosts){self.per()}"))
         return min(limits, key=lambda item: item[0]) if limits else None
 

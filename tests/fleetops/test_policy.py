@@ -766,3 +766,11 @@ def test_decide_spends_budgets_as_the_ledger_counts_them(
     )
     want = ledger.blocked("replace", "us-east-1a", size, T0, budget)
     assert (d.status, d.reason) == (("budget", want) if want else ("act", "replace now (first rung)"))
+
+
+def test_the_modules_example_policy_is_valid() -> None:
+    doc = P.__doc__ or ""
+    example = doc.split("::\n\n", 1)[1].split("\n\n", 1)[0]
+    pol = policy("\n".join(line.removeprefix("    ") for line in example.splitlines()))
+    assert [r.action for r in pol.rules[0].ladder] == ["quarantine", "stop-start", "replace", "human"]
+    assert P.matches(pol.rules[0].match[0], gpu_xid_finding())
