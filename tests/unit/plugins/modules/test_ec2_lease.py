@@ -1,0 +1,421 @@
+"""fleetops.node.ec2_lease against a real moto_server on 127.0.0.1 (no boto3 mocks; loopback only).
+
+The module runs as Ansible runs it (``ansible localhost -m``, tests.helpers.run_module, and
+``ansible-playbook`` for the playbook tasks), and shares its tags with the CLI's lease
+(fleetops.rollout.lease.Ec2Lease) both ways: a lease either side holds refuses the other, an expired
+one is taken over by the other, and a playbook run by the CLI checks the CLI's lease instead of taking
+its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetops.rollout.lease import KEY_PREFIX, Ec2Connection, Ec2Lease, LeaseError
+from fleetops_lab.ec2sim import MotoServer, client, launch_many
+from tests.helpers import run_module
+from tests.paths import REPO
+
+REGION = "us-east-1"
+CLI_A, CLI_B = "20260101T000000Z-aaaaaa", "20260101T000001Z-bbbbbb"
+MODULE = "fleetops.node.ec2_lease"
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[tuple[str, list[str]]]:
+    server = MotoServer()
+    url = server.start()
+    try:
+        yield url, launch_many(url, REGION, 4)
+    finally:
+        server.stop()
+
+
+def _tags(url: str, ids: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {i: {} for i in ids}
+    answer = client(url, REGION).describe_tags(Filters=[{"Name": "resource-id", "Values": ids}])
+    for tag in answer["Tags"]:
+        if tag["Key"].startswith(KEY_PREFIX):
+            out[tag["ResourceId"]][tag["Key"]] = tag["Value"]
+    return out
+
+
+def _cli(url: str, ids: list[str], rollout: str, lines: list[str] | None = None, **kw: Any) -> Ec2Lease:
+    conn = Ec2Connection(
+        endpoint_url=url,
+        aws_access_key="testing",
+        aws_secret_key="testing",
+        regions=(REGION,),
+        max_attempts=5,
+        initial_backoff=0.01,
+        max_backoff=0.05,
+    )
+    instances = {f"host-{i}": {"instance": iid, "region": REGION} for i, iid in enumerate(ids)}
+    kw.setdefault("settle", 0.2)
+    say = lines.append if lines is not None else (lambda _line: None)
+    return Ec2Lease(conn, instances, rollout, "bob@laptop", say=say, **kw)
+
+
+def _run(tmp_path: Path, url: str, ids: list[str], *extra: str, **args: Any) -> tuple[int, dict[str, Any]]:
+    params: dict[str, Any] = {
+        "instances": {f"gpu-{n}": iid for n, iid in enumerate(ids)},
+        "instance_regions": {f"gpu-{n}": REGION for n in range(len(ids))},
+        "endpoint_url": url,
+        "aws_access_key": "testing",
+        "aws_secret_key": "testing",
+        "settle": 0.2,
+        "operator": "alice@awx",
+        **args,
+    }
+    return run_module(tmp_path, MODULE, json.dumps(params), *extra)
+
+
+def test_take_check_renew_and_release(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = moto
+    rc, taken = _run(tmp_path, url, ids[:2], rollout="awx-job-1", ttl=600)
+    assert rc == 0 and taken["changed"] is True, taken
+    assert taken["key"] == KEY_PREFIX + "awx-job-1"
+    for iid in ids[:2]:  # the CLI's fields, compact JSON
+        value = _tags(url, ids[:2])[iid][KEY_PREFIX + "awx-job-1"]
+        assert value == taken["value"] and len(value.encode()) <= 256
+        data = json.loads(value)
+        assert set(data) == {"operator", "since", "expires"} and data["operator"] == "alice@awx"
+        assert data["expires"] == taken["expires"] and data["since"] == taken["since"]
+    rc, checked = _run(tmp_path, url, ids[:2], rollout="awx-job-1", state="checked")
+    assert rc == 0 and checked["changed"] is False and checked["expires"] == taken["expires"], checked
+    time.sleep(1.1)  # whole seconds in the tag
+    rc, renewed = _run(tmp_path, url, ids[:2], rollout="awx-job-1", state="renewed", ttl=1200)
+    assert rc == 0 and renewed["changed"] is True, renewed
+    assert renewed["since"] == taken["since"] and renewed["expires"] > taken["expires"]
+    rc, again = _run(tmp_path, url, ids[:2], rollout="awx-job-1", ttl=600)  # taking it again keeps its place
+    assert rc == 0 and again["since"] == taken["since"]
+    rc, released = _run(tmp_path, url, ids[:2], rollout="awx-job-1", state="released")
+    assert rc == 0 and released["changed"] is True and released["released"] == sorted(ids[:2])
+    assert _tags(url, ids[:2]) == {i: {} for i in ids[:2]}
+    rc, twice = _run(tmp_path, url, ids[:2], rollout="awx-job-1", state="released")
+    assert rc == 0 and twice["changed"] is False and twice["released"] == []
+    rc, gone = _run(tmp_path, url, ids[:2], rollout="awx-job-1", state="checked")
+    assert rc != 0 and "no lease of this rollout" in gone["msg"] and "gpu-0 (" in gone["msg"]
+    rc, lost = _run(tmp_path, url, ids[:2], rollout="awx-job-1", state="renewed")
+    assert rc != 0 and lost["msg"].startswith("Failed to renew the EC2 lease of rollout awx-job-1: ")
+
+
+def test_check_mode_reads_and_reports_but_writes_nothing(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = moto
+    rc, would = _run(tmp_path, url, ids[:2], "--check", rollout="awx-job-2")
+    assert rc == 0 and would["changed"] is True and json.loads(would["value"])["operator"] == "alice@awx"
+    assert _tags(url, ids[:2]) == {i: {} for i in ids[:2]}
+    _run(tmp_path, url, ids[:2], rollout="awx-job-2")
+    try:
+        rc, would_release = _run(tmp_path, url, ids[:2], "--check", rollout="awx-job-2", state="released")
+        assert rc == 0 and would_release["changed"] is True
+        assert all(KEY_PREFIX + "awx-job-2" in t for t in _tags(url, ids[:2]).values())
+        # a take that would be refused fails in check mode too, and writes nothing
+        rc, refused = _run(tmp_path, url, ids[:2], "--check", rollout="awx-job-3")
+        assert rc != 0 and "held by another rollout" in refused["msg"]
+        assert all(KEY_PREFIX + "awx-job-3" not in t for t in _tags(url, ids[:2]).values())
+    finally:
+        _run(tmp_path, url, ids[:2], rollout="awx-job-2", state="released")
+
+
+def test_a_cli_lease_refuses_the_module(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = moto
+    cli = _cli(url, ids[1:3], CLI_A)
+    cli.acquire()
+    try:
+        before = _tags(url, ids)
+        rc, refused = _run(tmp_path, url, ids[:3], rollout="awx-job-4")
+        assert rc != 0
+        msg = refused["msg"]
+        assert "\n" not in msg and msg.startswith(
+            "Failed to take the EC2 lease on 2 instance(s) held by another"
+        )
+        # names the holder: the host, the rollout, its operator, its expiry
+        assert f"gpu-1 ({ids[1]}): rollout {CLI_A} by bob@laptop, expires 20" in msg, msg
+        assert f"gpu-2 ({ids[2]}): rollout {CLI_A}" in msg and "gpu-0" not in msg
+        assert _tags(url, ids) == before  # refused: nothing written, nothing removed
+        # a playbook the CLI runs checks the CLI's own lease (same rollout id) without touching it
+        rc, checked = _run(tmp_path, url, ids[1:3], rollout=CLI_A, state="checked")
+        assert rc == 0 and checked["changed"] is False, checked
+        assert _tags(url, ids) == before
+    finally:
+        cli.release()
+    assert _tags(url, ids) == {i: {} for i in ids}
+
+
+def test_a_module_lease_refuses_the_cli(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = moto
+    rc, _taken = _run(tmp_path, url, ids[:2], rollout="awx-job-5")
+    assert rc == 0
+    try:
+        with pytest.raises(LeaseError) as refused:
+            _cli(url, ids[:3], CLI_B).acquire()
+        text = str(refused.value)
+        assert "held by another rollout" in text
+        assert f"host-0 ({ids[0]}): rollout awx-job-5 by alice@awx, expires 20" in text, text
+        assert all(KEY_PREFIX + CLI_B not in t for t in _tags(url, ids).values())
+    finally:
+        _run(tmp_path, url, ids[:2], rollout="awx-job-5", state="released")
+    assert _tags(url, ids) == {i: {} for i in ids}
+
+
+def test_an_expired_cli_lease_is_taken_over_by_the_module(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, ids = moto
+    stale = _cli(url, ids[:2], CLI_A, ttl=1)
+    stale.acquire()
+    time.sleep(1.3)
+    rc, taken = _run(tmp_path, url, ids[:2], rollout="awx-job-6")
+    try:
+        assert rc == 0, taken
+        assert len(taken["taken_over"]) == 2 and f"rollout {CLI_A} by bob@laptop" in taken["taken_over"][0]
+        assert all(set(t) == {KEY_PREFIX + "awx-job-6"} for t in _tags(url, ids[:2]).values())
+        assert stale.check() is not None  # the CLI knows it lost
+        stale.release()  # removes nothing of the module's
+        assert all(set(t) == {KEY_PREFIX + "awx-job-6"} for t in _tags(url, ids[:2]).values())
+    finally:
+        _run(tmp_path, url, ids[:2], rollout="awx-job-6", state="released")
+
+
+def test_an_expired_module_lease_is_taken_over_by_the_cli(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, ids = moto
+    rc, _taken = _run(tmp_path, url, ids[:2], rollout="awx-job-7", ttl=1)
+    assert rc == 0
+    time.sleep(1.3)
+    rc, expired = _run(tmp_path, url, ids[:2], rollout="awx-job-7", state="checked")
+    assert rc != 0 and "its lease expired" in expired["msg"]
+    lines: list[str] = []
+    fresh = _cli(url, ids[:2], CLI_B, lines)
+    fresh.acquire()
+    try:
+        assert any(
+            "taking over the expired lease of rollout awx-job-7 by alice@awx" in line for line in lines
+        )
+        rc, lost = _run(tmp_path, url, ids[:2], rollout="awx-job-7", state="renewed")
+        assert rc != 0 and "no lease of this rollout" in lost["msg"]
+        rc, released = _run(tmp_path, url, ids[:2], rollout="awx-job-7", state="released")
+        assert rc == 0 and released["changed"] is False  # nothing of ours left, the CLI's stays
+        assert all(set(t) == {KEY_PREFIX + CLI_B} for t in _tags(url, ids[:2]).values())
+    finally:
+        fresh.release()
+
+
+def test_without_instances_there_is_nothing_to_lock(tmp_path: Path) -> None:
+    rc, result = run_module(tmp_path, MODULE, json.dumps({"rollout": "awx-job-8", "instances": {}}))
+    assert rc == 0 and result["changed"] is False and result["instances"] == []
+    assert result["msg"] == "no EC2 instances: nothing to lock"
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ({"rollout": "has space", "instance_ids": ["i-0123456789abcdef0"]}, "a rollout id is 1 to 113"),
+        ({"rollout": "x" * 114, "instance_ids": ["i-0123456789abcdef0"]}, "a rollout id is 1 to 113"),
+        (
+            {"rollout": "r", "instance_ids": ["i-0123456789abcdef0"], "ttl": 1, "settle": 2},
+            "above the settle",
+        ),
+        ({"rollout": "r", "instance_ids": ["i-0123456789abcdef0"], "ttl": 90000}, "at most 86400"),
+        ({"rollout": "r", "instances": {"gpu-1": "vol-1"}}, "gpu-1: 'vol-1' is not an EC2 instance id"),
+    ],
+)
+def test_options_that_cannot_work_are_refused(tmp_path: Path, args: dict[str, Any], why: str) -> None:
+    rc, result = run_module(tmp_path, MODULE, json.dumps(args))
+    assert rc != 0 and result["msg"].startswith("Failed to read the lease options: ") and why in result["msg"]
+
+
+# ---- the playbook tasks --------------------------------------------------------------------------
+
+# What every remediation and reboot playbook adds around its changes (the report of issue 16 item 3
+# has the same text): name the run's lease once (the CLI's rollout, the AWX job, or this run), take it
+# on every EC2 target before the first change (each batch renews it), release it in `always:` after
+# the last batch or when a host failed. When the CLI runs the playbook (fleetops_lease_rollout set), the
+# CLI holds the lease: the playbook checks it and leaves it alone.
+LEASE_BLOCK = """\
+- name: Name this run's EC2 lease (the CLI's rollout, the AWX job, or this run)
+  ansible.builtin.set_fact:
+    fleetops_lease_id: >-
+      {{ fleetops_lease_rollout | default(('awx-job-' ~ awx_job_id) if awx_job_id is defined else
+      ('play-' ~ now(utc=true, fmt='%Y%m%dT%H%M%SZ') ~ '-' ~ ('%06x' | format(16777215 | random)))) }}
+  delegate_to: localhost
+  delegate_facts: true
+  run_once: true
+  when: hostvars['localhost']['fleetops_lease_id'] is not defined
+
+- name: Change the hosts under the EC2 lease
+  vars:
+    fleetops_lease_ec2: >-
+      {{ ansible_play_hosts_all | map('extract', hostvars) | selectattr('ec2_instance_id', 'defined') | list }}
+    fleetops_lease_names: "{{ fleetops_lease_ec2 | map(attribute='inventory_hostname') | list }}"
+  block:
+    - name: Take the EC2 lease on every target (refused while another rollout, CLI or AWX, holds one)
+      fleetops.node.ec2_lease:
+        state: "{{ 'checked' if fleetops_lease_rollout is defined else 'acquired' }}"
+        rollout: "{{ hostvars['localhost']['fleetops_lease_id'] }}"
+        operator: "{{ (awx_user_name ~ '@awx') if awx_user_name is defined else omit }}"
+        instances: "{{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_instance_id'))) }}"
+        instance_regions: >-
+          {{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_region', default=''))) }}
+        ttl: "{{ fleetops_lease_ttl | default(omit) }}"
+      delegate_to: localhost
+      run_once: true
+      become: false
+    # <the playbook's changes>
+  always:
+    - name: Release the EC2 lease after the last batch, or when a host failed
+      fleetops.node.ec2_lease:
+        state: released
+        rollout: "{{ hostvars['localhost']['fleetops_lease_id'] }}"
+        instances: "{{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_instance_id'))) }}"
+        instance_regions: >-
+          {{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_region', default=''))) }}
+      delegate_to: localhost
+      run_once: true
+      become: false
+      when:
+        - fleetops_lease_rollout is not defined
+        - >-
+          (ansible_play_hosts | length) < (ansible_play_hosts_all | length)
+          or ansible_play_batch[-1:] == ansible_play_hosts_all[-1:]
+"""
+
+# The test's "changes": record, per host, the lease tags on the instances at that moment.
+CHANGES = """\
+    - name: Record the lease tags while this host is changed
+      ansible.builtin.command:
+        argv: ["{{ ansible_playbook_python }}", "{{ snapshot }}", "{{ inventory_hostname }}"]
+      delegate_to: localhost
+      changed_when: true
+    - name: Fail where asked
+      ansible.builtin.fail:
+        msg: this host fails
+      when: inventory_hostname == (fail_host | default(''))
+"""
+
+SNAPSHOT = """\
+import json, sys, boto3
+ec2 = boto3.client("ec2", endpoint_url=%(url)r, region_name="us-east-1",
+                   aws_access_key_id="testing", aws_secret_access_key="testing")
+tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": %(ids)r}])["Tags"]
+with open(%(out)r, "a") as f:
+    f.write(json.dumps({"host": sys.argv[1], "tags": sorted(
+        [t["ResourceId"], t["Key"], t["Value"]] for t in tags if t["Key"].startswith("fleetops:lease:"))}) + "\\n")
+"""
+
+
+def _playbook(tmp_path: Path, url: str, ids: list[str]) -> tuple[Path, Path, Path]:
+    hosts: dict[str, Any] = {
+        f"gpu-{n}": {"ec2_instance_id": iid, "ec2_region": REGION} for n, iid in enumerate(ids)
+    }
+    hosts["lab-1"] = {}  # not an EC2 instance: changed, never tagged
+    for hv in hosts.values():
+        hv.update(ansible_connection="local", ansible_python_interpreter=sys.executable)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    out = tmp_path / "snapshots.jsonl"
+    snapshot = tmp_path / "snapshot.py"
+    snapshot.write_text(SNAPSHOT % {"url": url, "ids": ids, "out": str(out)})
+    play = [
+        {
+            "name": "A remediation",
+            "hosts": "all",
+            "serial": 1,
+            "max_fail_percentage": 0,
+            "gather_facts": False,
+            "vars": {"snapshot": str(snapshot)},
+            "tasks": yaml.safe_load(LEASE_BLOCK.replace("    # <the playbook's changes>\n", CHANGES)),
+        }
+    ]
+    playbook = tmp_path / "remediate.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    return inventory, playbook, out
+
+
+def _playbook_run(inventory: Path, playbook: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+        "AWS_ENDPOINT_URL": url,  # the module reads the connection from the environment, as in AWX
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(inventory.parent / "tmp"),
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(playbook), *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _snapshots(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def test_playbook_takes_the_lease_before_changing_and_releases_it_after(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, ids = moto
+    inventory, playbook, out = _playbook(tmp_path, url, ids[:3])
+    proc = _playbook_run(inventory, playbook, url, "-e", "awx_job_id=77", "-e", "awx_user_name=carol")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = _snapshots(out)
+    assert [s["host"] for s in seen] == ["gpu-0", "gpu-1", "gpu-2", "lab-1"]  # one host a batch
+    for snap in seen:  # every change happened under the job's lease on all three instances
+        assert [(i, k) for i, k, _v in snap["tags"]] == sorted(
+            (i, KEY_PREFIX + "awx-job-77") for i in ids[:3]
+        )
+        assert all(json.loads(v)["operator"] == "carol@awx" for _i, _k, v in snap["tags"])
+    assert _tags(url, ids[:3]) == {i: {} for i in ids[:3]}  # released after the last batch
+
+
+def test_playbook_refused_by_a_cli_rollout_changes_nothing(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, ids = moto
+    inventory, playbook, out = _playbook(tmp_path, url, ids[:3])
+    cli = _cli(url, ids[2:3], CLI_A)
+    cli.acquire()
+    try:
+        proc = _playbook_run(inventory, playbook, url, "-e", "awx_job_id=78")
+        assert proc.returncode != 0
+        assert f"held by another rollout: gpu-2 ({ids[2]}): rollout {CLI_A} by bob@laptop" in proc.stdout
+        assert _snapshots(out) == []  # no host was changed
+        assert _tags(url, ids[:3]) == {ids[0]: {}, ids[1]: {}, ids[2]: {KEY_PREFIX + CLI_A: cli.value or ""}}
+        # the CLI running the playbook under its own lease: checked, used, left in place
+        cli_run = _cli(url, ids[:3], CLI_B)
+        with pytest.raises(LeaseError):  # ids[2] is CLI_A's
+            cli_run.acquire()
+    finally:
+        cli.release()
+    cli_run = _cli(url, ids[:3], CLI_B)
+    cli_run.acquire()
+    try:
+        proc = _playbook_run(inventory, playbook, url, "-e", f"fleetops_lease_rollout={CLI_B}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert len(_snapshots(out)) == 4
+        assert all(set(t) == {KEY_PREFIX + CLI_B} for t in _tags(url, ids[:3]).values())  # not released
+        assert cli_run.check() is None
+    finally:
+        cli_run.release()
+
+
+def test_playbook_releases_the_lease_when_a_host_fails(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = moto
+    inventory, playbook, out = _playbook(tmp_path, url, ids[:3])
+    proc = _playbook_run(inventory, playbook, url, "-e", "awx_job_id=79", "-e", "fail_host=gpu-1")
+    assert proc.returncode != 0, proc.stdout
+    assert [s["host"] for s in _snapshots(out)] == ["gpu-0", "gpu-1"]  # stopped at the failure
+    assert _tags(url, ids[:3]) == {i: {} for i in ids[:3]}  # and released on the way out
