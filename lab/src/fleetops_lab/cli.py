@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from fleetops.cli.errors import run_main
 from fleetops_lab.core import DEFAULT_HOSTS, MAX_HOSTS, Lab, LabHost, host_index
 from fleetops_lab.errors import LabError
+from fleetops_lab.vm import DEFAULT_MEMORY_MIB
 
 
 def _progress(line: str) -> None:
@@ -21,13 +22,14 @@ def _progress(line: str) -> None:
 
 
 def _table(hosts: Sequence[LabHost]) -> str:
-    rows = [("NAME", "IP", "AZ", "RUNNING", "SSH", "PID", "SUPERVISOR")]
+    rows = [("NAME", "IP", "AZ", "KIND", "RUNNING", "SSH", "PID", "SUPERVISOR")]
     for h in hosts:
         rows.append(
             (
                 h.name,
                 h.ip,
                 h.az,
+                h.kind,
                 "yes" if h.running else "no",
                 "ok" if h.ssh_ok else "-",
                 str(h.pid or "-"),
@@ -41,11 +43,35 @@ def _table(hosts: Sequence[LabHost]) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    vm = args.count if args.vm == -1 else args.vm
     hosts = Lab().up(
-        args.count, progress=None if args.quiet else _progress, timeout=args.timeout, ec2=args.ec2
+        args.count,
+        progress=None if args.quiet else _progress,
+        timeout=args.timeout,
+        ec2=args.ec2,
+        vm=vm,
+        vm_memory_mib=args.vm_memory,
+        vm_cgroup=args.vm_cgroup,
     )
     print(_table(hosts))
     return 0
+
+
+def cmd_power(args: argparse.Namespace) -> int:
+    Lab().power(
+        args.name, args.state == "on", progress=None if args.quiet else _progress, timeout=args.timeout
+    )
+    return 0
+
+
+def _cgroups(text: str) -> list[int]:
+    try:
+        versions = [int(v) for v in text.split(",")]
+    except ValueError:
+        versions = []
+    if not versions or any(v not in (1, 2) for v in versions):
+        raise argparse.ArgumentTypeError(f"not a list of cgroup versions (1 or 2, comma-separated): {text!r}")
+    return versions
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -115,8 +141,43 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
         help="also run a local EC2 endpoint (moto) whose instances are the lab hosts, in two AZs, one with a "
         "scheduled event; 'fleetops-lab inventory --ec2' prints its fleetops.node.ec2 inventory",
     )
+    up.add_argument(
+        "--vm",
+        nargs="?",
+        type=int,
+        const=-1,
+        default=0,
+        metavar="K",
+        help="the last K hosts (all N without K) are QEMU virtual machines with their own kernel: KVM when "
+        "it boots a kernel here, else TCG (about a minute to boot each); the first use builds the VM image",
+    )
+    up.add_argument(
+        "--vm-memory",
+        type=int,
+        default=DEFAULT_MEMORY_MIB,
+        metavar="MIB",
+        help=f"RAM of each VM (default {DEFAULT_MEMORY_MIB}); refused when MemAvailable cannot hold the VMs",
+    )
+    up.add_argument(
+        "--vm-cgroup",
+        type=_cgroups,
+        default=[2],
+        metavar="V[,V...]",
+        help="cgroup version of each VM in turn, the last one repeating (default 2; 1 boots with "
+        "systemd.unified_cgroup_hierarchy=0), e.g. 2,1",
+    )
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     up.set_defaults(func=cmd_up)
+
+    power = sub.add_parser(
+        "power",
+        help="power a lab host off (orderly) or on again, keeping its disk (what EC2 stop/start uses)",
+    )
+    power.add_argument("state", choices=("off", "on"))
+    power.add_argument("name", metavar="NAME", help="lab-01, lab-02, ...")
+    power.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds to wait")
+    power.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    power.set_defaults(func=cmd_power)
 
     down = sub.add_parser("down", help="stop all lab hosts and remove what they used (idempotent)")
     down.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")

@@ -26,14 +26,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from fleetops_lab import _system as system
 from fleetops_lab import ec2 as lab_ec2
+from fleetops_lab import image as lab_image
 from fleetops_lab import rootfs
+from fleetops_lab import vm as lab_vm
 from fleetops_lab.errors import LabError
 
 Progress = Callable[[str], None]
@@ -63,10 +65,12 @@ OWNER_FILE = RUN_DIR / "lab.json"
 SUPERVISOR_MODULE = "fleetops_lab.supervisor"
 NSPAWN_LOCKS = Path("/run/systemd/nspawn/locks")
 STOP_TIMEOUT_S = 10.0
+VM_SSH_TIMEOUT_S = 300.0  # a VM under TCG takes about a minute to boot to sshd (measured: see vm.py)
+VM_POWEROFF_TIMEOUT_S = 120.0
 KILL_TIMEOUT_S = 10.0
 
 _NAME_RE = re.compile(r"^lab-(\d{2,3})$")
-_LINK_RE = re.compile(r"^fleetops-[vp](\d{2,3})$")
+_LINK_RE = re.compile(r"^fleetops-[vpt](\d{2,3})$")
 REQUIRED_TOOLS = ("systemd-nspawn", "ip", "ssh", "ssh-keygen", "mount", "umount")
 
 
@@ -79,6 +83,7 @@ class LabHost:
     ssh_ok: bool
     pid: int | None  # systemd-nspawn's PID (changes when the guest reboots)
     supervisor_pid: int | None = None  # stays the same across guest reboots
+    kind: str = "nspawn"  # or "vm" (a QEMU virtual machine; pid is QEMU's, the same across reboots)
 
 
 # --------------------------------------------------------------------------- names
@@ -171,6 +176,7 @@ class _Procs:
     supervisors: list[int]
     nspawns: list[int]
     directories: list[str]  # the --directory of each systemd-nspawn found
+    vms: list[int] = field(default_factory=list)  # QEMU processes (VM hosts)
 
 
 def _lab_processes() -> dict[str, _Procs]:
@@ -199,6 +205,10 @@ def _lab_processes() -> dict[str, _Procs]:
             directory = _arg_value(argv, "--directory")
             if directory:
                 procs.directories.append(directory)
+    for machine, pids in lab_vm.qemu_processes(MACHINE_PREFIX).items():
+        vm_name = _name_from_number(machine.removeprefix(MACHINE_PREFIX))
+        if vm_name is not None:
+            found.setdefault(vm_name, _Procs([], [], [])).vms.extend(pids)
     return found
 
 
@@ -249,14 +259,32 @@ class Lab:
         progress: Progress | None = None,
         timeout: float = 120.0,
         ec2: bool = False,
+        vm: int = 0,
+        vm_memory_mib: int = lab_vm.DEFAULT_MEMORY_MIB,
+        vm_cgroup: Sequence[int] = (2,),
     ) -> list[LabHost]:
         """Ensure exactly hosts lab-01 .. lab-<count> run and answer ssh; return them. Idempotent.
 
         ``ec2``: also run a local EC2 endpoint whose instances are these hosts (see fleetops_lab.ec2).
+        ``vm``: the last ``vm`` hosts are QEMU virtual machines (fleetops_lab.vm) with ``vm_memory_mib``
+        of RAM each; ``vm_cgroup`` gives each VM in turn its cgroup version (the last one repeats).
         """
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_HOSTS:
             raise LabError(
                 f"Failed to start the lab: the number of hosts must be 1 .. {MAX_HOSTS}, not {count!r}"
+            )
+        if not 0 <= vm <= min(count, lab_vm.MAX_VMS):
+            raise LabError(
+                f"Failed to start the lab: the number of VM hosts must be 0 .. {min(count, lab_vm.MAX_VMS)} "
+                f"(at most the number of hosts, and at most {lab_vm.MAX_VMS}), not {vm}"
+            )
+        if vm and not 256 <= vm_memory_mib <= 65536:
+            raise LabError(
+                f"Failed to start the lab: VM memory must be 256 .. 65536 MiB, not {vm_memory_mib}"
+            )
+        if vm and (not vm_cgroup or any(v not in (1, 2) for v in vm_cgroup)):
+            raise LabError(
+                f"Failed to start the lab: VM cgroup versions must be 1 or 2, not {list(vm_cgroup)}"
             )
         self._preflight("start the lab")
         say = progress or (lambda _line: None)
@@ -269,8 +297,15 @@ class Lab:
             self.hosts_dir.mkdir(exist_ok=True)
             self._ensure_key()
             wanted = [host_name(i) for i in range(1, count + 1)]
+            specs: dict[str, lab_vm.VmSpec] = {}
+            if vm:
+                img = lab_image.ensure_image(self.cache_dir, say)
+                accel = lab_vm.choose_accel(img, self.state_dir, say)
+                for i, n in enumerate(wanted[count - vm :]):
+                    cg = vm_cgroup[min(i, len(vm_cgroup) - 1)]
+                    specs[n] = lab_vm.VmSpec(str(img), vm_memory_mib, cg, accel)
             procs = _lab_processes()
-            keep = [n for n in wanted if self._healthy(n, base, procs)]
+            keep = [n for n in wanted if self._healthy(n, base, procs, specs.get(n))]
             stale = sorted((self._discover(procs) | set(wanted)) - set(keep))
             if stale:  # the fleet changes: no inventory until it is ready again
                 with contextlib.suppress(FileNotFoundError):
@@ -278,13 +313,25 @@ class Lab:
             self._teardown(stale, procs, say, only_existing=True)
             self._ensure_bridge()
             start = [n for n in wanted if n not in keep]
+            lab_vm.check_memory(len([n for n in start if n in specs]), vm_memory_mib)
             if keep:
                 say(f"lab: {len(keep)} host(s) already running: {', '.join(keep)}")
             if start:
-                say(f"lab: booting {len(start)} host(s): {', '.join(start)}")
-                self._parallel(lambda n: self._start_host(n, base), start)
+                vms = [n for n in start if n in specs]
+                say(
+                    f"lab: booting {len(start)} host(s): {', '.join(start)}"
+                    + (
+                        f" ({len(vms)} VM(s), {specs[vms[0]].accel.upper()}, {vm_memory_mib} MiB each)"
+                        if vms
+                        else ""
+                    )
+                )
+                self._parallel(lambda n: self._start_host(n, base, specs.get(n)), start)
             self._write_known_hosts(wanted)
-            self._parallel(lambda n: self._wait_ssh(n, timeout, say), wanted)
+            self._parallel(
+                lambda n: self._wait_ssh(n, max(timeout, VM_SSH_TIMEOUT_S) if n in specs else timeout, say),
+                wanted,
+            )
             self._write_inventory(wanted)
             if ec2:
                 lab_ec2.up(
@@ -331,6 +378,59 @@ class Lab:
                 OWNER_FILE.unlink()
         say(f"lab: down in {time.monotonic() - started:.1f} s")
 
+    # ------------------------------------------------------------------ power
+
+    def power(
+        self, name: str, on: bool, progress: Progress | None = None, timeout: float | None = None
+    ) -> None:
+        """Power a lab host off (orderly: ACPI power button for a VM, guest poweroff for nspawn) or on.
+
+        Its disk (VM) or overlay (nspawn), network and identity stay, so power on boots the same host
+        again with a new boot id; this is what the lab's EC2 stop/start does. Idempotent.
+        """
+        self._preflight(f"power {'on' if on else 'off'} {name}")
+        say = progress or (lambda _line: None)
+        host_index(name)
+        host_dir = self._host_dir(name)
+        started = time.monotonic()
+        with self._locked():
+            if not host_dir.is_dir():
+                raise LabError(
+                    f"Failed to power {'on' if on else 'off'} {name}: it is not up (run 'fleetops-lab up')"
+                )
+            p = _lab_processes().get(name, _Procs([], [], []))
+            spec = lab_vm.recorded_spec(host_dir)
+            if not on:
+                if spec is not None:
+                    orderly = lab_vm.power_off(host_dir, p.vms, timeout or VM_POWEROFF_TIMEOUT_S)
+                    if not orderly:
+                        say(
+                            f"lab: {name} did not power off within {timeout or VM_POWEROFF_TIMEOUT_S:g} s: QEMU quit"
+                        )
+                    self._stop_processes(name, _lab_processes().get(name, _Procs([], [], [])))
+                else:
+                    self._stop_processes(name, p)
+                say(f"lab: {name} powered off in {time.monotonic() - started:.1f} s")
+                return
+            if p.vms or p.supervisors:
+                say(f"lab: {name} is already on")
+                return
+            if spec is not None:
+                lab_vm.check_memory(1, spec.memory_mib)
+                self._boot_vm(name, spec)
+            else:
+                merged = host_dir / "merged"
+                if not any(m.mountpoint == merged for m in system.mounts()):
+                    raise LabError(
+                        f"Failed to power on {name}: its root is not mounted (run 'fleetops-lab up')"
+                    )
+                _remove_nspawn_lock(merged)
+                system.cgroup_create(_cgroup(name))
+                self._spawn_supervisor(name, merged)
+            wait = timeout or (VM_SSH_TIMEOUT_S if spec is not None else 120.0)
+            self._wait_ssh(name, wait, say)
+        say(f"lab: {name} powered on and answers ssh in {time.monotonic() - started:.1f} s")
+
     # ------------------------------------------------------------------ status
 
     def status(self, probe_ssh: bool = True) -> list[LabHost]:
@@ -340,16 +440,18 @@ class Lab:
 
         def one(name: str) -> LabHost:
             p = procs.get(name, _Procs([], [], []))
-            running = bool(p.supervisors and p.nspawns)
+            running = bool(p.supervisors and p.nspawns) or bool(p.vms)
             ssh_ok = running and probe_ssh and self._probe_ssh(name)
+            is_vm = bool(p.vms) or (self._host_dir(name) / "vm.json").exists()
             return LabHost(
                 name=name,
                 ip=host_ip(name),
                 az=host_az(name),
                 running=running,
                 ssh_ok=ssh_ok,
-                pid=p.nspawns[0] if p.nspawns else None,
+                pid=p.vms[0] if p.vms else (p.nspawns[0] if p.nspawns else None),
                 supervisor_pid=p.supervisors[0] if p.supervisors else None,
+                kind="vm" if is_vm else "nspawn",
             )
 
         return self._parallel(one, names)
@@ -519,10 +621,19 @@ class Lab:
                 names.update(n for n in os.listdir(top) if _NAME_RE.match(n) and (top / n).is_dir())
         return {n for n in names if 1 <= int(n.removeprefix("lab-")) <= MAX_HOSTS}
 
-    def _healthy(self, name: str, base: Path, procs: dict[str, _Procs]) -> bool:
-        """Running from this state dir, on the current rootfs, with its network in place."""
+    def _healthy(self, name: str, base: Path, procs: dict[str, _Procs], spec: lab_vm.VmSpec | None) -> bool:
+        """Running from this state dir, on the current rootfs (or VM image and settings), with its network."""
         p = procs.get(name)
-        if p is None or len(p.supervisors) != 1 or len(p.nspawns) > 1:
+        if spec is not None:
+            if p is None or p.supervisors or p.nspawns or len(p.vms) != 1:
+                return False
+            host_dir = self._host_dir(name)
+            return (
+                lab_vm.recorded_spec(host_dir) == spec
+                and (host_dir / "disk.qcow2").is_file()
+                and system.link_exists(lab_vm.tap_name(name))
+            )
+        if p is None or p.vms or len(p.supervisors) != 1 or len(p.nspawns) > 1:
             return False
         merged = self._host_dir(name) / "merged"
         overlay = [m for m in system.mounts() if m.mountpoint == merged and m.fstype == "overlay"]
@@ -557,7 +668,10 @@ class Lab:
         )
         system.run_cmd(["ip", "link", "set", BRIDGE, "up"], what=f"bring up the bridge {BRIDGE}")
 
-    def _start_host(self, name: str, base: Path) -> None:
+    def _start_host(self, name: str, base: Path, spec: lab_vm.VmSpec | None = None) -> None:
+        if spec is not None:
+            self._start_vm(name, spec)
+            return
         host_dir = self._host_dir(name)
         upper, work, merged = host_dir / "upper", host_dir / "work", host_dir / "merged"
         for path in (upper, work, merged):
@@ -578,6 +692,40 @@ class Lab:
         self._setup_network(name)
         system.cgroup_create(_cgroup(name))
         self._spawn_supervisor(name, merged)
+
+    def _start_vm(self, name: str, spec: lab_vm.VmSpec) -> None:
+        """A fresh VM host: its own host key, a copy-on-write disk, its identity disk, a tap, QEMU."""
+        host_dir = self._host_dir(name)
+        host_dir.mkdir(parents=True, exist_ok=True)
+        key = host_dir / "ssh_host_ed25519_key"
+        for path in (key, key.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
+        system.run_cmd(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)],
+            what=f"create the ssh host key of {name}",
+        )
+        lab_vm.create_disk(host_dir, Path(spec.image))
+        ip = host_ip(name)
+        lab_vm.write_config_disk(
+            host_dir / "config.tar",
+            {
+                "etc/hostname": (f"{name}\n", 0o644),
+                "etc/hosts": (rootfs.HOSTS + f"{ip}\t{name}\n", 0o644),
+                "root/.ssh/authorized_keys": (self.key_path.with_suffix(".pub").read_text(), 0o600),
+                "etc/ssh/ssh_host_ed25519_key": (key.read_text(), 0o600),
+                "etc/ssh/ssh_host_ed25519_key.pub": (key.with_suffix(".pub").read_text(), 0o644),
+            },
+        )
+        self._boot_vm(name, spec)
+
+    def _boot_vm(self, name: str, spec: lab_vm.VmSpec) -> None:
+        lab_vm.setup_tap(name, BRIDGE)
+        system.run_cmd(
+            ["ip", "neigh", "flush", "to", host_ip(name), "dev", BRIDGE],
+            what="flush a neighbour",
+            check=False,
+        )
+        lab_vm.start(_machine(name), name, self._host_dir(name), spec, host_ip(name), _guest_mac(name))
 
     def _personalise(self, name: str, root: Path) -> None:
         ip = host_ip(name)
@@ -668,7 +816,10 @@ class Lab:
     def _write_known_hosts(self, names: Sequence[str]) -> None:
         lines = []
         for name in names:
-            pub = (self._host_dir(name) / "merged/etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+            pub_path = self._host_dir(name) / "merged/etc/ssh/ssh_host_ed25519_key.pub"
+            if (self._host_dir(name) / "vm.json").exists():
+                pub_path = self._host_dir(name) / "ssh_host_ed25519_key.pub"
+            pub = pub_path.read_text().split()
             lines.append(f"{name},{host_ip(name)} {pub[0]} {pub[1]}\n")
         system.write_text_atomic(self.known_hosts_path, "".join(lines))
 
@@ -688,7 +839,8 @@ class Lab:
     def _wait_ssh(self, name: str, timeout: float, say: Progress) -> None:
         started = time.monotonic()
         deadline = started + timeout
-        pid_file = self._host_dir(name) / "supervisor.pid"
+        is_vm = (self._host_dir(name) / "vm.json").exists()
+        pid_file = self._host_dir(name) / ("qemu.pid" if is_vm else "supervisor.pid")
         while True:
             if self._probe_ssh(name):
                 say(f"lab: {name} ({host_ip(name)}) answers ssh after {time.monotonic() - started:.1f} s")
@@ -696,7 +848,11 @@ class Lab:
             supervisor = system.read_pid_file(pid_file)
             alive = supervisor is not None and system.pid_alive(supervisor)
             if not alive or time.monotonic() >= deadline:
-                why = "its supervisor exited" if not alive else f"no ssh answer within {timeout:g} s"
+                why = (
+                    f"its {'QEMU' if is_vm else 'supervisor'} exited"
+                    if not alive
+                    else f"no ssh answer within {timeout:g} s"
+                )
                 host_dir = self._host_dir(name)
                 raise LabError(
                     f"Failed to boot {name}: {why} (logs in {host_dir}; 'fleetops-lab down' cleans up)\n"
@@ -749,6 +905,7 @@ class Lab:
             or (system.NETNS_DIR / _netns(name)).exists()
             or system.link_exists(_veth_host(name))
             or system.link_exists(_veth_peer(name))
+            or system.link_exists(lab_vm.tap_name(name))
             or any(p.exists() for p in system.cgroup_paths(_cgroup(name)))
         )
 
@@ -760,7 +917,7 @@ class Lab:
             system.unmount_under(host_dir, what=f"unmount the root of {name}")
         for directory in procs.directories:
             system.unmount_under(Path(directory), what=f"unmount the root of {name}")
-        for link in (_veth_host(name), _veth_peer(name)):
+        for link in (_veth_host(name), _veth_peer(name), lab_vm.tap_name(name)):
             if system.link_exists(link):
                 system.run_cmd(["ip", "link", "delete", link], what=f"delete the link {link}")
         ns = _netns(name)
@@ -784,9 +941,11 @@ class Lab:
         def ours() -> list[int]:
             # Re-check what each PID is at every step: PIDs are reused.
             fresh = _lab_processes().get(name, _Procs([], [], []))
-            return sorted(set(fresh.supervisors) | set(fresh.nspawns) | system.cgroup_pids(rel))
+            return sorted(
+                set(fresh.supervisors) | set(fresh.nspawns) | set(fresh.vms) | system.cgroup_pids(rel)
+            )
 
-        leaders = procs.supervisors or procs.nspawns
+        leaders = procs.supervisors or procs.nspawns or procs.vms  # SIGTERM ends QEMU at once
         if leaders:
             system.send_signal(leaders, signal.SIGTERM)
             system.wait_until(lambda: not ours(), STOP_TIMEOUT_S)

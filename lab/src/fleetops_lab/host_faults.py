@@ -33,18 +33,31 @@ _SCRIPT = """#!/bin/bash
 # (page cache charged to that cgroup), then crash. The cgroup is removed; its page cache keeps
 # it alive as a zombie.
 set -eu
-mem=/sys/fs/cgroup/memory
-# The memory hierarchy is read-only inside an nspawn guest until remounted (a real host has it rw).
-if awk '$5 == "/sys/fs/cgroup/memory" && $6 ~ /(^|,)ro(,|$)/ {{found=1}} END {{exit !found}}' /proc/self/mountinfo; then
-  mount -o remount,bind,rw "$mem"
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  # cgroup v2 (a VM lab host): the memory controller must be on in each parent's subtree_control.
+  mem=/sys/fs/cgroup
+  own=$(awk -F: '$1 == "0" {{print $3}}' /proc/self/cgroup)
+  mkdir -p "$mem/{name}-tasks"
+  grep -qw memory "$mem/cgroup.subtree_control" || echo +memory > "$mem/cgroup.subtree_control"
+  grep -qw memory "$mem/{name}-tasks/cgroup.subtree_control" || echo +memory > "$mem/{name}-tasks/cgroup.subtree_control"
+else
+  mem=/sys/fs/cgroup/memory
+  # The memory hierarchy is read-only inside an nspawn guest until remounted (a real host has it rw).
+  if awk '$5 == "/sys/fs/cgroup/memory" && $6 ~ /(^|,)ro(,|$)/ {{found=1}} END {{exit !found}}' /proc/self/mountinfo; then
+    mount -o remount,bind,rw "$mem"
+  fi
+  own=$(awk -F: '$2 == "memory" {{print $3}}' /proc/self/cgroup)
 fi
-own=$(awk -F: '$2 == "memory" {{print $3}}' /proc/self/cgroup)
 task=task-$(date +%s%N)
 mkdir -p "$mem/{name}-tasks" {data_dir}
 mkdir "$mem/{name}-tasks/$task"
 echo $$ > "$mem/{name}-tasks/$task/cgroup.procs"
 dd if=/dev/zero of={data_dir}/$task bs=1M count={mb} status=none
-echo $$ > "$mem/cgroup.procs" 2>/dev/null || echo $$ > "$mem$own/cgroup.procs"
+if [ -f "$mem/cgroup.controllers" ]; then
+  echo $$ > "$mem$own/cgroup.procs"
+else
+  echo $$ > "$mem/cgroup.procs" 2>/dev/null || echo $$ > "$mem$own/cgroup.procs"
+fi
 rmdir "$mem/{name}-tasks/$task"
 echo "{name}: agent exited: unable to reach the ECS endpoint" >&2
 exit 1
@@ -369,3 +382,91 @@ def _install_unit(lab: Lab, host: str, files: dict[str, tuple[str, str]], unit: 
         host, f"systemctl daemon-reload && systemctl enable {'--now ' if start else ''}{unit}", check=True
     )
     return unit
+
+
+# ------------------------------------------------------------------------------------------------
+# Zombie memory cgroups and kernel-log lines made inside one lab host (real on a VM host, whose
+# kernel is its own; on an nspawn host they are this machine's kernel's, seen by every host).
+# ------------------------------------------------------------------------------------------------
+
+_ZOMBIES = r"""
+import os, sys
+n, tag = int(sys.argv[1]), sys.argv[2]
+v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+root = "/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/memory"
+if not v2 and not os.access(root + "/cgroup.procs", os.W_OK):
+    os.system("mount -o remount,bind,rw " + root)
+own = ""
+for line in open("/proc/self/cgroup"):
+    hid, ctrl, path = line.rstrip("\n").split(":", 2)
+    if (v2 and hid == "0") or (not v2 and "memory" in ctrl.split(",")):
+        own = path
+parent = "%s/fleetops-zombies-%s" % (root, tag)
+os.makedirs(parent, exist_ok=True)
+if v2:
+    for cg in (root, parent):
+        with open(cg + "/cgroup.subtree_control") as f:
+            on = "memory" in f.read().split()
+        if not on:
+            with open(cg + "/cgroup.subtree_control", "w") as f:
+                f.write("+memory")
+home = root + own if v2 else root
+workdir = "/var/tmp/fleetops-zombies-" + tag
+os.makedirs(workdir, exist_ok=True)
+pin = os.open(workdir + "/pin", os.O_RDWR | os.O_CREAT, 0o600)  # created before the first cgroup
+page = b"z" * 4096
+pid = str(os.getpid()).encode()
+for i in range(n):
+    cg = "%s/z%d" % (parent, i)
+    os.mkdir(cg)
+    fd = os.open(cg + "/cgroup.procs", os.O_WRONLY); os.write(fd, pid); os.close(fd)
+    os.pwrite(pin, page, i * 4096)  # one new page of page cache, charged to cgroup i
+    fd = os.open(home + "/cgroup.procs", os.O_WRONLY); os.write(fd, pid); os.close(fd)
+    os.rmdir(cg)
+os.close(pin)
+print(workdir + "/pin")
+"""
+
+
+def make_zombie_memcgs(lab: Lab, host: str, count: int, *, tag: str = "fault") -> str:
+    """Make ``count`` real zombie memory cgroups on one lab host (cgroup v2 or v1), from inside it.
+
+    Each: mkdir a memory cgroup under the root, move a process in, write one page of a file on disk
+    (page cache charged to it), move out, rmdir. Returns the pinning file's path in the host:
+    ``release_zombie_memcgs`` deletes it and the kernel frees them. On a VM host only that host's
+    kernel has them; on an nspawn host this machine's kernel has them (every nspawn host sees them).
+    """
+    proc = lab.run(
+        host,
+        f"python3 - {int(count)} {shlex.quote(tag)}",
+        input=_ZOMBIES,
+        check=True,
+        timeout=60 + count / 10,
+    )
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def release_zombie_memcgs(lab: Lab, host: str, *, tag: str = "fault") -> None:
+    """Undo make_zombie_memcgs: delete the pinning file and the (empty) parent cgroup; drop caches."""
+    lab.run(
+        host,
+        f"rm -rf /var/tmp/fleetops-zombies-{shlex.quote(tag)}; sync; echo 1 > /proc/sys/vm/drop_caches; "
+        f"rmdir /sys/fs/cgroup/fleetops-zombies-{shlex.quote(tag)} "
+        f"/sys/fs/cgroup/memory/fleetops-zombies-{shlex.quote(tag)} 2>/dev/null; true",
+        check=True,
+    )
+
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+ENA_RESET = "ena 0000:00:05.0 eth0: Trigger reset is on"
+
+
+def write_kernel_log(lab: Lab, host: str, line: str, *, priority: int = 3) -> None:
+    """Write one record into a lab host's kernel log (``/dev/kmsg``, as a driver's printk would).
+
+    On a VM host it is that host's own kernel log: only it reports the line. On an nspawn host it
+    goes to this machine's kernel log, which every nspawn host (and this machine) reads.
+    """
+    if "\n" in line:
+        raise LabError("Failed to write to the kernel log: one line at a time")
+    lab.run(host, "cat > /dev/kmsg", input=f"<{int(priority)}>{line}\n", check=True)
