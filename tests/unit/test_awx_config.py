@@ -365,3 +365,85 @@ def test_inventory_source_uses_our_plugin_with_a_file_it_accepts() -> None:
         e["name"] for d in ConfigManager().get_configuration_definitions().values() for e in d.get("env", [])
     }
     assert set(task["awx.awx.inventory_source"]["source_vars"]) <= known_env
+
+
+def _job_template_args(item: dict[str, Any]) -> dict[str, Any]:
+    """configure.yml's awx.awx.job_template arguments for one template, rendered as Ansible would
+    render them (Jinja2 native types; a value that renders to another template is rendered again)."""
+    from jinja2.nativetypes import NativeEnvironment
+
+    env = NativeEnvironment()
+    context = {**_load("settings.yml"), "item": item}
+    task = next(t for t in _load("configure.yml")[0]["tasks"] if "awx.awx.job_template" in t)
+
+    def render(value: Any) -> Any:
+        while isinstance(value, str) and "{{" in value:
+            value = env.from_string(value).render(context)
+        return value
+
+    return {key: render(value) for key, value in task["awx.awx.job_template"].items()}
+
+
+def _changes_hosts(jt: dict[str, Any]) -> bool:
+    return (
+        jt["playbook"].startswith("playbooks/remediate_") or jt["playbook"] == "playbooks/rolling_reboot.yml"
+    )
+
+
+def test_only_the_scan_is_sliced_remediations_and_the_reboot_never() -> None:
+    """AWX: a job that orchestrates across its hosts must not be sliced (each slice would run its own
+    serial batches, canary and stop-at-first-failure side by side). Slice count 1 and no slice prompt
+    for every template that changes hosts, whatever its entry says; the scan stays sliced."""
+    settings = _load("settings.yml")
+    jts = _job_templates()
+    remediations = [jt for jt in jts if _changes_hosts(jt)]
+    assert len(remediations) >= 5 and all(jt.get("remediation") for jt in remediations)
+    for jt in remediations:
+        assert "job_slice_count" not in jt and "ask_job_slice_count_on_launch" not in jt, jt["name"]
+        args = _job_template_args(jt)
+        assert args["job_slice_count"] == 1 and args["ask_job_slice_count_on_launch"] is False, jt["name"]
+        # forced: an entry asking for slices still gets none
+        forced = _job_template_args({**jt, "job_slice_count": 4, "ask_job_slice_count_on_launch": True})
+        assert forced["job_slice_count"] == 1 and forced["ask_job_slice_count_on_launch"] is False
+    scan = _job_template_args(next(jt for jt in jts if jt["playbook"] == "playbooks/scan.yml"))
+    assert scan["job_slice_count"] == settings["fleetops_awx_scan_slices"] > 1
+    assert scan["ask_job_slice_count_on_launch"] is True
+
+
+def test_every_remediation_survey_asks_the_deadline_and_the_host_timeout() -> None:
+    for jt in _job_templates():
+        if not _changes_hosts(jt):
+            continue
+        questions = {q["variable"]: q for q in jt["survey_spec"]["spec"]}
+        not_after, host_timeout = questions.get("fleetops_not_after"), questions.get("fleetops_host_timeout")
+        assert not_after is not None and host_timeout is not None, jt["name"]
+        assert not_after["type"] == "text" and host_timeout["type"] == "integer"
+        for q in (not_after, host_timeout):  # optional, and blank passes nothing (no default)
+            assert q["required"] is False and "default" not in q, (jt["name"], q["variable"])
+        assert host_timeout["min"] >= 1
+
+
+def test_remediations_carry_the_aws_credential_for_the_ec2_lease() -> None:
+    """The remediation playbooks take the EC2 lease (fleetops.node.ec2_lease): their jobs need the
+    AWS credential (AWX injects AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY); the scan does not."""
+    settings = _load("settings.yml")
+    for jt in _job_templates():
+        creds = _job_template_args(jt)["credentials"]
+        assert creds[0] == settings["fleetops_awx_machine_credential"]
+        if _changes_hosts(jt):
+            assert creds == [
+                settings["fleetops_awx_machine_credential"],
+                settings["fleetops_awx_aws_credential"],
+            ]
+        else:
+            assert creds == [settings["fleetops_awx_machine_credential"]], jt["name"]
+    # no AWS credential configured (an instance profile): the machine credential alone
+    from jinja2.nativetypes import NativeEnvironment
+
+    task = next(t for t in _load("configure.yml")[0]["tasks"] if "awx.awx.job_template" in t)
+    rendered = (
+        NativeEnvironment()
+        .from_string(task["awx.awx.job_template"]["credentials"])
+        .render({**settings, "fleetops_awx_aws_credential": "", "item": {"remediation": True}})
+    )
+    assert rendered == [settings["fleetops_awx_machine_credential"]]
