@@ -14,7 +14,7 @@ module: ec2_lease
 short_description: Take, renew, check or release the fleetops lease on EC2 instances
 version_added: "0.2.0"
 description:
-  - The lock that keeps two rollouts off the same hosts, whoever runs them: an operator's
+  - The lock that keeps two rollouts off the same hosts, whoever runs them; an operator's
     C(fleetops remediate) (the CLI) and the remediation and reboot playbooks (AWX jobs, or
     C(ansible-playbook) by hand) write and judge the same EC2 tags, so an AWX job refuses the
     instances a CLI rollout holds and the other way round.
@@ -33,7 +33,7 @@ description:
     was first there (a playbook that the CLI runs checks the CLI's lease this way).
   - V(released) removes our tag where it still has the value read (a tag rewritten by someone else in
     between is left alone). Releasing what is not held changes nothing.
-  - Runs on the controller (C(delegate_to: localhost), C(run_once: true)); it talks to the EC2 API with
+  - Runs on the controller (C(delegate_to=localhost), C(run_once=true)); it talks to the EC2 API with
     boto3 and tenacity, through the same settings, retries and error texts as the C(fleetops.node.ec2)
     inventory plugin. Without instances there is nothing to lock and no EC2 call is made (boto3 is then
     not needed).
@@ -41,7 +41,7 @@ description:
     refused still fails), without writing.
   - The lease only narrows the race to about O(settle) seconds, provided both writes are visible to both
     re-reads (EC2's tag API is eventually consistent) and the controllers' clocks agree; it is not a
-    consensus protocol. A lease is only as long as its O(ttl): renew it between batches that may take
+    consensus protocol. A lease is only as long as its O(ttl); renew it between batches that may take
     longer.
 options:
   state:
@@ -55,7 +55,7 @@ options:
     description:
       - The rollout's id, the key's last part (C(fleetops:lease:<rollout>)). The CLI's rollout ids look
         like C(20261129T170102Z-3fa9c1); playbooks in AWX use C(awx-job-<job id>).
-      - Letters, digits and C(+ - = . _ : / @), at most 113 characters.
+      - Letters, digits and the characters C(+-=._:/@), at most 113 characters.
     type: str
     required: true
   instances:
@@ -400,6 +400,7 @@ def main():
         settle=dict(type="float", default=lp.DEFAULT_SETTLE_S),
     )
     argument_spec.update(aws.argument_spec())
+    argument_spec["aws_access_key"]["no_log"] = False  # an access key id is not a secret (the secret key is)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
     state = params["state"]

@@ -242,8 +242,9 @@ def test_options_that_cannot_work_are_refused(tmp_path: Path, args: dict[str, An
 # What every remediation and reboot playbook adds around its changes (the report of issue 16 item 3
 # has the same text): name the run's lease once (the CLI's rollout, the AWX job, or this run), take it
 # on every EC2 target before the first change (each batch renews it), release it in `always:` after
-# the last batch or when a host failed. When the CLI runs the playbook (fleetops_lease_rollout set), the
-# CLI holds the lease: the playbook checks it and leaves it alone.
+# the last batch or when a host failed. When the CLI runs the playbook holding an EC2 lease, it passes
+# fleetops_lease_rollout: the playbook checks that lease and leaves it alone; when the CLI holds none (no
+# fleetops.node.ec2 inventory source), it passes fleetops_lease=false: no lease tasks run.
 LEASE_BLOCK = """\
 - name: Name this run's EC2 lease (the CLI's rollout, the AWX job, or this run)
   ansible.builtin.set_fact:
@@ -253,7 +254,9 @@ LEASE_BLOCK = """\
   delegate_to: localhost
   delegate_facts: true
   run_once: true
-  when: hostvars['localhost']['fleetops_lease_id'] is not defined
+  when:
+    - fleetops_lease | default(true) | bool
+    - hostvars['localhost']['fleetops_lease_id'] is not defined
 
 - name: Change the hosts under the EC2 lease
   vars:
@@ -273,6 +276,7 @@ LEASE_BLOCK = """\
       delegate_to: localhost
       run_once: true
       become: false
+      when: fleetops_lease | default(true) | bool
     # <the playbook's changes>
   always:
     - name: Release the EC2 lease after the last batch, or when a host failed
@@ -286,6 +290,7 @@ LEASE_BLOCK = """\
       run_once: true
       become: false
       when:
+        - fleetops_lease | default(true) | bool
         - fleetops_lease_rollout is not defined
         - >-
           (ansible_play_hosts | length) < (ansible_play_hosts_all | length)
@@ -419,3 +424,14 @@ def test_playbook_releases_the_lease_when_a_host_fails(moto: tuple[str, list[str
     assert proc.returncode != 0, proc.stdout
     assert [s["host"] for s in _snapshots(out)] == ["gpu-0", "gpu-1"]  # stopped at the failure
     assert _tags(url, ids[:3]) == {i: {} for i in ids[:3]}  # and released on the way out
+
+
+def test_playbook_without_the_lease_when_told(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    """fleetops_lease=false (the CLI holds no EC2 lease for this inventory): the lease makes no EC2
+    call (a dead endpoint does not matter) and writes no tag; the changes run."""
+    url, ids = moto
+    inventory, playbook, out = _playbook(tmp_path, url, ids[:3])
+    proc = _playbook_run(inventory, playbook, "http://127.0.0.1:9", "-e", "fleetops_lease=false")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    snaps = _snapshots(out)  # the snapshot task reads moto itself
+    assert len(snaps) == 4 and all(s["tags"] == [] for s in snaps)
