@@ -435,3 +435,37 @@ def test_playbook_without_the_lease_when_told(moto: tuple[str, list[str]], tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     snaps = _snapshots(out)  # the snapshot task reads moto itself
     assert len(snaps) == 4 and all(s["tags"] == [] for s in snaps)
+
+
+@pytest.mark.parametrize(
+    "operator",
+    [
+        "alice@bastion",
+        "é" * 300 + "@ctl",
+        "bob@" + "h" * 400,
+        "x" * 500,
+        "\udcff\udcfe@ctl",
+        "名前" * 80 + "@制御",
+    ],
+)
+def test_the_shared_protocol_writes_and_reads_what_the_cli_does(operator: str) -> None:
+    """module_utils/lease.py (the module's) and fleetops.rollout.lease (the CLI's): the same tag value
+    for the same lease, the same reading of it, the same words for its holder."""
+    from ansible_collections.fleetops.node.plugins.module_utils import lease as shared
+
+    from fleetops.rollout import lease as cli
+
+    since, expires, now = 1764547200.0, 1764548100.0, 1764547500.0
+    value = shared.encode(operator, since, expires)
+    assert value == cli.encode(operator, since, expires) and len(value.encode()) <= shared.TAG_VALUE_MAX
+    assert shared.KEY_PREFIX == cli.KEY_PREFIX and shared.TAG_VALUE_MAX == cli.TAG_VALUE_MAX
+    for text in (value, "not json", '{"operator": "x"}'):
+        mine, theirs = (
+            shared.LeaseRecord.parse(KEY_PREFIX + "r1", text),
+            cli.LeaseRecord.parse(KEY_PREFIX + "r1", text),
+        )
+        assert (mine.rollout, mine.operator, mine.since, mine.expires, mine.value) == (
+            theirs.rollout, theirs.operator, theirs.since, theirs.expires, theirs.value,
+        )  # fmt: skip
+        assert mine.describe(now) == theirs.describe(now) and mine.live(now) == theirs.live(now)
+        assert mine.order() == theirs.order()
