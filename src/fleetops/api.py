@@ -91,7 +91,7 @@ class ScanRequest:
     inventory: Sequence[Path] = ()  # empty: this checkout's localhost inventory
     limit: str | None = None
     checks: Sequence[str] | None = None
-    sample_seconds: float = 0.0
+    sample_seconds: float | None = None  # None: node_health's default (one sample)
     zombie_warning: int | None = None
     zombie_critical: int | None = None
     headroom_critical_pct: float | None = None
@@ -125,11 +125,6 @@ def scan(
 
     warning = facts.zombie_warning_default() if request.zombie_warning is None else request.zombie_warning
     critical = facts.zombie_critical_default() if request.zombie_critical is None else request.zombie_critical
-    headroom = (
-        facts.headroom_critical_pct_default()
-        if request.headroom_critical_pct is None
-        else request.headroom_critical_pct
-    )
     if warning > critical:
         raise UsageError(f"--zombie-warning ({warning}) must not exceed --zombie-critical ({critical})")
     inventories = paths.resolve_inventories(request.inventory)
@@ -144,10 +139,11 @@ def scan(
         inventory=inventories,
         limit=request.limit,
         checks=list(request.checks) if request.checks else None,
+        # None: the module's default (only what the caller set reaches the playbook)
         sample_seconds=request.sample_seconds,
-        zombie_warning=warning,
-        zombie_critical=critical,
-        headroom_critical_pct=headroom,
+        zombie_warning=request.zombie_warning,
+        zombie_critical=request.zombie_critical,
+        headroom_critical_pct=request.headroom_critical_pct,
         forks=request.forks,
         host_timeout=request.host_timeout,
         extravars=dict(request.extravars),

@@ -141,15 +141,20 @@ def _disable_unit_gate(
 # ---------------------------------------------------------------------------------- reclaim
 
 
+def _set_only(**knobs: Any) -> dict[str, Any]:
+    """``fleetops_<name>`` for each knob given (None: unset, the module's default applies)."""
+    return {f"fleetops_{name}": value for name, value in knobs.items() if value is not None}
+
+
 def _reclaim_vars(p: Mapping[str, Any]) -> dict[str, Any]:
-    return {"fleetops_min_zombies": p["min_zombies"], "fleetops_reboot_threshold": p["reboot_threshold"]}
+    return _set_only(min_zombies=p["min_zombies"], reboot_threshold=p["reboot_threshold"])
 
 
 # ---------------------------------------------------------------------------------- fix
 
 
 def _fix_vars(p: Mapping[str, Any]) -> dict[str, Any]:
-    return {"fleetops_protected": list(p["protected"]), "fleetops_reboot_threshold": p["reboot_threshold"]}
+    return {"fleetops_protected": list(p["protected"]), **_set_only(reboot_threshold=p["reboot_threshold"])}
 
 
 def set_env_plan_text(todo: Mapping[str, Any]) -> str:
@@ -250,10 +255,6 @@ def _set_env_gate(
     return _set_env_still_leaking(post, [_unit_name(str(xv.get("fleetops_unit", "")))])
 
 
-def _zombie_warning() -> int:
-    return facts.zombie_warning_default()
-
-
 REMEDIATIONS: dict[str, Remediation] = {
     r.name: r
     for r in (
@@ -271,8 +272,8 @@ REMEDIATIONS: dict[str, Remediation] = {
             playbook="fleetops.node.remediate_reclaim",
             actions=("fleetops.node.reclaim_memcg",),
             help="free zombie memory cgroups by dropping the page cache that pins them",
-            # both default to the scan's zombie warning level (plugins/module_utils/memcg.py)
-            params={"min_zombies": _zombie_warning, "reboot_threshold": _zombie_warning},
+            # None: the module's default, the scan's zombie warning level (plugins/module_utils/memcg.py)
+            params={"min_zombies": None, "reboot_threshold": None},
             extravars=_reclaim_vars,
         ),
         Remediation(
@@ -283,7 +284,7 @@ REMEDIATIONS: dict[str, Remediation] = {
             params={
                 "sample_seconds": 10.0,
                 "protected": (),
-                "reboot_threshold": _zombie_warning,
+                "reboot_threshold": None,
                 "ucx_fix": "hooks-off",
             },
             extravars=_fix_vars,

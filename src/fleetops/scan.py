@@ -43,11 +43,12 @@ class ScanOptions:
     inventory: Sequence[Path] = ()
     limit: str | None = None
     checks: Sequence[str] | None = None
-    sample_seconds: float = 0.0
-    # defaults: the zombie_memcg detector's own (plugins/module_utils/memcg.py DEFAULT_THRESHOLDS)
-    zombie_warning: int = field(default_factory=facts.zombie_warning_default)
-    zombie_critical: int = field(default_factory=facts.zombie_critical_default)
-    headroom_critical_pct: float = field(default_factory=facts.headroom_critical_pct_default)
+    # node_health's own options: None leaves the module's default (plugins/module_utils/memcg.py
+    # DEFAULT_THRESHOLDS, node_health's argument_spec); only what the caller set is passed
+    sample_seconds: float | None = None
+    zombie_warning: int | None = None
+    zombie_critical: int | None = None
+    headroom_critical_pct: float | None = None
     forks: int | None = None  # None: min(targeted hosts, MAX_FORKS)
     host_timeout: int = 120
     extravars: dict[str, Any] = field(default_factory=dict)
@@ -63,13 +64,11 @@ class ScanOptions:
 
     def playbook_vars(self) -> dict[str, Any]:
         """Extra vars for playbooks/scan.yml (its documented knobs)."""
-        xv: dict[str, Any] = {
-            "fleetops_sample_seconds": self.sample_seconds,
-            "fleetops_zombie_warning": self.zombie_warning,
-            "fleetops_zombie_critical": self.zombie_critical,
-            "fleetops_headroom_critical_pct": self.headroom_critical_pct,
-            "fleetops_host_timeout": self.host_timeout,
-        }
+        xv: dict[str, Any] = {"fleetops_host_timeout": self.host_timeout}
+        for name in ("sample_seconds", "zombie_warning", "zombie_critical", "headroom_critical_pct"):
+            value = getattr(self, name)
+            if value is not None:
+                xv[f"fleetops_{name}"] = value
         if self.checks:
             xv["fleetops_checks"] = list(self.checks)
         xv.update(self.extravars)

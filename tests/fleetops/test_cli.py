@@ -36,6 +36,34 @@ from tests.helpers import fleetops
         ),
         (["scan", "--prometheus", "/etc/hostname/x.prom"], "/etc/hostname is not a directory"),
         (["drift", "-o", "/nonexistent/d.json"], "cannot write /nonexistent/d.json: no such directory"),
+        (["scan", "--forks", "0"], "--forks: must be >= 1: '0'"),
+        (["scan", "--sample-seconds", "nan"], "--sample-seconds: must be between 0 and 3600: 'nan'"),
+        (["scan", "--headroom-critical", "inf"], "--headroom-critical: must be between 0 and 100"),
+        (["drift", "--host-timeout", "-1"], "--host-timeout: must be between 0 and 86400: '-1'"),
+        (["remediate", "reclaim", "--min-zombies", "-1"], "--min-zombies: must be >= 0: '-1'"),
+        (["remediate", "reclaim", "--reboot-threshold", "x"], "--reboot-threshold: not an integer: 'x'"),
+        (["remediate", "reclaim", "--cooldown", "nan"], "--cooldown: must be a finite number of seconds"),
+        (["remediate", "reclaim", "--cooldown", "-1"], "--cooldown: must be at least 0 and at most 86400"),
+        (
+            ["remediate", "reboot", "--drain-timeout", "0"],
+            "--drain-timeout: must be between 1 and 86400: '0'",
+        ),
+        (["remediate", "reboot", "--reboot-timeout", "0"], "--reboot-timeout: must be between 1 and 86400"),
+        (["remediate", "fix", "--sample-seconds", "inf"], "--sample-seconds: must be between 0 and 3600"),
+        (["remediate", "fix", "--reboot-threshold", "-5"], "--reboot-threshold: must be >= 0: '-5'"),
+        (
+            ["remediate", "reclaim", "--lease-ttl", "0"],
+            "--lease-ttl: the lease TTL must be a number of seconds",
+        ),
+        (
+            ["remediate", "reclaim", "--lease-ttl", "inf"],
+            "--lease-ttl: the lease TTL must be a number of seconds",
+        ),
+        (["remediate", "reclaim", "--lease-settle", "-1"], "--lease-settle:"),
+        (
+            ["remediate", "reclaim", "--lease-ttl", "60", "--lease-settle", "100"],
+            "the lease TTL must be a number of seconds above the settle time (100s)",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None:

@@ -87,3 +87,37 @@ def test_host_without_scan_result_is_failed_not_ok() -> None:
     report = build_report(_run(gather), started=0, finished=0)
     assert report["hosts"]["a"]["status"] == "failed"
     assert report["hosts"]["a"]["msg"] == "no python"
+
+
+def test_only_the_options_the_user_set_reach_the_playbook() -> None:
+    """node_health's defaults live once, in the collection: unset options are not passed at all."""
+    from fleetops.cli.app import build_parser
+    from fleetops.cli.remediate import remediation_request
+    from fleetops.remediations import REMEDIATIONS
+    from fleetops.scan import ScanOptions
+
+    assert ScanOptions().playbook_vars() == {"fleetops_host_timeout": 120}
+    args = build_parser().parse_args(["scan"])
+    assert (args.sample_seconds, args.zombie_warning, args.zombie_critical, args.headroom_critical) == (
+        None,
+    ) * 4
+    set_ = ScanOptions(sample_seconds=0.5, zombie_warning=7, zombie_critical=9, headroom_critical_pct=5.0)
+    assert set_.playbook_vars() == {
+        "fleetops_host_timeout": 120,
+        "fleetops_sample_seconds": 0.5,
+        "fleetops_zombie_warning": 7,
+        "fleetops_zombie_critical": 9,
+        "fleetops_headroom_critical_pct": 5.0,
+    }
+    for argv, unset in (
+        (["remediate", "reclaim"], ("fleetops_min_zombies", "fleetops_reboot_threshold")),
+        (["remediate", "fix"], ("fleetops_reboot_threshold",)),
+    ):
+        remediation = REMEDIATIONS[argv[1]]
+        params = remediation.resolve(remediation_request(build_parser().parse_args(argv)).params)
+        extravars = remediation.extravars(params)
+        assert not set(unset) & set(extravars), extravars
+    reclaim = REMEDIATIONS["reclaim"]
+    argv = ["remediate", "reclaim", "--min-zombies", "0", "--reboot-threshold", "5"]
+    params = reclaim.resolve(remediation_request(build_parser().parse_args(argv)).params)
+    assert reclaim.extravars(params) == {"fleetops_min_zombies": 0, "fleetops_reboot_threshold": 5}

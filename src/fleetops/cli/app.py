@@ -21,7 +21,15 @@ from rich.console import Console
 
 from fleetops import __version__, api
 from fleetops.ansible import facts
-from fleetops.cli.args import Parser, add_format_arg, add_target_args, percent, positive_int, seconds
+from fleetops.cli.args import (
+    Parser,
+    add_format_arg,
+    add_target_args,
+    int_range,
+    percent,
+    positive_int,
+    seconds,
+)
 from fleetops.cli.errors import run_main
 from fleetops.cli.render import host_line, render_scan
 from fleetops.errors import UsageError
@@ -65,34 +73,44 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument(
         "--sample-seconds",
         type=seconds,
-        default=0.0,
+        default=None,
         metavar="S",
-        help="take two samples S seconds apart to report growth rates (default: 0)",
+        help="take two samples S seconds apart to report growth rates (0..3600; default: the module's, 0: one sample)",
     )
+    # None: node_health's own default applies (memcg.DEFAULT_THRESHOLDS, read here only for the help)
     warning, critical = facts.zombie_warning_default(), facts.zombie_critical_default()
     headroom = facts.headroom_critical_pct_default()
     scan.add_argument(
-        "--zombie-warning", type=positive_int, default=warning, metavar="N", help=f"default: {warning}"
+        "--zombie-warning",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"zombie memcgs that make a warning (>= 0; default: the module's, {warning})",
     )
     scan.add_argument(
-        "--zombie-critical", type=positive_int, default=critical, metavar="N", help=f"default: {critical}"
+        "--zombie-critical",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"zombie memcgs that make it critical (>= 0; default: the module's, {critical})",
     )
     scan.add_argument(
         "--headroom-critical",
         type=percent,
-        default=headroom,
+        default=None,
         metavar="PCT",
-        help=f"critical when fewer than PCT%% of the 65,535 memcg IDs are left (default: {headroom:g})",
+        help="critical when fewer than PCT%% of the 65,535 memcg IDs are left "
+        f"(0..100; default: the module's, {headroom:g})",
     )
     scan.add_argument(
         "--forks",
-        type=positive_int,
+        type=int_range(1),
         metavar="N",
         help=f"parallel hosts (default: all targeted hosts, at most {MAX_FORKS})",
     )
     scan.add_argument(
         "--host-timeout",
-        type=positive_int,
+        type=int_range(0, 86400),
         default=120,
         metavar="S",
         help="seconds one host may take, connecting included: a host that does not answer ssh is "

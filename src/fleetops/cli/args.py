@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -33,6 +34,7 @@ def add_format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def positive_int(text: str) -> int:
+    """An integer >= 0 (the name is historical: 0 is allowed)."""
     try:
         value = int(text)
     except ValueError:
@@ -42,22 +44,67 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high`` (None: no upper bound)."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
+        return value
+
+    convert.__name__ = "integer"
+    return convert
+
+
+def seconds_range(low: float = 0.0, high: float = 86400.0, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds from ``low`` (``above``: more than ``low``, where
+    ``low`` would mean never or forever) to ``high``."""
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number of seconds: {text!r}")
+        if (value <= low if above else value < low) or value > high:
+            bound = f"more than {low:g}" if above else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound} and at most {high:g}: {text!r}")
+        return value
+
+    convert.__name__ = "seconds"
+    return convert
+
+
+def whole_seconds(low: int = 1, high: int = 86400) -> Callable[[str], int]:
+    """An argparse type: whole seconds from ``low`` to ``high``."""
+    convert = int_range(low, high)
+    convert.__name__ = "seconds"
+    return convert
+
+
 def percent(text: str) -> float:
     try:
         value = float(text.rstrip("%"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
-    if not 0 <= value <= 100:
+    if not math.isfinite(value) or not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"must be between 0 and 100: {text!r}")
     return value
 
 
 def seconds(text: str) -> float:
+    """A finite number of seconds from 0 to 3600 (``--sample-seconds``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value <= 3600:
+    if not math.isfinite(value) or not 0 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"must be between 0 and 3600: {text!r}")
     return value
 

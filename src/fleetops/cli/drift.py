@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from fleetops import api
-from fleetops.cli.args import add_format_arg, add_target_args
+from fleetops.cli.args import add_format_arg, add_target_args, int_range
 from fleetops.cli.render import host_line, render_drift
 from fleetops.drift import DIMENSIONS
 
@@ -63,10 +63,10 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     p.add_argument("-o", "--output", type=Path, help="also write the JSON drift report to this file")
     p.add_argument(
         "--host-timeout",
-        type=int,
+        type=int_range(0, 86400),
         default=120,
         metavar="S",
-        help="per-host timeout of the scan (default: 120)",
+        help="per-host timeout of the scan (0..86400; 0: no limit; default: 120)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_drift)

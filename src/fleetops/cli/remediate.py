@@ -19,14 +19,29 @@ from rich.console import Console
 
 from fleetops import api
 from fleetops.ansible import facts
-from fleetops.cli.args import add_format_arg, add_target_args, from_library
+from fleetops.cli.args import (
+    add_format_arg,
+    add_target_args,
+    from_library,
+    int_range,
+    seconds,
+    seconds_range,
+    whole_seconds,
+)
 from fleetops.cli.plan import add_rollout_args, plan_request
 from fleetops.cli.progress import ConsoleObserver
 from fleetops.errors import UsageError
 from fleetops.remediations import REMEDIATIONS, check_host_timeout
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.guards import MaxUnhealthy, parse_not_after
-from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, rollout_id
+from fleetops.rollout.lease import (
+    DEFAULT_SETTLE_S,
+    DEFAULT_TTL_S,
+    lease_settle,
+    lease_ttl,
+    rollout_id,
+    validate_ttl,
+)
 from fleetops.rollout.state import Rollout
 
 SCHEMA = api.ROLLOUT_SCHEMA
@@ -88,28 +103,29 @@ def _disable_unit_args(p: argparse.ArgumentParser) -> None:
 
 
 def _reclaim_args(p: argparse.ArgumentParser) -> None:
-    warning = facts.zombie_warning_default()
+    warning = facts.zombie_warning_default()  # for the help only: unset, the module's default applies
     p.add_argument(
         "--min-zombies",
-        type=int,
-        default=warning,
+        type=int_range(0),
+        default=None,
         metavar="N",
-        help=f"do nothing on hosts with fewer zombies (default: {warning}, the scan's warning level: dropping the page "
-        "cache costs every workload on the host its cached files)",
+        help=f"do nothing on hosts with fewer zombies (>= 0; default: the module's, {warning}, the scan's "
+        "warning level: dropping the page cache costs every workload on the host its cached files)",
     )
     p.add_argument(
         "--reboot-threshold",
-        type=int,
-        default=warning,
+        type=int_range(0),
+        default=None,
         metavar="N",
-        help=f"zombies left after the reclaim that mark a host as needing a reboot (default: {warning})",
+        help="zombies left after the reclaim that mark a host as needing a reboot "
+        f"(>= 0; default: the module's, {warning})",
     )
 
 
 def _fix_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sample-seconds",
-        type=float,
+        type=seconds,
         default=10.0,
         metavar="S",
         help="the scan before the fix takes two samples S seconds apart, for restart and growth rates (default: 10)",
@@ -123,7 +139,11 @@ def _fix_args(p: argparse.ArgumentParser) -> None:
     )
     warning = facts.zombie_warning_default()
     p.add_argument(
-        "--reboot-threshold", type=int, default=warning, metavar="N", help=f"see reclaim (default: {warning})"
+        "--reboot-threshold",
+        type=int_range(0),
+        default=None,
+        metavar="N",
+        help=f"see reclaim (>= 0; default: the module's, {warning})",
     )
     _set_env_ucx_fix_arg(p)
 
@@ -140,7 +160,11 @@ def _set_env_ucx_fix_arg(p: argparse.ArgumentParser) -> None:
 
 def _reboot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--reboot-timeout", type=int, default=600, metavar="S", help="seconds to wait for a host to come back"
+        "--reboot-timeout",
+        type=whole_seconds(1, 86400),
+        default=600,
+        metavar="S",
+        help="seconds to wait for a host to come back (1..86400; default: 600)",
     )
     p.add_argument(
         "--pre-hook",
@@ -164,7 +188,11 @@ def _reboot_args(p: argparse.ArgumentParser) -> None:
         "fails the host, which is not rebooted",
     )
     p.add_argument(
-        "--drain-timeout", type=int, default=600, metavar="S", help="kubectl drain --timeout (default: 600)"
+        "--drain-timeout",
+        type=whole_seconds(1, 86400),
+        default=600,
+        metavar="S",
+        help="kubectl drain --timeout (1..86400; 0 would mean forever; default: 600)",
     )
     p.add_argument(
         "--kubeconfig",
@@ -243,7 +271,7 @@ def remediation_request(args: argparse.Namespace) -> api.RemediationRequest:
         preflight_timeout=args.preflight_timeout,
         state=args.state,
         break_lock=args.break_lock,
-        lease_ttl=args.lease_ttl,
+        lease_ttl=validate_ttl(args.lease_ttl, args.lease_settle),  # the pair: TTL above the settle time
         lease_settle=args.lease_settle,
         ec2_lease=not args.no_ec2_lease,
     )
@@ -297,7 +325,13 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
         metavar="N|P%",
         help="failed hosts tolerated before the rollout stops (default: 0)",
     )
-    rp.add_argument("--cooldown", type=float, default=None, metavar="S", help="seconds between batches")
+    rp.add_argument(
+        "--cooldown",
+        type=seconds_range(0, 86400),
+        default=None,
+        metavar="S",
+        help="seconds between batches (0..86400; default: the remediation's)",
+    )
     rp.add_argument("--no-gate", action="store_true", help="skip the health gate after each batch")
     rp.add_argument(
         "--preflight-max-unreachable",
@@ -333,7 +367,13 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     )
         help="unreachable hosts (ssh, host key, login) left out before the rollout refuses to start (default: 0)",
     )
-    rp.add_argument("--preflight-timeout", type=float, default=5.0, metavar="S", help=argparse.SUPPRESS)
+    rp.add_argument(
+        "--preflight-timeout",
+        type=seconds_range(0, 300, above=True),
+        default=5.0,
+        metavar="S",
+        help=argparse.SUPPRESS,
+    )
     rp.add_argument("--state", type=Path, metavar="FILE", help="where to keep the rollout state (default: under "
                     "$FLEETOPS_STATE_DIR, /var/lib/fleetops as root)")  # fmt: skip
     rp.add_argument(
@@ -348,13 +388,13 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     )
     rp.add_argument(
         "--lease-ttl",
-        type=float,
+        type=lease_ttl,
         default=DEFAULT_TTL_S,
         metavar="S",
         help="EC2 inventories: the instances' lease tag expires S seconds after its last renewal "
         f"(renewed every S/3 while the rollout runs; default: {DEFAULT_TTL_S:g})",
     )
-    rp.add_argument("--lease-settle", type=float, default=DEFAULT_SETTLE_S, help=argparse.SUPPRESS)
+    rp.add_argument("--lease-settle", type=lease_settle, default=DEFAULT_SETTLE_S, help=argparse.SUPPRESS)
     rp.add_argument(
         "--no-ec2-lease",
         action="store_true",
