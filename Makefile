@@ -16,11 +16,12 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv demo test lint sanity unit integration molecule bench bench-scan clean lab-down
+.PHONY: help deps venv demo test test-vm lint sanity unit integration molecule bench bench-scan clean lab-down
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and lab, molecule (root)"
+	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 6 min)"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
@@ -58,6 +59,11 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
+
+# VM lab hosts (QEMU, own kernels; TCG where KVM does not boot): about 6 min with 2 cores (root).
+test-vm: $(STAMP)
+	@bash tools/debian-deps.sh --vm
+	$(BIN)/pytest -q tests/integration/test_vm_lab.py
 
 molecule: $(STAMP)
 	bash tests/molecule/run.sh

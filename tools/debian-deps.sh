@@ -6,14 +6,21 @@
 #   iproute2           the lab's bridge, veth pairs and network namespaces
 #   openssh-client     ssh to the lab hosts (ansible's ssh connection)
 #   ca-certificates    pip over TLS
+#   --vm: qemu-system-x86 qemu-utils e2fsprogs (VM lab hosts, `make test-vm`)
 # Idempotent: prints nothing and installs nothing when every package is there. Needs root (apt-get)
 # only when something is missing; otherwise it says which packages to install and exits 2.
 set -euo pipefail
 
 need=(systemd-container debootstrap shellcheck iproute2 openssh-client ca-certificates)
-if [[ "${1:-}" == "--ci" ]]; then
-  need+=(make git)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --ci) need+=(make git) ;;
+    # VM lab hosts (fleetops-lab up --vm): QEMU, qemu-img for the per-host qcow2 disks, mke2fs for
+    # the image (the guest kernel is installed into the image itself, not on this machine).
+    --vm) need+=(qemu-system-x86 qemu-utils e2fsprogs) ;;
+    *) ;;  # other flags: other package sets (see below)
+  esac
+done
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "tools/debian-deps.sh: not a Debian-family system (no dpkg-query); install by hand: ${need[*]}" >&2
