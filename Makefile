@@ -16,7 +16,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv demo test test-vm lint sanity unit integration molecule bench bench-scan clean lab-down
+.PHONY: help deps venv demo test test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
@@ -24,6 +24,8 @@ help:
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 6 min)"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
+	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
+	@echo "make test-ee - build it, then run fleetops.node.scan in it as AWX does (runner + execution-node stream) on the lab"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
 $(STAMP): pyproject.toml lab/pyproject.toml
@@ -79,6 +81,15 @@ bench: $(STAMP)
 # setting buys at 50 (about 10 min; root; the 10-host run is part of `make test`).
 bench-scan: $(STAMP)
 	$(BIN)/python bench/scan_fleet.py --sizes 10,25,50 --ablation 50
+
+# The execution environment, built by ansible-builder + podman from a base image made locally (ee/build.sh;
+# skipped when the image carries the hash of its inputs). Installs podman and runc when missing.
+ee: $(STAMP)
+	@bash tools/debian-deps.sh --ee
+	PY=$(abspath $(PY)) bash ee/build.sh
+
+test-ee: ee
+	$(BIN)/pytest -q -s tests/integration/test_ee.py
 
 lab-down: $(STAMP)
 	$(BIN)/fleetops-lab down

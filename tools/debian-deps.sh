@@ -7,6 +7,8 @@
 #   openssh-client     ssh to the lab hosts (ansible's ssh connection)
 #   ca-certificates    pip over TLS
 #   --vm: qemu-system-x86 qemu-utils e2fsprogs (VM lab hosts, `make test-vm`)
+#   with --ee: podman and runc (crun, podman's default, cannot start containers without
+#   CAP_SYS_RESOURCE): `make ee` / `make test-ee` build and run the execution environment
 # Idempotent: prints nothing and installs nothing when every package is there. Needs root (apt-get)
 # only when something is missing; otherwise it says which packages to install and exits 2.
 set -euo pipefail
@@ -21,6 +23,9 @@ for arg in "$@"; do
     *) ;;  # other flags: other package sets (see below)
   esac
 done
+if [[ "${1:-}" == "--ee" ]]; then
+  need+=(podman runc)
+fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "tools/debian-deps.sh: not a Debian-family system (no dpkg-query); install by hand: ${need[*]}" >&2

@@ -1,11 +1,12 @@
 """execution-environment.yml: `ansible-builder create` writes a build context that holds what it says.
 
-`ansible-builder build` cannot run here: no container engine (podman or docker) runs on these machines.
-`create` is everything up to the engine: it validates the file against the v3 schema and writes the
-Containerfile plus `_build/` (requirements, bindep, the collection tarball, the builder's scripts). These
-tests check that context, and run two of its steps that need no engine: the builder's own dependency
-introspection (`_build/scripts/introspect.py`) on the collection installed from the tarball, and bindep
-on bindep.txt for both package families.
+`make ee` really builds the image (ee/build.sh, podman) and tests/integration/test_ee.py runs jobs in it;
+these tests need no container engine. `create` is everything up to the engine: it validates the file
+against the v3 schema and writes the Containerfile plus `_build/` (requirements, bindep, the collection
+tarball, the apt wrapper, the host's pip trust, the builder's scripts). These tests check that context,
+run two of its steps that need no engine: the builder's own dependency introspection
+(`_build/scripts/introspect.py`) on the collection installed from the tarball, and bindep on bindep.txt
+for both package families; and ee/trust.sh on a pip configuration made for the test.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-EE_FILES = ("execution-environment.yml", "requirements.txt", "bindep.txt")
+EE_FILES = ("execution-environment.yml", "requirements.txt", "bindep.txt", "ee/pkgmgr")
 
 
 def _clean_env() -> dict[str, str]:
@@ -55,7 +56,14 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The EE definition copied beside a freshly built tarball, and `ansible-builder create` run on it."""
     work = tmp_path_factory.mktemp("ee")
     for name in EE_FILES:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, work / name)
+    subprocess.run(
+        ["bash", str(REPO / "ee" / "trust.sh"), str(work / "build" / "ee-trust"), sys.executable],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     subprocess.run(
         [str(BIN / "ansible-galaxy"), "collection", "build", str(REPO), "--output-path", str(work / "build")],
         check=True,
@@ -94,6 +102,13 @@ def test_definition_is_schema_v3_with_only_the_collection_and_its_requirements()
         {"name": f"collections/fleetops-node-{_galaxy_version()}.tar.gz", "type": "file"}
     ]
     assert not deps["galaxy"].get("roles")
+    # Debian trixie: Python 3.13 (ansible-core 2.21 needs >= 3.12); apt behind ansible-builder's dnf calls;
+    # Debian's pip, since Debian disables ensurepip for the system Python
+    assert ee["images"]["base_image"]["name"] == "docker.io/library/debian:trixie-slim"
+    assert deps["python_interpreter"]["package_system"].split() == ["python3", "python3-pip"]
+    assert ee["options"]["skip_pip_install"] is True
+    assert ee["options"]["package_manager_path"] == "/usr/local/bin/fleetops-pkgmgr"
+    assert "localhost/fleetops-ee:latest" in ee["options"]["tags"]
 
 
 def test_ansible_ranges_match_pyproject() -> None:
@@ -149,12 +164,24 @@ def test_containerfile_installs_core_runner_collection_and_requirements(context:
     assert "COPY _build/bindep.txt bindep.txt" in text
     assert "/output/scripts/install-from-bindep" in text
     assert "LABEL ansible-execution-environment=true" in text
+    assert 'ARG PKGMGR="/usr/local/bin/fleetops-pkgmgr"' in text
+    # the apt wrapper and pip's trust are in place before the first package or pip install
+    first_install = text.index("RUN $PKGMGR install $PYPKG")
+    for step in (
+        "COPY _build/ee/pkgmgr /usr/local/bin/fleetops-pkgmgr",
+        "COPY _build/trust/pip.conf /etc/pip.conf",
+        "COPY _build/trust/ca-bundle.crt /etc/fleetops-ee/ca-bundle.crt",
+    ):
+        assert -1 < text.index(step) < first_install, step
+    assert "pip_install $PYCMD" not in text
 
 
 def test_build_folder_holds_requirements_bindep_and_the_tarball(context: Path) -> None:
     build = context / "_build"
     assert (build / "requirements.txt").read_text() == (REPO / "requirements.txt").read_text()
     assert (build / "bindep.txt").read_text() == (REPO / "bindep.txt").read_text()
+    assert (build / "ee" / "pkgmgr").read_text() == (REPO / "ee" / "pkgmgr").read_text()
+    assert {p.name for p in (build / "trust").iterdir()} == {"pip.conf", "ca-bundle.crt"}
     galaxy = yaml.safe_load((build / "requirements.yml").read_text())
     (entry,) = galaxy["collections"]
     tarball = build / entry["name"]  # the galaxy stage runs in /build, a copy of _build
@@ -213,3 +240,45 @@ def test_builder_introspection_finds_the_collections_requirements(context: Path,
     assert any("boto3" in line and "from collection fleetops.node" in line for line in pip_lines), pip_lines
     assert {r.name for r in _requirements_text(pip_out.read_text())} == {"boto3", "tenacity"}
     assert "openssh-client [platform:dpkg]  # from collection fleetops.node" in bindep_out.read_text()
+
+
+def test_trust_keeps_what_means_something_in_a_container_and_the_ca_pip_trusts(tmp_path: Path) -> None:
+    """ee/trust.sh on a pip configuration like an enterprise's: a proxy CA, an internal index, local paths."""
+    ca = tmp_path / "proxy-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nnot a real one\n-----END CERTIFICATE-----\n")
+    conf = tmp_path / "pip.conf"
+    conf.write_text(
+        "[global]\n"
+        "index-url = https://pypi.corp.example/simple\n"
+        "extra-index-url = file:///opt/pypi/simple https://mirror.corp.example/simple\n"
+        "find-links = /opt/wheels\n"
+        f"cert = {ca}\n"
+        "trusted-host = pypi.corp.example\n"
+        "[install]\n"
+        "constraint = /etc/xdg/pip/constraints.txt\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env |= {"PIP_CONFIG_FILE": str(conf), "PIP_PROXY": "http://proxy.corp.example:3128"}
+    out = tmp_path / "out"
+    subprocess.run(
+        ["bash", str(REPO / "ee" / "trust.sh"), str(out), sys.executable],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    text = (out / "pip.conf").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    # pip also reads this machine's /etc/pip.conf (a timeout there may pass through); ours win over it
+    assert lines[0] == "[global]" and len({line.split(" = ")[0] for line in lines}) == len(lines), lines
+    assert set(lines) >= {
+        "cert = /etc/fleetops-ee/ca-bundle.crt",
+        "index-url = https://pypi.corp.example/simple",
+        "extra-index-url = https://mirror.corp.example/simple",
+        "trusted-host = pypi.corp.example",
+        "proxy = http://proxy.corp.example:3128",
+    }
+    # nothing that names this machine's disk: local indexes, wheel folders, constraint files
+    for local in ("file://", "/opt/", "constraint", "find-links"):
+        assert local not in text, local
+    assert (out / "ca-bundle.crt").read_text() == ca.read_text()

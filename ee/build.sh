@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `make ee`: build the execution environment localhost/fleetops-ee:latest with ansible-builder and
+# podman, from the base image ee/base-image.sh makes locally (no registry).
+#   1. the base image (debootstrap of Debian trixie, imported once per recipe)
+#   2. the collection tarball build/fleetops-node-<version>.tar.gz from this checkout
+#   3. build/ee-trust/: the host's pip settings and CA bundle (ee/trust.sh)
+#   4. ansible-builder build, skipped when the image already carries the label
+#      org.fleetops.ee.inputs=<hash of every input above>
+# Podman runs with ee/containers.conf (runc, lowered ulimits: see there) unless CONTAINERS_CONF is set;
+# the build's RUN steps use the host network (PyPI, the Debian mirror).
+#   PY=.venv/bin/python  the Python whose ansible-galaxy / ansible-builder / pip config are used
+#   FLEETOPS_EE_FORCE=1  build even when the inputs are unchanged
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+cd "$repo"
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
+py=${PY:-$repo/.venv/bin/python}
+bin=$(dirname "$py")
+image=localhost/fleetops-ee:latest
+label=org.fleetops.ee.inputs
+
+start=$SECONDS
+base=$("$here/base-image.sh")
+base_id=$(podman image inspect --format '{{.Id}}' "$base")
+
+rm -f build/fleetops-node-*.tar.gz
+"$bin/ansible-galaxy" collection build . --output-path build --force >/dev/null
+tarball=$(ls build/fleetops-node-*.tar.gz)
+"$here/trust.sh" build/ee-trust "$py"
+
+# The tarball itself differs on every build (mtimes); its MANIFEST.json names every file's sha256.
+inputs=$(
+  {
+    sha256sum execution-environment.yml requirements.txt bindep.txt ee/pkgmgr build/ee-trust/*
+    tar -xzOf "$tarball" MANIFEST.json | sha256sum
+    echo "base $base $base_id"
+    "$bin/ansible-builder" --version
+  } | sha256sum | cut -c1-16
+)
+
+current=$(podman image inspect --format "{{index .Labels \"$label\"}}" "$image" 2>/dev/null || true)
+if [[ "$current" == "$inputs" && -z "${FLEETOPS_EE_FORCE:-}" ]]; then
+  echo "== $image is up to date (inputs $inputs); nothing to build"
+  exit 0
+fi
+old_id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+
+echo "== ansible-builder build $image from $base (inputs $inputs; a cold build takes a few minutes)"
+"$bin/ansible-builder" build -f execution-environment.yml -c build/ee-context \
+  --container-runtime podman -v 2 \
+  --build-arg EE_BASE_IMAGE="$base" \
+  --extra-build-cli-args "--network host --label $label=$inputs"
+
+# The image this one replaces, if nothing else uses it now (its build stages stay as the cache).
+if [[ -n "$old_id" && "$old_id" != "$(podman image inspect --format '{{.Id}}' "$image")" ]]; then
+  podman rmi "$old_id" >/dev/null 2>&1 || true
+fi
+size=$(podman image inspect --format '{{.Size}}' "$image")
+echo "== built $image in $((SECONDS - start)) s ($((size / 1000000)) MB)"
