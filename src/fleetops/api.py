@@ -391,7 +391,7 @@ def _start(
     reasons: dict[str, str | None] = {}
     exclude = list(request.exclude)
     if request.apply:
-        reasons = preflight(hosts, timeout=request.preflight_timeout)
+        reasons = preflight(hosts, timeout=request.preflight_timeout, inventory=inventories)
         down = {h: why for h, why in reasons.items() if why}
         for host, why in down.items():
             observer.message(f"preflight: {host}: {why}", "warning")
