@@ -8,8 +8,10 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -476,3 +478,350 @@ def test_preflight_skipped_and_in_doubt_hosts_are_not_ok(tmp_path: Path) -> None
     assert rollout_exit_code(r) == 0
     r.hosts = {"a": "running"}
     assert rollout_exit_code(r) == 3
+
+
+def test_kubectl_gets_the_node_name_after_double_dash_with_a_request_timeout(tmp_path: Path) -> None:
+    """rolling_reboot.yml run by real ansible-playbook on this controller (local connection) with a
+    recording kubectl whose drain fails: the host is not rebooted, the node is uncordoned again, and
+    every kubectl argv has its options first, ``--request-timeout``, then ``--`` and the node name
+    (here a name that looks like an option, as a playbook run without fleetops may meet)."""
+    from fleetops.ansible.runner import RunnerOptions, run_playbook
+
+    log = tmp_path / "kubectl.log"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "args = sys.argv[1:]\n"
+        "if 'version' in args: sys.exit(0)\n"
+        "if 'get' in args: print(json.dumps({'spec': {}, 'metadata': {'annotations': {}}})); sys.exit(0)\n"
+        "if 'drain' in args: print('error: cannot evict', file=sys.stderr); sys.exit(1)\n"
+    )
+    kubectl.chmod(0o755)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\n")
+    inv = _inventory(
+        tmp_path, {"node-a": {"k8s_node_name": "--all", "ansible_python_interpreter": sys.executable}}
+    )
+    run = run_playbook(
+        RunnerOptions(
+            playbook="fleetops.node.rolling_reboot",
+            inventory=[inv],
+            extravars={
+                "fleetops_kube_drain": True,
+                "fleetops_kubectl": str(kubectl),
+                "fleetops_kubeconfig": str(kubeconfig),
+                "fleetops_host_timeout": 60,
+                "fleetops_kube_request_timeout": 7,
+            },
+        )
+    )
+    results = run.results_for("node-a")
+    assert [r.task for r in results if r.status == "failed"][-1] == "Fail the host (not rebooted)"
+    assert not any(r.action == "ansible.builtin.reboot" and r.status == "ok" for r in results)
+    calls = [json.loads(ln) for ln in log.read_text().splitlines()]
+    verbs = [
+        next(a for a in c if a in ("version", "get", "cordon", "annotate", "drain", "uncordon"))
+        for c in calls
+    ]
+    assert verbs == ["version", "get", "cordon", "annotate", "drain", "uncordon", "annotate"]
+    for call in calls[1:]:
+        assert call[-1] == "--all" or call[-2] == "--all", call
+        dash = call.index("--")
+        assert call[dash + 1] == "--all", call
+        assert "--request-timeout=7s" in call[:dash], call
+        assert not [a for a in call[dash + 2 :] if a.startswith("-")], call  # no option after the name
+    assert calls[4][calls[4].index("--") - 1].startswith("--timeout="), calls[4]  # drain's options before
+
+
+def _timeout_playbook(tmp_path: Path) -> Path:
+    playbook = tmp_path / "slow.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Slow remediation\n"
+        '      timeout: "{{ fleetops_host_timeout | default(0) | int }}"\n'
+        "      ansible.builtin.command: sleep {{ fleetops_sleep | default(30) }}\n"
+    )
+    return playbook
+
+
+def _real_engine(tmp_path: Path, hosts: list[list[str]], extravars: dict[str, Any]) -> Engine:
+    from fleetops.rollout.batch import PlaybookBatchRunner
+
+    inv = _inventory(tmp_path, {h: {"ansible_python_interpreter": sys.executable} for b in hosts for h in b})
+    rollout = _rollout(tmp_path, hosts)
+    rollout.extravars = extravars
+    rollout.gate = False
+    runner = PlaybookBatchRunner(str(_timeout_playbook(tmp_path)), [inv])
+    return Engine(rollout=rollout, actions=("ansible.builtin.command",), runner=runner, scanner=fake_scanner)
+
+
+def _sleepers(marker: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"sleep", marker.encode()]:
+                out.append(int(entry))
+    return out
+
+
+def test_a_host_past_its_task_timeout_fails_timed_out_and_the_breaker_counts_it(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from fleetops.api import rollout_exit_code
+
+    engine = _real_engine(tmp_path, [["h1"], ["h2"]], {"fleetops_host_timeout": 2, "fleetops_sleep": 31})
+    started = time.monotonic()
+    rollout = engine.run()
+    assert time.monotonic() - started < 25
+    assert rollout.hosts == {"h1": "failed", "h2": "pending"}  # the breaker (0 tolerated) stopped it
+    assert rollout.results["h1"].msg == "timed out after 2 s: Task failed: Timed out after 2 second(s)."
+    assert rollout.status == "stopped" and rollout_exit_code(rollout) == 3
+    assert _sleepers("31") == []
+
+
+def test_the_batch_run_is_bounded_by_the_host_timeout_plus_a_margin(
+    tmp_path: Path, state_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetops.rollout import batch
+
+    assert batch.runner_timeout(3, {"fleetops_host_timeout": 600}) == 600 + batch.RUNNER_MARGIN_S
+    assert batch.runner_timeout(120, {"fleetops_host_timeout": 600}) == 3 * 600 + batch.RUNNER_MARGIN_S
+    assert batch.runner_timeout(3, {}) is None
+    monkeypatch.setattr(batch, "RUNNER_MARGIN_S", 2)
+    # a playbook whose task ignores the knob (sleep 32): the runner's own limit ends the run
+    engine = _real_engine(tmp_path, [["h1", "h2"]], {"fleetops_host_timeout": 1, "fleetops_sleep": "32"})
+    engine.rollout.max_failures = 5
+    engine.runner = batch.PlaybookBatchRunner(str(tmp_path / "slow2.yml"), engine.runner.inventory)  # type: ignore[attr-defined]
+    (tmp_path / "slow2.yml").write_text(
+        _timeout_playbook(tmp_path)
+        .read_text()
+        .replace('      timeout: "{{ fleetops_host_timeout | default(0) | int }}"\n', "")
+    )
+    started = time.monotonic()
+    rollout = engine.run()
+    assert time.monotonic() - started < 20
+    assert rollout.hosts == {"h1": "failed", "h2": "failed"}
+    assert (
+        rollout.results["h1"].msg
+        == "timed out after 1 s: the batch's ansible run was ended at its time limit"
+    )
+    time.sleep(1)
+    assert _sleepers("32") == []
+
+
+def test_host_timeout_is_checked_at_parse_time(capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetops.cli.app import main
+    from fleetops.errors import UsageError
+    from fleetops.remediations import REMEDIATIONS
+
+    for bad, why in (
+        ("0", "must be between 1 and 86400"),
+        ("x", "must be whole seconds"),
+        ("90000", "must be between 1 and 86400"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["remediate", "reclaim", "--host-timeout", bad])
+        assert exc.value.code == 2
+        assert f"argument --host-timeout: {why}" in capsys.readouterr().err
+    reboot = REMEDIATIONS["reboot"]
+    assert reboot.host_timeout == 1800 and REMEDIATIONS["reclaim"].host_timeout == 600
+    with pytest.raises(
+        UsageError, match="--host-timeout 700 must be more than --reboot-timeout 600 \\+ --drain-timeout 600"
+    ):
+        reboot.check_host_timeout(700, {"fleetops_reboot_timeout": 600, "fleetops_drain_timeout": 600})
+    assert (
+        reboot.check_host_timeout(1201, {"fleetops_reboot_timeout": 600, "fleetops_drain_timeout": 600})
+        == 1201
+    )
+
+
+def test_every_remediation_task_has_a_time_limit() -> None:
+    import yaml
+
+    from tests.paths import REPO
+
+    def tasks(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for t in items:
+            if "block" in t:
+                yield from tasks(t["block"])
+                yield from tasks(t.get("rescue") or [])
+            else:
+                yield t
+
+    for path in sorted((REPO / "playbooks").glob("*.yml")):
+        if path.name == "scan.yml":
+            continue
+        for play in yaml.safe_load(path.read_text()):
+            for task in tasks(play["tasks"]):
+                if "ansible.builtin.reboot" in task:
+                    assert "timeout" not in task and "reboot_timeout" in task["ansible.builtin.reboot"]
+                    continue
+                assert "timeout" in task, (path.name, task["name"])
+
+
+def _signal_run(tmp_path: Path, signum: int) -> tuple[Engine, FakeRunner, Rollout]:
+    from fleetops.api import _ctrl_c
+    from fleetops.rollout.locks import locked
+
+    engine, runner, _ = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
+
+    def during(n: int) -> None:
+        if n == 2:
+            os.kill(os.getpid(), signum)
+
+    runner.on_batch = during
+    with locked(engine.rollout, ["a", "b", "c", "d"], False) as _held, _ctrl_c(engine, engine.observer):
+        assert len(list((Path(os.environ["FLEETOPS_STATE_DIR"]) / "locks").glob("*.lock"))) == 4
+        rollout = engine.run()
+    return engine, runner, rollout
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_abort_at_once_state_saved_lock_released(
+    tmp_path: Path, state_home: Path, signum: int, code: int
+) -> None:
+    from fleetops.api import rollout_exit_code
+
+    engine, _runner, rollout = _signal_run(tmp_path, signum)
+    assert engine.abort_requested.is_set() and rollout.status == "interrupted"
+    saved = Rollout.load(tmp_path / "state.json")
+    assert saved.status == "interrupted" and saved.stopped is not None
+    assert saved.hosts == {"a": "done", "b": "running", "c": "running", "d": "pending"}
+    assert saved.stopped["in_doubt"] == ["b", "c"] and saved.stopped["signal"] == signum
+    assert saved.stopped["reason"] == f"aborted mid-batch ({signal.Signals(signum).name})"
+    assert rollout_exit_code(saved) == code
+    assert list((state_home / "locks").glob("*.lock")) == []
+    assert (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    )
+
+
+def test_sigterm_ends_the_batch_s_ansible_workers(tmp_path: Path, state_home: Path) -> None:
+    """A real ansible run (sleep 33 on two hosts) aborted by SIGTERM: back within seconds, no worker left."""
+    from fleetops.api import _ctrl_c, rollout_exit_code
+
+    engine = _real_engine(tmp_path, [["h1", "h2"]], {"fleetops_host_timeout": 120, "fleetops_sleep": "33"})
+
+    def later() -> None:
+        deadline = time.monotonic() + 20
+        while not _sleepers("33") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=later, daemon=True).start()
+    started = time.monotonic()
+    with _ctrl_c(engine, engine.observer):
+        rollout = engine.run()
+    took = time.monotonic() - started
+    assert rollout_exit_code(rollout) == 143 and rollout.hosts == {"h1": "running", "h2": "running"}
+    assert took < 30
+    time.sleep(0.5)
+    assert _sleepers("33") == []
+
+
+def _guarded(tmp_path: Path, batches: list[list[str]], **settings: Any) -> tuple[Engine, ScriptedRunner]:
+    engine, runner = _scripted(tmp_path, batches, max_failures=10)
+    engine.rollout.plan["guards"] = settings
+    return engine, runner
+
+
+def test_capacity_floor_stops_before_a_batch_that_would_take_more_from_its_group(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from fleetops.api import rollout_exit_code
+
+    group_of = {"a1": "az1", "a2": "az1", "a3": "az1", "b1": "az2", "b2": "az2", "z": "az1"}
+    engine, runner = _guarded(
+        tmp_path, [["a1", "b1"], ["a2", "b2"], ["a3"]], max_unhealthy="1", group_of=group_of
+    )
+    engine.rollout.hosts["z"] = "skipped"  # unreachable at preflight: unhealthy already
+    runner.fail["a1"] = "boom"
+    rollout = engine.run()
+    assert runner.batches == [["a1", "b1"]]
+    assert rollout.status == "stopped" and rollout_exit_code(rollout) == 3
+    assert rollout.stopped is not None and rollout.stopped["reason"].startswith(
+        "group az1: 2 of its 4 hosts are unhealthy (a1 z), more than the 1 that --max-unhealthy 1 allows"
+    )
+    assert rollout.stopped["pending"] == ["a2", "b2", "a3"]
+
+
+def test_capacity_floor_lets_other_groups_and_healthy_groups_go(tmp_path: Path, state_home: Path) -> None:
+    group_of = {"a1": "az1", "a2": "az1", "b1": "az2", "b2": "az2"}
+    engine, runner = _guarded(
+        tmp_path, [["a1"], ["b1"], ["b2"], ["a2"]], max_unhealthy="0", group_of=group_of
+    )
+    runner.fail["a1"] = "boom"
+    rollout = engine.run()
+    assert runner.batches == [["a1"], ["b1"], ["b2"]]  # az2 unaffected; a2 waits: az1 has a1 down
+    assert rollout.stopped is not None and rollout.stopped["reason"].startswith("group az1: 1 of its 2 hosts")
+
+
+def test_deadline_stops_before_the_next_batch(tmp_path: Path, state_home: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from fleetops.api import rollout_exit_code
+
+    start = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    now = [start]
+    engine, runner = _guarded(
+        tmp_path, [["a"], ["b"], ["c"]], not_after=(start + timedelta(minutes=30)).isoformat()
+    )
+    engine.clock = lambda: now[0]
+    runner.on_batch = lambda n: now.__setitem__(0, start + timedelta(minutes=30)) if n == 2 else None
+    rollout = engine.run()
+    assert runner.batches == [["a"], ["b"]]
+    assert rollout.stopped is not None
+    assert rollout.stopped["reason"] == (
+        "the deadline --not-after 2026-12-01T12:30:00+00:00 has passed: no further batch starts"
+    )
+    assert rollout.stopped["pending"] == ["c"] and rollout_exit_code(rollout) == 3
+
+
+def test_not_after_and_max_unhealthy_are_checked_at_parse_time(capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetops.cli.app import main
+
+    for args, why in (
+        (["--not-after", "2001-01-01T00:00"], "is already past"),
+        (["--not-after", "soon"], "not an ISO 8601 time"),
+        (["--max-unhealthy", "lots"], "'lots' is not a host count or a percentage"),
+        (["--max-unhealthy", "120%"], "must be between 0% and 100%"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["remediate", "reboot", *args])
+        assert exc.value.code == 2
+        assert why in capsys.readouterr().err
+
+
+def test_the_kill_switch_stops_after_the_current_batch_saying_who_and_why(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from fleetops.api import rollout_exit_code
+    from fleetops.rollout import killswitch
+
+    # a stop of every rollout issued before this run started does not stop it
+    killswitch.request_stop(None, "yesterday's incident", "carol@ctl", now=time.time() - 60)
+    engine, runner = _scripted(tmp_path, [["a"], ["b"], ["c"]])
+    rid = engine.rollout.id
+    runner.on_batch = lambda n: killswitch.request_stop(rid, "wrong AMI", "alice@bastion") if n == 2 else None
+    rollout = engine.run()
+    assert runner.batches == [["a"], ["b"]]  # batch 2 finished, batch 3 never started
+    assert rollout.hosts == {"a": "done", "b": "done", "c": "pending"}
+    assert rollout.stopped is not None and rollout_exit_code(rollout) == 3
+    assert re.fullmatch(
+        rf"stopped by alice@bastion at \S+Z \(fleetops stop {rid}; \S+stop-{rid}\.json\): wrong AMI",
+        rollout.stopped["reason"],
+    )
+    assert not (state_home / "stops" / f"stop-{rid}.json").exists()  # honoured: removed
+    # --all reaches a running rollout too
+    engine, runner = _scripted(tmp_path, [["a"], ["b"]])
+    engine.rollout.state_path = str(tmp_path / "state2.json")
+    runner.on_batch = lambda n: killswitch.request_stop(None, "freeze", "bob@ctl")
+    rollout = engine.run()
+    assert runner.batches == [["a"]] and "fleetops stop --all" in str(rollout.stopped)

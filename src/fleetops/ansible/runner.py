@@ -209,8 +209,10 @@ def run_playbook(
             detail = "; ".join(w for w in run.warnings if w) or _tail(r.stdout.read() if r.stdout else "")
             raise RunnerError(f"Failed to run {opts.playbook}: ansible-playbook exited {run.rc}: {detail}")
     finally:
-        if (cancel is not None and cancel.is_set()) or run.status in ("canceled", "timeout", "unstarted"):
-            _stop_leftovers(str(private))
+        # Whatever of this run is still running once runner returns is a leftover: after a cancel or
+        # the run's time limit, and after a task past its `timeout:` (ansible abandons the module but
+        # does not end it: on a local connection its command runs on, carrying our marker).
+        _stop_leftovers(str(private))
         if opts.keep_artifacts:
             print(f"fleetops: runner artifacts kept in {private}", file=sys.stderr)
         else:

@@ -61,7 +61,8 @@ def _guard_arg[T](parse: Callable[[str], T], name: str) -> Callable[[str], T]:
         try:
             return parse(text)
         except UsageError as exc:
-            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name}: ")) from None
+            text = str(exc).removeprefix(f"{name}: ").removeprefix(f"{name} ")
+            raise argparse.ArgumentTypeError(text) from None
 
     convert.__name__ = name
     return convert
@@ -274,15 +275,15 @@ def remediation_request(args: argparse.Namespace) -> api.RemediationRequest:
         lease_ttl=validate_ttl(args.lease_ttl, args.lease_settle),  # the pair: TTL above the settle time
         lease_settle=args.lease_settle,
         ec2_lease=not args.no_ec2_lease,
+        host_timeout=args.host_timeout,
+        max_unhealthy=args.max_unhealthy,
+        not_after=args.not_after,
     )
 
 
 def print_summary(rollout: Rollout, console: Console) -> None:
     s = rollout.summary()
     verb = "changed" if rollout.apply else "would change"
-        host_timeout=args.host_timeout,
-        max_unhealthy=args.max_unhealthy,
-        not_after=args.not_after,
     console.print(
         f"{rollout.action}: {s['hosts']} host(s): {s['changed']} {verb}, {s['done']} done, {s['failed']} failed, "
         f"{s['pending']} pending, {s['skipped']} skipped; status {rollout.status}"
@@ -332,12 +333,6 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds between batches (0..86400; default: the remediation's)",
     )
-    rp.add_argument("--no-gate", action="store_true", help="skip the health gate after each batch")
-    rp.add_argument(
-        "--preflight-max-unreachable",
-        type=_failure_budget,
-        default=FailureBudget(count=0),
-        metavar="N|P%",
     rp.add_argument(
         "--host-timeout",
         type=_host_timeout,
@@ -365,6 +360,12 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
         help="deadline: no batch starts at or after TIME (ISO 8601, a naive time is local; or a duration "
         "from now: 90m, 2h, 1h30m); the rollout then stops (exit 3), the rest pending for --resume",
     )
+    rp.add_argument("--no-gate", action="store_true", help="skip the health gate after each batch")
+    rp.add_argument(
+        "--preflight-max-unreachable",
+        type=_failure_budget,
+        default=FailureBudget(count=0),
+        metavar="N|P%",
         help="unreachable hosts (ssh, host key, login) left out before the rollout refuses to start (default: 0)",
     )
     rp.add_argument(
