@@ -135,6 +135,7 @@ def scan(
         why = check_writable(out_path) if out_path is not None else None
         if why:
             raise UsageError(f"cannot write {out_path}: {why}")
+    _check_targets(inventories, request.limit)
     opts = ScanOptions(
         inventory=inventories,
         limit=request.limit,
@@ -227,8 +228,6 @@ def plan_document(action: str, result: Plan, group_by: str) -> dict[str, Any]:
     }
 
 
-def _plan_hosts(request: PlanRequest, hosts: Sequence[InventoryHost]) -> PlanResult:
-    guards.require_targets([h.name for h in hosts], "the selection")
 def _selection(inventories: Sequence[Path], limit: str | None) -> str:
     """What selected the hosts, for ``guards.require_targets``' message."""
     if limit:
@@ -249,6 +248,8 @@ def _check_targets(inventories: Sequence[Path], limit: str | None) -> None:
     _targets(inventories, limit, None)
 
 
+def _plan_hosts(request: PlanRequest, hosts: Sequence[InventoryHost]) -> PlanResult:
+    guards.require_targets([h.name for h in hosts], "the selection")
     max_parallel = request.max_parallel
     if not isinstance(max_parallel, MaxParallel):
         max_parallel = MaxParallel.parse(str(max_parallel))
@@ -288,14 +289,14 @@ class RemediationRequest(PlanRequest):
     lease_ttl: float = DEFAULT_TTL_S
     lease_settle: float = DEFAULT_SETTLE_S
     ec2_lease: bool = True
-
-
-@dataclass
     # time limit of each remediation task on a host (seconds; None: the remediation's default)
     host_timeout: int | None = None
     # --max-unhealthy: None: the remediation's default (reboot: guards.DEFAULT_REBOOT_MAX_UNHEALTHY)
     max_unhealthy: guards.MaxUnhealthy | str | None = None
     not_after: datetime | None = None  # --not-after: no batch starts at or after it (aware)
+
+
+@dataclass
 class ResumeRequest:
     state: Path
     break_lock: bool | str = False
@@ -348,22 +349,22 @@ def _empty_document(action: str, apply: bool) -> dict[str, Any]:
 
 
 def rollout_exit_code(rollout: Rollout) -> ExitCode:
-    if rollout.status == "interrupted":
-        return ExitCode.INTERRUPTED
-    s = rollout.summary()
     """OK only when every host is done (verified): a failed, timed-out, preflight-skipped or
     unverified (still in doubt) host, or a stopped rollout, is FAILED; an interrupted one INTERRUPTED,
     or TERMINATED / HANGUP when a signal aborted it."""
-    return (
-        ExitCode.FAILED
-        if (s["failed"] or s["skipped"] or s["pending"] or rollout.status != "done")
-        else ExitCode.OK
-    )
+    if rollout.status == "interrupted":
         signum = (rollout.stopped or {}).get("signal")
         if signum == signal.SIGTERM:
             return ExitCode.TERMINATED
         if signum == signal.SIGHUP:
             return ExitCode.HANGUP
+        return ExitCode.INTERRUPTED
+    s = rollout.summary()
+    return (
+        ExitCode.FAILED
+        if (s["failed"] or s["skipped"] or s["pending"] or rollout.status != "done")
+        else ExitCode.OK
+    )
 
 
 def _result(rollout: Rollout) -> RolloutResult:
@@ -429,10 +430,10 @@ def _start(
         state_path=request.state,
     )
     rollout.preflight = reasons
+    _set_guards(rollout, request, remediation, hosts)
     if "fleetops_kube_drain" in rollout.extravars:
         rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
     if request.apply and request.ec2_lease:
-    _set_guards(rollout, request, remediation, hosts)
         instances = lease_targets(h for h in hosts if h.name in rollout.hosts)
         if instances and connection_for(inventories) is not None:
             rollout.lease = {"ttl": request.lease_ttl, "settle": request.lease_settle, "instances": instances}
@@ -443,13 +444,6 @@ def _start(
     return rollout
 
 
-@contextlib.contextmanager
-def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
-    """First Ctrl-C: finish the running batch, then stop (state saved). Second: abort the batch now.
-
-    SIGTERM and SIGHUP abort at once, as a second Ctrl-C does (exit 143 / 129): the batch's ansible
-    run is cancelled, its hosts stay ``running`` for a resume to probe, the state is saved and the
-    lock and lease released."""
 def _set_guards(
     rollout: Rollout, request: RemediationRequest, remediation: Remediation, hosts: Sequence[InventoryHost]
 ) -> None:
@@ -466,17 +460,21 @@ def _set_guards(
     rollout.extravars[HOST_TIMEOUT_VAR] = remediation.check_host_timeout(timeout, rollout.extravars)
 
 
+@contextlib.contextmanager
+def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
+    """First Ctrl-C: finish the running batch, then stop (state saved). Second: abort the batch now.
+
+    SIGTERM and SIGHUP abort at once, as a second Ctrl-C does (exit 143 / 129): the batch's ansible
+    run is cancelled, its hosts stay ``running`` for a resume to probe, the state is saved and the
+    lock and lease released."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
-    aborting = False
-
-    def handler(signum: int, frame: object) -> None:
     previous_term = signal.getsignal(signal.SIGTERM)
     previous_hup = signal.getsignal(signal.SIGHUP)
-        nonlocal aborting
-        if aborting:
+    aborting = False
+
     def terminate(signum: int, frame: object) -> None:
         nonlocal aborting
         if aborting:
@@ -487,6 +485,9 @@ def _set_guards(
         observer.message(f"{name}: aborting now; the state is saved for --resume", "warning")
         raise KeyboardInterrupt
 
+    def handler(signum: int, frame: object) -> None:
+        nonlocal aborting
+        if aborting:
             return  # already aborting: let the state be saved
         if engine.stop_requested.is_set():
             aborting = True
@@ -496,17 +497,17 @@ def _set_guards(
         observer.message(STOP_MESSAGE, "warning")
 
     signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
     try:
         yield
     finally:
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGHUP, terminate)
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGHUP, previous_hup)
 
 
 def _execute(
-        signal.signal(signal.SIGTERM, previous_term)
-        signal.signal(signal.SIGHUP, previous_hup)
     rollout: Rollout,
     remediation: Remediation,
     observer: RolloutObserver,
