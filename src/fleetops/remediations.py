@@ -310,10 +310,10 @@ REMEDIATIONS: dict[str, Remediation] = {
             probe_vars={"fleetops_probe_only": True},
             post_vars=_reboot_post_vars,
             cooldown=10.0,
-        ),
-        Remediation(
             host_timeout=REBOOT_HOST_TIMEOUT_S,
             max_unhealthy=DEFAULT_REBOOT_MAX_UNHEALTHY,
+        ),
+        Remediation(
             name="set-env",
             playbook="fleetops.node.remediate_set_env",
             actions=("fleetops.node.set_env",),
