@@ -243,10 +243,19 @@ class Lab:
     def _host_dir(self, name: str) -> Path:
         return self.hosts_dir / name
 
-    def host_root(self, name: str) -> Path:
-        """The host's merged overlay root, as this machine sees it (files written here appear in the guest)."""
-        merged = self._host_dir(name) / "merged"
+    def is_vm(self, name: str) -> bool:
+        """Whether lab host ``name`` is a VM (fleetops_lab.vm) rather than an nspawn container."""
         host_index(name)
+        return (self._host_dir(name) / "vm.json").exists()
+
+    def host_root(self, name: str) -> Path:
+        """The host's merged overlay root, as this machine sees it (files written here appear in the guest).
+
+        nspawn hosts only: a VM host's disk is its own (reach it with ``run``/ssh).
+        """
+        merged = self._host_dir(name) / "merged"
+        if self.is_vm(name):
+            raise LabError(f"Failed to find the root of {name}: it is a VM, whose disk is its own (use ssh)")
         if not any(m.mountpoint == merged for m in system.mounts()):
             raise LabError(f"Failed to find the root of {name}: it is not up (run 'fleetops-lab up')")
         return merged
@@ -847,6 +856,8 @@ class Lab:
                 return
             supervisor = system.read_pid_file(pid_file)
             alive = supervisor is not None and system.pid_alive(supervisor)
+            if alive and is_vm:
+                time.sleep(0.8)  # a VM boots for a minute: probe less often
             if not alive or time.monotonic() >= deadline:
                 why = (
                     f"its {'QEMU' if is_vm else 'supervisor'} exited"

@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -243,14 +244,50 @@ def ensure_ucx_wheel(version: str = UCX_WHEEL_VERSION, cache_dir: Path | None = 
 
 
 def install_ucx(lab: Lab, host: str, version: str = UCX_WHEEL_VERSION) -> str:
-    """Unpack the UCX wheel into a lab host as pip would (no static libraries); returns its lib dir."""
+    """Unpack the UCX wheel into a lab host as pip would (no static libraries); returns its lib dir.
+
+    An nspawn host gets the files through its root on this machine; a VM host through ssh (tar).
+    """
+    site_path = UCX_SITE.format(version=version)
+    if lab.is_vm(host):
+        if lab.run(host, f"test -e {site_path}/libucx/lib/libucs.so.0").returncode == 0:
+            return ucx_libdir(version)
+        with tempfile.TemporaryDirectory() as tmp:
+            staging = Path(tmp) / "site-packages"
+            _unpack_wheel(ensure_ucx_wheel(version), staging)
+            remote = (
+                f"rm -rf {site_path}.tmp && mkdir -p {site_path}.tmp && tar -xf - -C {site_path}.tmp "
+                f"&& chmod 755 {site_path.rsplit('/', 1)[0]} && mv {site_path}.tmp {site_path}"
+            )
+            tar = subprocess.Popen(["tar", "-C", str(staging), "-cf", "-", "."], stdout=subprocess.PIPE)
+            proc = subprocess.run(
+                lab.ssh_argv(host, remote),
+                stdin=tar.stdout,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            if tar.stdout is not None:
+                tar.stdout.close()
+            if tar.wait() != 0 or proc.returncode != 0:
+                raise LabError(
+                    f"Failed to copy UCX {version} to {host}: {proc.stderr.strip() or 'tar failed'}"
+                )
+        return ucx_libdir(version)
     root = lab.host_root(host)
-    site = root / UCX_SITE.format(version=version).lstrip("/")
+    site = root / site_path.lstrip("/")
     if (site / "libucx/lib/libucs.so.0").exists():
         return ucx_libdir(version)
-    wheel = ensure_ucx_wheel(version)
     staging = site.parent / ".site-packages.tmp"
     shutil.rmtree(staging, ignore_errors=True)
+    _unpack_wheel(ensure_ucx_wheel(version), staging)
+    os.chmod(site.parent, 0o755)
+    staging.rename(site)
+    return ucx_libdir(version)
+
+
+def _unpack_wheel(wheel: Path, staging: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
             if info.is_dir() or info.filename.endswith((".a", ".la")):
@@ -264,9 +301,6 @@ def install_ucx(lab: Lab, host: str, version: str = UCX_WHEEL_VERSION) -> str:
     for path in [staging, *staging.rglob("*")]:
         if path.is_dir():
             os.chmod(path, 0o755)
-    os.chmod(site.parent, 0o755)
-    staging.rename(site)
-    return ucx_libdir(version)
 
 
 def install_worker_service(
