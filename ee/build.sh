@@ -45,7 +45,7 @@ if [[ "$current" == "$inputs" && -z "${FLEETOPS_EE_FORCE:-}" ]]; then
   echo "== $image is up to date (inputs $inputs); nothing to build"
   exit 0
 fi
-old_id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
+built_after=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 echo "== ansible-builder build $image from $base (inputs $inputs; a cold build takes a few minutes)"
 "$bin/ansible-builder" build -f execution-environment.yml -c build/ee-context \
@@ -53,9 +53,8 @@ echo "== ansible-builder build $image from $base (inputs $inputs; a cold build t
   --build-arg EE_BASE_IMAGE="$base" \
   --extra-build-cli-args "--network host --label $label=$inputs"
 
-# The image this one replaces, if nothing else uses it now (its build stages stay as the cache).
-if [[ -n "$old_id" && "$old_id" != "$(podman image inspect --format '{{.Id}}' "$image")" ]]; then
-  podman rmi "$old_id" >/dev/null 2>&1 || true
-fi
+# What earlier builds of this image left (their untagged stages): this build's own stay, as the layer
+# cache of the next one.
+podman image prune -f --filter label=$label --filter until="$built_after" >/dev/null
 size=$(podman image inspect --format '{{.Size}}' "$image")
 echo "== built $image in $((SECONDS - start)) s ($((size / 1000000)) MB)"
