@@ -21,6 +21,13 @@ bin=$(dirname "$py")
 image=localhost/fleetops-ee:latest
 label=org.fleetops.ee.inputs
 
+for tool in podman debootstrap; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "error: $tool not found (\`make ee\` installs it: tools/debian-deps.sh --ee)" >&2
+    exit 2
+  fi
+done
+
 start=$SECONDS
 base=$("$here/base-image.sh")
 base_id=$(podman image inspect --format '{{.Id}}' "$base")
