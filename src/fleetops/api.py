@@ -67,12 +67,15 @@ __all__ = [
     "RolloutResult",
     "ScanRequest",
     "ScanResult",
+    "StopRolloutRequest",
+    "StopRolloutResult",
     "drift",
     "plan",
     "remediate",
     "report",
     "resume",
     "scan",
+    "stop",
 ]
 
 PLAN_SCHEMA = "fleetops.plan/v1"
@@ -578,6 +581,79 @@ def report(path: Path) -> RolloutResult:
     s = rollout.summary()
     done = rollout.status == "done" and not (s["failed"] or s["skipped"] or s["pending"])
     return RolloutResult(rollout, report_document(rollout), ExitCode.OK if done else ExitCode.FAILED)
+
+
+@dataclass
+class StopRolloutRequest:
+    """``fleetops stop``: ask a running rollout (``rollout``; None: every rollout) to stop after its batch."""
+
+    rollout: str | None
+    reason: str = ""
+    # an inventory with a fleetops.node.ec2 source: also tag the instances the rollout(s) lease, so a
+    # rollout running on another controller stops too
+    inventory: Sequence[Path] = ()
+    clear: bool = False  # remove the stop request instead (this controller's file)
+
+
+@dataclass(frozen=True)
+class StopRolloutResult:
+    lines: list[str]  # what was done, for the operator
+    exit_code: ExitCode
+
+
+def stop(request: StopRolloutRequest) -> StopRolloutResult:
+    """Write the kill switch (``fleetops.rollout.killswitch``): a stop file on this controller and,
+    with an EC2 inventory, the ``fleetops:stop`` tag on the leased instances. Each running rollout
+    asks before every batch, stops after its current one (exit 3) and says who stopped it and why."""
+    from fleetops.rollout import killswitch
+    from fleetops.rollout.state import operator
+
+    scope = request.rollout if request.rollout is not None else "every running rollout"
+    if request.clear:
+        removed = killswitch.clear_stop(request.rollout)
+        line = (
+            f"stop request for {scope} removed"
+            if removed
+            else f"no stop request for {scope} on this controller"
+        )
+        return StopRolloutResult([line], ExitCode.OK)
+    who = operator()
+    reason = request.reason.strip() or "no reason given"
+    path = killswitch.request_stop(request.rollout, reason, who)
+    lines = [f"stop requested for {scope} by {who}: {reason} ({path}); it stops after its current batch"]
+    if request.inventory:
+        lines += _stop_ec2(request.rollout, reason, who, paths.resolve_inventories(request.inventory))
+    return StopRolloutResult(lines, ExitCode.OK)
+
+
+def _stop_ec2(rollout: str | None, reason: str, who: str, inventories: Sequence[Path]) -> list[str]:
+    from fleetops.ansible.collection import module_utils
+    from fleetops.rollout import killswitch
+
+    connection = connection_for(inventories)
+    if connection is None:
+        return ["no fleetops.node.ec2 inventory source: no EC2 stop tag written"]
+    aws = module_utils("aws")
+    settings = connection.settings()
+    lines: list[str] = []
+    session = aws.session(settings)
+    for region in connection.regions or ("us-east-1",):
+        client = aws.client(settings, "ec2", region, aws_session=session, user_agent="fleetops.stop")
+
+        def call(op: str, func: Callable[[], Any], region: str = region) -> Any:
+            return aws.call(settings, op, region, func)
+
+        try:
+            written = killswitch.request_stop_ec2(client, rollout, reason, who, call=call)
+        except aws.AwsError as exc:
+            raise killswitch.KillSwitchError(f"Failed to tag the stop on EC2 ({region}): {exc}") from None
+        if written.instances:
+            lines.append(
+                f"EC2 {region}: {killswitch.STOP_TAG} tagged on {len(written.instances)} leased instance(s)"
+            )
+        else:
+            lines.append(f"EC2 {region}: no instance leased by {rollout or 'any rollout'}")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------ drift

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fleetops.errors import UsageError
+from fleetops.rollout import killswitch
 from fleetops.rollout.killswitch import (
     ALL_FILE,
     MALFORMED_FILE,
@@ -382,3 +383,84 @@ def test_parse_stop_tag_malformed(value: str) -> None:
     got = parse_stop_tag(value, "src")
     assert (got.rollout, got.reason, got.raw) == (None, MALFORMED_TAG, value)
     assert got.applies_to(A, T0 + 10**9)
+
+
+# ---- the wiring: `fleetops stop` (a real subprocess) and the engine's EC2 channel against moto_server
+
+
+def test_fleetops_stop_cli_writes_the_request_a_running_rollout_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.helpers import fleetops
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(home))
+    rid = "20261201T120000Z-abcdef"
+    since = time.time() - 1
+    result = fleetops("stop", rid, "--reason", "wrong AMI", env={"FLEETOPS_STATE_DIR": str(home)})
+    assert result.rc == 0, result.stderr
+    assert f"stop requested for {rid} by " in result.stderr
+    request = killswitch.pending_stop(rid, since)
+    assert request is not None and request.reason == "wrong AMI"
+    assert killswitch.pending_stop("20261201T120000Z-000000", since) is None  # another rollout: not this one
+    for bad, why in (
+        ([], "needs a ROLLOUT id or --all"),
+        ([rid, "--all"], "not both"),
+        (["nope"], "not a rollout id"),
+    ):
+        res = fleetops("stop", *bad, env={"FLEETOPS_STATE_DIR": str(home)})
+        assert res.rc == 2 and why in res.stderr, res.stderr
+    res = fleetops("stop", "--all", "--reason", "freeze", env={"FLEETOPS_STATE_DIR": str(home)})
+    assert res.rc == 0 and killswitch.pending_stop("20261201T120000Z-000000", since) is not None
+    res = fleetops("stop", "--all", "--clear", env={"FLEETOPS_STATE_DIR": str(home)})
+    assert res.rc == 0 and "removed" in res.stderr
+    assert killswitch.pending_stop("20261201T120000Z-000000", since) is None
+
+
+def test_the_engine_reads_the_ec2_stop_tag_of_its_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollout holding an EC2 lease (moto_server) is stopped by a fleetops:stop tag another
+    controller wrote on its instances, after its current batch; its own tag is then removed."""
+    from fleetops.rollout.engine import Engine
+    from fleetops.rollout.lease import Ec2Connection, Ec2Lease
+    from fleetops.rollout.locks import _ec2_stop
+    from tests.fleetops.test_rollout import ScriptedRunner, _rollout, fake_scanner
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "home"))
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    server = MotoServer()
+    url = server.start()
+    try:
+        ids = launch_many(url, "us-east-1", 3)
+        conn = Ec2Connection(
+            endpoint_url=url, aws_access_key="testing", aws_secret_key="testing", regions=("us-east-1",)
+        )
+        rollout = _rollout(tmp_path, [["h0"], ["h1"], ["h2"]])
+        instances = {f"h{i}": {"instance": iid, "region": "us-east-1"} for i, iid in enumerate(ids)}
+        lease = Ec2Lease(conn, instances, rollout.id, "op@ctl", settle=0.2)
+        lease.acquire()
+        ec2 = client(url, "us-east-1")
+        runner = ScriptedRunner()
+        runner.rollout = rollout
+
+        def other_controller(n: int) -> None:
+            if n == 2:  # a stop for this rollout, from elsewhere: only the EC2 tag
+                killswitch.request_stop_ec2(ec2, rollout.id, "bad kernel", "dave@other-ctl", ids[:1])
+
+        runner.on_batch = other_controller
+        engine = Engine(rollout=rollout, actions=("x",), runner=runner, scanner=fake_scanner,
+                        ec2_stop=_ec2_stop(lease, rollout.id))  # fmt: skip
+        result = engine.run()
+        assert runner.batches == [["h0"], ["h1"]] and result.hosts["h2"] == "pending"
+        assert result.stopped is not None
+        assert (
+            "stopped by dave@other-ctl" in result.stopped["reason"]
+            and "bad kernel" in result.stopped["reason"]
+        )
+        assert f"EC2 tag fleetops:stop on {ids[0]}" in result.stopped["reason"]
+        tags = ec2.describe_tags(Filters=[{"Name": "key", "Values": [killswitch.STOP_TAG]}])["Tags"]
+        assert tags == []  # honoured: our own stop tag removed
+        lease.release()
+    finally:
+        server.stop()

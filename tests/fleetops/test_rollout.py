@@ -825,3 +825,26 @@ def test_the_kill_switch_stops_after_the_current_batch_saying_who_and_why(
     runner.on_batch = lambda n: killswitch.request_stop(None, "freeze", "bob@ctl")
     rollout = engine.run()
     assert runner.batches == [["a"]] and "fleetops stop --all" in str(rollout.stopped)
+
+
+def test_report_says_which_hosts_keep_the_exit_code_non_zero_and_why(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from tests.helpers import fleetops
+
+    engine, runner = _scripted(tmp_path, [["a", "b"], ["c"], ["d"]], max_failures=5)
+    runner.timeout_hosts["b"] = 30
+    runner.on_batch = lambda n: os.kill(os.getpid(), signal.SIGTERM) if n == 2 else None
+    engine.rollout.hosts["z"] = "skipped"
+    engine.rollout.results["z"] = HostOutcome(status="skipped", msg="preflight: ssh: connection refused")
+    from fleetops.api import _ctrl_c
+
+    with _ctrl_c(engine, engine.observer):
+        engine.run()
+    result = fleetops("report", str(tmp_path / "state.json"), env={"FLEETOPS_STATE_DIR": str(state_home)})
+    assert result.rc == 3, result.stderr
+    out = result.stdout
+    assert "b: failed: timed out after 30 s: Task failed: Timed out after 30 second(s)." in out
+    assert "z: skipped: preflight: ssh: connection refused" in out
+    assert "c: in doubt (caught mid-batch; --resume probes it before acting)" in out
+    assert "aborted mid-batch (SIGTERM)" in out

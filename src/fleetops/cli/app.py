@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_remediate(sub)
     register_report(sub)
+    from fleetops.cli.stop import register as register_stop
+
+    register_stop(sub)
     from fleetops.cli.drift import register as register_drift
 
     register_drift(sub)

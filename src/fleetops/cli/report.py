@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fleetops import api
 from fleetops.cli.args import add_format_arg
 from fleetops.cli.remediate import print_summary
-from fleetops.rollout.state import HOST_FAILED, HOST_SKIPPED
+from fleetops.rollout.state import HOST_FAILED, HOST_RUNNING, HOST_SKIPPED
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
@@ -43,9 +44,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         started = time.strftime("%H:%M:%S", time.localtime(b["started"]))
         table.add_row(str(b.get("index", "")), str(len(b["hosts"])), started, took, results)
     console.print(table)
-    for host, outcome in rollout.results.items():
-        if rollout.hosts.get(host) in (HOST_FAILED, HOST_SKIPPED):
-            console.print(f"  [red]{host}[/]: {outcome.gate or outcome.msg}")
+    # every host that keeps the exit code non-zero, and why (failed, timed out, skipped, in doubt)
+    for host, state in rollout.hosts.items():
+        outcome = rollout.results.get(host)
+        why = (outcome.gate or outcome.msg) if outcome is not None else None
+        if state in (HOST_FAILED, HOST_SKIPPED):
+            console.print(f"  [red]{host}[/]: {state}: {escape(why or 'no reason recorded')}")
+        elif state == HOST_RUNNING:
+            console.print(f"  [red]{host}[/]: in doubt (caught mid-batch; --resume probes it before acting)")
     if rollout.stopped:
         console.print(
             f"[bold red]stopped[/] after batch {rollout.stopped['after_batch']}: {rollout.stopped['reason']}"
