@@ -193,7 +193,7 @@ def test_build_folder_holds_requirements_bindep_and_the_tarball(context: Path) -
     assert (info["namespace"], info["name"], info["version"]) == ("fleetops", "node", _galaxy_version())
     # the collection carries its own requirements (ansible-builder introspects them), not the repo's tooling
     assert {"requirements.txt", "bindep.txt", "playbooks/scan.yml", "plugins/modules/node_health.py"} <= names
-    for outside in ("execution-environment.yml", "awx", "src", "tests", "pyproject.toml", "build"):
+    for outside in ("execution-environment.yml", "ee", "awx", "src", "tests", "pyproject.toml", "build"):
         assert not any(n == outside or n.startswith(outside + "/") for n in names), outside
 
 
