@@ -381,13 +381,21 @@ def _start(
     params = remediation.resolve(request.params)
     extravars = remediation.extravars(params)
     limit = request.limit
+    # every selected name is checked before anything runs (``fix`` scans first); a step before
+    # planning narrows the selection by exact names, never by a limit joined from them
+    hosts = _targets(inventories, limit, request.group_by)
     if remediation.prepare is not None:
         extravars, targets = remediation.prepare(params, inventories, limit, observer.message)
         if targets is not None:
             if not targets:
                 return None
-            limit = ",".join(targets)
-    hosts = _targets(inventories, limit, request.group_by)
+            wanted = set(targets)
+            unknown = sorted(wanted - {h.name for h in hosts})
+            if unknown:
+                raise UsageError(
+                    f"remediate {remediation.name}: its plan names host(s) outside the selection: {' '.join(unknown)}"
+                )
+            hosts = [h for h in hosts if h.name in wanted]
     if extravars.get("fleetops_kube_drain"):
         for target in hosts:
             node = target.hostvars.get("k8s_node_name") or target.name

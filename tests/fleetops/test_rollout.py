@@ -848,3 +848,35 @@ def test_report_says_which_hosts_keep_the_exit_code_non_zero_and_why(
     assert "z: skipped: preflight: ssh: connection refused" in out
     assert "c: in doubt (caught mid-batch; --resume probes it before acting)" in out
     assert "aborted mid-batch (SIGTERM)" in out
+
+
+def test_fix_checks_names_before_its_scan_and_narrows_by_exact_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_home: Path
+) -> None:
+    import dataclasses
+
+    import fleetops.scan
+    from fleetops import api
+    from fleetops.errors import UsageError
+    from fleetops.remediations import REMEDIATIONS
+    from fleetops.rollout.engine import NullObserver
+
+    scans: list[Any] = []
+    monkeypatch.setattr(fleetops.scan, "run_scan", lambda *a, **k: scans.append(a))
+    hostile = _inventory(tmp_path, {"ok-1": {}, "!spare": {}})
+    with pytest.raises(UsageError, match="host name '!spare'"):
+        api.remediate(api.RemediationRequest(action="fix", inventory=[hostile]))
+    assert scans == []  # refused before the fix's scan
+
+    inv = _inventory(tmp_path, {"ok-1": {}, "ok-2": {}, "ok-3": {}})
+    for targets, expect in ((["ok-2"], {"ok-2": "pending"}), (["ok-2", "ghost"], None)):
+        narrowing = dataclasses.replace(
+            REMEDIATIONS["reclaim"], prepare=lambda p, i, lim, say, t=targets: ({}, t)
+        )
+        request = api.RemediationRequest(action="reclaim", inventory=[inv])
+        if expect is None:
+            with pytest.raises(UsageError, match="its plan names host\\(s\\) outside the selection: ghost"):
+                api._start(request, narrowing, NullObserver())
+        else:
+            rollout = api._start(request, narrowing, NullObserver())
+            assert rollout is not None and rollout.hosts == expect
