@@ -73,7 +73,7 @@ def _ucx_process(report: dict[str, Any], pid: int) -> dict[str, Any]:
 def _set_env(lab: Lab, *args: str) -> CliResult:
     return fleetops(
         "remediate", "set-env", "--unit", "ucx-worker", "-i", str(lab.inventory_path()), "--limit", SICK,
-        "--format", "json", *args,
+        "--format", "json", "--show-values", *args,
     )  # fmt: skip
 
 
@@ -261,8 +261,9 @@ def test_fix_turns_the_hooks_off_on_a_ucx_without_the_upstream_fix(lab: Lab) -> 
     assert "No such file" in _file_state(lab, "/etc/systemd/system/ucx-old.service.d/50-fleetops-env.conf")
 
     fixed = fleetops(
-        "remediate", "fix", "-i", inventory, "--sample-seconds", "2", "--apply", "--format", "json"
-    )
+        "remediate", "fix", "-i", inventory, "--sample-seconds", "2", "--ucx-fix", "hooks-off", "--apply",
+        "--format", "json",
+    )  # fmt: skip
     assert fixed.rc == 0, fixed.stderr + fixed.stdout
     rollout = fixed.json()
     assert rollout["summary"]["changed"] == 1, rollout
@@ -275,7 +276,8 @@ def test_fix_turns_the_hooks_off_on_a_ucx_without_the_upstream_fix(lab: Lab) -> 
     assert _ucx_process(report, new_pid)["hooks_on"] is False
     assert _findings(report, SICK, "ucx_mmap_hooks") == []
     again = fleetops(
-        "remediate", "fix", "-i", inventory, "--sample-seconds", "2", "--apply", "--format", "json"
-    )
+        "remediate", "fix", "-i", inventory, "--sample-seconds", "2", "--ucx-fix", "hooks-off", "--apply",
+        "--format", "json",
+    )  # fmt: skip
     assert again.rc == 0, again.stderr
     assert again.json()["summary"]["changed"] == 0
