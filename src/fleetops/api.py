@@ -303,6 +303,10 @@ class RemediationRequest(PlanRequest):
 class ResumeRequest:
     state: Path
     break_lock: bool | str = False
+    # a new deadline / capacity floor for the rest (None: the saved ones); a rollout stopped by either
+    # is continued knowingly with another
+    not_after: datetime | None = None
+    max_unhealthy: guards.MaxUnhealthy | str | None = None
 
 
 @dataclass(frozen=True)
@@ -578,6 +582,14 @@ def resume(
         return _result(rollout)
     rollout.check_resumable()
     obs.message(f"resuming rollout {rollout.id} ({rollout.action}, status {rollout.status})")
+    settings = rollout.plan.setdefault(GUARDS_KEY, {})
+    if request.not_after is not None:
+        settings["not_after"] = request.not_after.isoformat()
+        obs.message(f"new deadline: --not-after {settings['not_after']}")
+    if request.max_unhealthy is not None:
+        limit = request.max_unhealthy
+        settings["max_unhealthy"] = str(guards.MaxUnhealthy.parse(limit) if isinstance(limit, str) else limit)
+        obs.message(f"new capacity floor: --max-unhealthy {settings['max_unhealthy']}")
     remediation = get_remediation(rollout.action)
     return _result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
 

@@ -880,3 +880,29 @@ def test_fix_checks_names_before_its_scan_and_narrows_by_exact_names(
         else:
             rollout = api._start(request, narrowing, NullObserver())
             assert rollout is not None and rollout.hosts == expect
+
+
+def test_resume_can_set_a_new_deadline_and_capacity_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import fleetops.api as api_mod
+    from fleetops.cli.app import main
+
+    engine, runner = _guarded(
+        tmp_path, [["a"], ["b"]], not_after="2001-01-01T00:00:00+00:00", max_unhealthy="0"
+    )
+    rollout = engine.run()
+    assert runner.batches == [] and "deadline" in str(rollout.stopped)  # stopped before batch 1
+    seen: list[Rollout] = []
+    monkeypatch.setattr(api_mod, "_execute", lambda r, *a: seen.append(r) or r)
+    later = datetime.now(UTC) + timedelta(hours=2)
+    api_mod.resume(
+        api_mod.ResumeRequest(state=tmp_path / "state.json", not_after=later, max_unhealthy="2,10%")
+    )
+    assert seen[0].plan["guards"]["not_after"] == later.isoformat()
+    assert seen[0].plan["guards"]["max_unhealthy"] == "2,10%"
+    with pytest.raises(SystemExit) as exc:
+        main(["remediate", "--resume", str(tmp_path / "state.json"), "--not-after", "2001-01-01T00:00"])
+    assert exc.value.code == 2 and "is already past" in capsys.readouterr().err

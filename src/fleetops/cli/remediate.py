@@ -305,8 +305,18 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if args.remediation is not None:
             raise UsageError("--resume continues a saved rollout: give no ACTION with it")
-        result = api.resume(api.ResumeRequest(state=args.resume, break_lock=args.break_lock), observer)
+        request = api.ResumeRequest(
+            state=args.resume,
+            break_lock=args.break_lock,
+            not_after=args.resume_not_after,
+            max_unhealthy=args.resume_max_unhealthy,
+        )
+        result = api.resume(request, observer)
     else:
+        if args.resume_not_after is not None or args.resume_max_unhealthy is not None:
+            raise UsageError(
+                "--not-after / --max-unhealthy before ACTION are --resume's: give them after ACTION"
+            )
         if args.remediation is None:
             raise UsageError("remediate needs an ACTION (" + ", ".join(REMEDIATIONS) + ") or --resume STATE")
         result = api.remediate(remediation_request(args), observer)
@@ -415,6 +425,22 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         epilog=ROLLOUT_EPILOG,
     )
     p.add_argument("--resume", type=Path, metavar="STATE", help="continue a rollout from its state file")
+    p.add_argument(
+        "--not-after",
+        dest="resume_not_after",
+        type=_not_after,
+        default=None,
+        metavar="TIME",
+        help="with --resume: a new deadline for the rest (default: the saved one)",
+    )
+    p.add_argument(
+        "--max-unhealthy",
+        dest="resume_max_unhealthy",
+        type=_max_unhealthy,
+        default=None,
+        metavar="N|P%",
+        help="with --resume: a new capacity floor for the rest (default: the saved one)",
+    )
     p.add_argument(
         "--break-lock",
         nargs="?",
