@@ -651,6 +651,10 @@ def test_every_remediation_task_has_a_time_limit() -> None:
             if "block" in t:
                 yield from tasks(t["block"])
                 yield from tasks(t.get("rescue") or [])
+            elif "ansible.builtin.import_tasks" in t:
+                yield from tasks(
+                    yaml.safe_load((REPO / "playbooks" / t["ansible.builtin.import_tasks"]).read_text())
+                )
             else:
                 yield t
 
@@ -906,3 +910,55 @@ def test_resume_can_set_a_new_deadline_and_capacity_floor(
     with pytest.raises(SystemExit) as exc:
         main(["remediate", "--resume", str(tmp_path / "state.json"), "--not-after", "2001-01-01T00:00"])
     assert exc.value.code == 2 and "is already past" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("not_after", "ran"),
+    [
+        ("2001-01-01T00:00Z", []),
+        ("2001-01-01T00:00:00+05:00", []),
+        ("2099-01-01T00:00", ["h1", "h2", "h3"]),
+        ("2099-01-01T00:00:00-03:00", ["h1", "h2", "h3"]),
+        ("1s", ["h1"]),  # batch 1 takes 2 s: batch 2 would start past the deadline
+        ("1h", ["h1", "h2", "h3"]),
+        ("", ["h1", "h2", "h3"]),
+        ("tomorrow", []),
+    ],
+)
+def test_the_playbooks_start_no_batch_after_fleetops_not_after(
+    tmp_path: Path, not_after: str, ran: list[str]
+) -> None:
+    """playbooks/tasks/not_after.yml (what a plain or AWX run of each remediation playbook imports
+    first), run by real ansible-playbook with serial 1 over three local hosts."""
+    from fleetops.ansible.runner import RunnerOptions, run_playbook
+    from tests.paths import REPO
+
+    playbook = tmp_path / "deadline.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  serial: 1\n  tasks:\n"
+        f"    - ansible.builtin.import_tasks: {REPO / 'playbooks' / 'tasks' / 'not_after.yml'}\n"
+        "    - name: Remediate\n      ansible.builtin.command: sleep 2\n"
+    )
+    inv = _inventory(
+        tmp_path, {h: {"ansible_python_interpreter": sys.executable} for h in ("h1", "h2", "h3")}
+    )
+    run = run_playbook(
+        RunnerOptions(playbook=str(playbook), inventory=[inv], extravars={"fleetops_not_after": not_after})
+    )
+    done = [
+        h
+        for h in ("h1", "h2", "h3")
+        if any(t.task == "Remediate" and t.status == "ok" for t in run.results_for(h))
+    ]
+    assert done == ran
+    refused = [t for h in run.tasks for t in run.tasks[h] if t.status == "failed"]
+    if ran == ["h1", "h2", "h3"]:
+        assert refused == [] and run.rc == 0
+    else:
+        assert run.rc != 0 and len(refused) == 1
+        expected = (
+            "is not an ISO 8601 time"
+            if not_after == "tomorrow"
+            else f"the deadline fleetops_not_after {not_after} has passed"
+        )
+        assert expected in refused[0].msg
