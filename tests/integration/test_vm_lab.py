@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from fleetops_lab import Lab, host_faults
+from fleetops_lab.errors import LabError
 from tests.helpers import fleetops
 
 pytestmark = [
@@ -95,6 +96,16 @@ def test_up_vm_boots_vms_with_their_own_kernel_that_answer_ssh(lab: Lab) -> None
     ids = {lab.run(n, "cat /proc/sys/kernel/random/boot_id", check=True).stdout.strip() for n in HOSTS}
     ids.add(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
     assert len(ids) == 3
+
+
+def test_up_refuses_vms_memory_cannot_hold_and_changes_nothing(lab: Lab) -> None:
+    before = {h.name: h.pid for h in lab.status(probe_ssh=False)}
+    with pytest.raises(LabError, match=r"Failed to start 2 VM\(s\): .* but MemAvailable is \d+ MiB"):
+        lab.up(2, vm=2, vm_memory_mib=65536)  # 2 x 64 GiB: more than this machine has
+    with pytest.raises(LabError, match=r"number of VM hosts must be 0 \.\. 1"):
+        lab.up(1, vm=2)
+    assert {h.name: h.pid for h in lab.status(probe_ssh=False)} == before
+    assert lab.inventory_path().exists()
 
 
 def test_scan_reports_host_scope_zombie_counts_on_vms(baseline: dict[str, Any]) -> None:

@@ -316,13 +316,21 @@ class Lab:
             procs = _lab_processes()
             keep = [n for n in wanted if self._healthy(n, base, procs, specs.get(n))]
             stale = sorted((self._discover(procs) | set(wanted)) - set(keep))
+            # Refuse before anything is stopped: what the VMs to start need, less what stopping VMs frees.
+            freeing = 0
+            for n in stale:
+                old_spec = lab_vm.recorded_spec(self._host_dir(n))
+                if old_spec is not None and n in procs and procs[n].vms:
+                    freeing += old_spec.memory_mib + lab_vm.QEMU_OVERHEAD_MIB
+            lab_vm.check_memory(
+                len([n for n in wanted if n in specs and n not in keep]), vm_memory_mib, freeing
+            )
             if stale:  # the fleet changes: no inventory until it is ready again
                 with contextlib.suppress(FileNotFoundError):
                     self.inventory_path().unlink()
             self._teardown(stale, procs, say, only_existing=True)
             self._ensure_bridge()
             start = [n for n in wanted if n not in keep]
-            lab_vm.check_memory(len([n for n in start if n in specs]), vm_memory_mib)
             if keep:
                 say(f"lab: {len(keep)} host(s) already running: {', '.join(keep)}")
             if start:

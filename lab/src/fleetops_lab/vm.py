@@ -84,16 +84,19 @@ def mem_available_mib() -> int:
     raise LabError("Failed to read MemAvailable from /proc/meminfo")
 
 
-def check_memory(count: int, memory_mib: int) -> None:
-    """Refuse to start ``count`` more VMs when MemAvailable cannot hold them (and a reserve)."""
+def check_memory(count: int, memory_mib: int, freeing_mib: int = 0) -> None:
+    """Refuse to start ``count`` more VMs when MemAvailable (plus what VMs about to stop free)
+    cannot hold them and a reserve."""
     if count <= 0:
         return
     need = count * (memory_mib + QEMU_OVERHEAD_MIB) + HOST_RESERVE_MIB
-    have = mem_available_mib()
+    have = mem_available_mib() + freeing_mib
     if need > have:
         raise LabError(
             f"Failed to start {count} VM(s): they need about {need} MiB ({memory_mib} MiB of guest RAM + "
-            f"{QEMU_OVERHEAD_MIB} MiB QEMU each, {HOST_RESERVE_MIB} MiB reserve) but MemAvailable is {have} MiB; "
+            f"{QEMU_OVERHEAD_MIB} MiB QEMU each, {HOST_RESERVE_MIB} MiB reserve) but MemAvailable is {have} MiB"
+            + (f" (with {freeing_mib} MiB of VMs to be replaced)" if freeing_mib else "")
+            + "; "
             "boot fewer VMs (--vm K) or smaller ones (--vm-memory MIB)"
         )
 
