@@ -962,3 +962,16 @@ def test_the_playbooks_start_no_batch_after_fleetops_not_after(
             else f"the deadline fleetops_not_after {not_after} has passed"
         )
         assert expected in refused[0].msg
+
+
+def test_a_stop_reason_is_shown_as_given_not_as_markup(tmp_path: Path, state_home: Path) -> None:
+    """The kill switch's reason is anyone's text: the console shows it as is (rich markup in it neither
+    styles nor breaks the rollout's output)."""
+    from fleetops.rollout import killswitch
+
+    engine, runner, out = _engine(tmp_path, [["a"], ["b"]])
+    rid = engine.rollout.id
+    runner.on_batch = lambda n: killswitch.request_stop(rid, "[/] wrong [bold]AMI", "eve@ctl")
+    rollout = engine.run()
+    assert rollout.status == "stopped"
+    assert "wrong [bold]AMI" in out.getvalue() and "[/]" in out.getvalue()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -73,7 +74,7 @@ class ConsoleObserver(RolloutObserver):
     def stopped(self, rollout: Rollout, breaker: bool) -> None:
         stopped = rollout.stopped or {}
         self.console.print(
-            f"[bold red]{'circuit breaker' if breaker else 'stopped'}: {stopped.get('reason')}; "
+            f"[bold red]{'circuit breaker' if breaker else 'stopped'}: {escape(str(stopped.get('reason')))}; "
             f"{len(stopped.get('pending') or [])} host(s) untouched[/] "
             f"(resume with: fleetops remediate --resume {rollout.state_path})"
         )
