@@ -54,7 +54,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             console.print(f"  [red]{host}[/]: in doubt (caught mid-batch; --resume probes it before acting)")
     if rollout.stopped:
         console.print(
-            f"[bold red]stopped[/] after batch {rollout.stopped['after_batch']}: {rollout.stopped['reason']}"
+            f"[bold red]stopped[/] after batch {rollout.stopped['after_batch']}: {escape(str(rollout.stopped['reason']))}"
         )
         console.print(f"pending ({len(rollout.stopped['pending'])}): {' '.join(rollout.stopped['pending'])}")
     print_summary(rollout, console)
