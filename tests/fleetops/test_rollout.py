@@ -975,3 +975,66 @@ def test_a_stop_reason_is_shown_as_given_not_as_markup(tmp_path: Path, state_hom
     rollout = engine.run()
     assert rollout.status == "stopped"
     assert "wrong [bold]AMI" in out.getvalue() and "[/]" in out.getvalue()
+
+
+class ProbeRunner(ScriptedRunner):
+    """Answers the reboot's probe (fleetops_probe_only) with each host's boot id (``boots``) or unreachable."""
+
+    def __init__(self, boots: dict[str, str | None]) -> None:
+        super().__init__()
+        self.boots = boots
+        self.probes: list[list[str]] = []
+
+    def __call__(
+        self,
+        hosts: Sequence[str],
+        extravars: dict[str, Any],
+        *,
+        check: bool,
+        on_result: Callable[[TaskResult], None] | None,
+        cancel: threading.Event | None,
+    ) -> PlaybookRun:
+        if not extravars.get("fleetops_probe_only"):
+            return super().__call__(hosts, extravars, check=check, on_result=on_result, cancel=cancel)
+        self.probes.append(list(hosts))
+        run = PlaybookRun(status="successful", rc=0)
+        for host in hosts:
+            boot = self.boots.get(host)
+            run.tasks[host] = (
+                [_slurp(host, boot), TaskResult(host, "skipped", "Reboot", "x", {"skipped": True})]
+                if boot is not None
+                else [
+                    TaskResult(
+                        host, "unreachable", "Read the boot id", "ansible.builtin.slurp", {"msg": "no route"}
+                    )
+                ]
+            )
+        return run
+
+
+def test_resume_probes_in_doubt_and_failed_reboots_and_never_reboots_twice(
+    tmp_path: Path, state_home: Path
+) -> None:
+    from fleetops.api import rollout_exit_code
+    from fleetops.remediations import REMEDIATIONS
+
+    reboot = REMEDIATIONS["reboot"]
+    rollout = _rollout(tmp_path, [["a"], ["b", "c", "d"], ["e"]])
+    rollout.max_failures = 5
+    rollout.hosts.update(a="done", b="running", c="failed", d="failed")
+    for host in ("b", "c", "d"):
+        rollout.results[host] = HostOutcome(
+            status="failed", before={"boot_id": f"{host}1"}, msg="was cut short"
+        )
+    runner = ProbeRunner({"b": "b2", "c": "c1", "d": None, "e": "e1"})
+    runner.rollout = rollout
+    engine = Engine(rollout=rollout, actions=("x",), runner=runner, scanner=fake_scanner,
+                    gate_check=reboot.gate, probe_vars=reboot.probe_vars)  # fmt: skip
+    result = engine.run()
+    assert runner.probes[0] == ["b", "c", "d"]  # the in-doubt and the failed hosts probed first
+    # b rebooted already (boot id changed): verified by its gate, not rebooted again; c did not: run
+    # again; d does not answer: stays failed (it may be mid-reboot)
+    assert [b for b in runner.batches if b] == [["c"], ["e"]]
+    assert result.hosts["b"] == "done" and result.results["b"].after == {"boot_id": "b2"}
+    assert result.hosts["d"] == "failed" and "not answering on resume" in str(result.results["d"].msg)
+    assert rollout_exit_code(result) == 3  # d is not done

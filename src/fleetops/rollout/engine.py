@@ -323,16 +323,24 @@ class Engine:
             self.rollout.save()
             return
         probed = self._run_batch(todo, {**self.rollout.extravars, **self.probe_vars}, check=False)
-        rebooted: dict[str, HostOutcome] = {}
-        after = self._scan([h for h in todo if probed[h].status == "ok"]) if self.rollout.gate else {}
-        for host in todo:
+
+        def before_of(host: str) -> dict[str, Any]:
             previous = self.rollout.results.get(host)
-            before = (previous.before if previous is not None else None) or {}
-            now = probed[host].before or {}
-            if before.get("boot_id") and now.get("boot_id") and now["boot_id"] != before["boot_id"]:
+            return (previous.before if previous is not None else None) or {}
+
+        def changed_boot(host: str) -> bool:
+            before, now = before_of(host).get("boot_id"), (probed[host].before or {}).get("boot_id")
+            return bool(before and now and now != before)
+
+        done_already = [h for h in todo if changed_boot(h)]
+        after = self._scan(done_already)  # one gate scan for the hosts that already rebooted
+        rebooted: dict[str, HostOutcome] = {}
+        for host in todo:
+            before, now = before_of(host), probed[host].before or {}
+            if host in done_already:
                 self.observer.message(f"  {host}: already rebooted (boot id changed): not rebooting again")
                 outcome = HostOutcome(status="ok", changed=True, before=before, after=now, result={})
-                rebooted[host] = self._gate_one(host, outcome, after.get(host) if self.rollout.gate else None)
+                rebooted[host] = self._gate_one(host, outcome, after.get(host, {"status": "missing"}))
             elif probed[host].status != "ok":
                 # It may be mid-reboot: never act on it blindly; a later resume re-checks it.
                 self._record(host, HostOutcome(
