@@ -90,7 +90,7 @@ def _container_fix(
 
 
 def fix_plan_from_report(
-    report: dict[str, Any], ucx_fix: str = "hooks-off"
+    report: dict[str, Any], ucx_fix: str | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """``({host: {"disable_units": [...], "reclaim": bool}}, notes)`` for hosts with something to fix.
 
@@ -102,6 +102,8 @@ def fix_plan_from_report(
     --protected), which fails that host and so stops the rollout for a human to look.
     """
     fixes = ucx_fixes()
+    if ucx_fix is None:
+        ucx_fix = facts.ucx_default_fix()
     if ucx_fix not in fixes:
         raise ValueError(f"unknown UCX fix {ucx_fix!r} (one of {', '.join(fixes)})")
     plan: dict[str, dict[str, Any]] = {}

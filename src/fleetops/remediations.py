@@ -154,7 +154,10 @@ def _reclaim_vars(p: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fix_vars(p: Mapping[str, Any]) -> dict[str, Any]:
-    return {"fleetops_protected": list(p["protected"]), **_set_only(reboot_threshold=p["reboot_threshold"])}
+    return {
+        "fleetops_protected": list(p["protected"]),
+        **_set_only(min_zombies=p["min_zombies"], reboot_threshold=p["reboot_threshold"]),
+    }
 
 
 def set_env_plan_text(todo: Mapping[str, Any]) -> str:
@@ -285,7 +288,8 @@ REMEDIATIONS: dict[str, Remediation] = {
                 "sample_seconds": 10.0,
                 "protected": (),
                 "reboot_threshold": None,
-                "ucx_fix": "hooks-off",
+                "min_zombies": None,
+                "ucx_fix": None,
             },
             extravars=_fix_vars,
             prepare=_fix_prepare,

@@ -221,7 +221,11 @@ def test_fix_reclaims_only_at_the_warning_level_as_remediate_reclaim() -> None:
     from fleetops.ansible.runner import RunnerOptions, run_playbook
     from tests.paths import REPO
 
-    assert "min_zombies" not in _fix_task("fleetops.node.reclaim_memcg")
+    # unset (no --min-zombies), the knob is omitted and the module's default, the warning level, applies
+    assert (
+        _fix_task("fleetops.node.reclaim_memcg")["min_zombies"]
+        == "{{ fleetops_min_zombies | default(omit) }}"
+    )
     run = run_playbook(
         RunnerOptions(
             playbook="fleetops.node.remediate_fix",

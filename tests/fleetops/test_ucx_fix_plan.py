@@ -44,13 +44,13 @@ def test_ucx_findings_get_the_environment_fix_once_per_unit() -> None:
         "decode": {
             "disable_units": [],
             "reclaim": False,
-            "set_env": [{"unit": "vllm.service", "env": {"UCX_MEM_MMAP_HOOK_MODE": "none"}}],
+            "set_env": [{"unit": "vllm.service", "env": {"UCX_RCACHE_MAX_UNRELEASED": "1024"}}],
         },
         # a unit being turned off gets no environment fix
         "both": {
             "disable_units": ["ecs.service"],
             "reclaim": True,
-            "set_env": [{"unit": "other.service", "env": {"UCX_MEM_MMAP_HOOK_MODE": "none"}}],
+            "set_env": [{"unit": "other.service", "env": {"UCX_RCACHE_MAX_UNRELEASED": "1024"}}],
         },
     }
     assert notes == [
@@ -61,11 +61,9 @@ def test_ucx_findings_get_the_environment_fix_once_per_unit() -> None:
     ]
 
 
-def test_rcache_bound_instead() -> None:
-    plan, _notes = fix_plan_from_report({"hosts": {"decode": _host(_ucx("warning"))}}, ucx_fix="rcache-bound")
-    assert plan["decode"]["set_env"] == [
-        {"unit": "vllm.service", "env": {"UCX_RCACHE_MAX_UNRELEASED": "1024"}}
-    ]
+def test_hooks_off_instead() -> None:
+    plan, _notes = fix_plan_from_report({"hosts": {"decode": _host(_ucx("warning"))}}, ucx_fix="hooks-off")
+    assert plan["decode"]["set_env"] == [{"unit": "vllm.service", "env": {"UCX_MEM_MMAP_HOOK_MODE": "none"}}]
 
 
 def test_unknown_fix_is_refused() -> None:

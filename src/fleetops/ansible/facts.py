@@ -43,6 +43,11 @@ def headroom_critical_pct_default() -> float:
     return float(_thresholds()["headroom_critical_pct"])
 
 
+def ucx_default_fix() -> str:
+    """The fix ``remediate fix`` applies unless told otherwise (ucx.DEFAULT_FIX: the bounded rcache)."""
+    return str(module_utils("ucx").DEFAULT_FIX)
+
+
 @cache
 def ucx_fixes() -> dict[str, dict[str, str]]:
     """``{"hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "rcache-bound": {...}}`` (ucx.FIXES)."""

@@ -140,6 +140,14 @@ def _fix_args(p: argparse.ArgumentParser) -> None:
     )
     warning = facts.zombie_warning_default()
     p.add_argument(
+        "--min-zombies",
+        type=int_range(0),
+        default=None,
+        metavar="N",
+        help=f"reclaim only on hosts with at least N zombies, as reclaim does (>= 0; default: the module's, "
+        f"{warning}, the scan's warning level)",
+    )
+    p.add_argument(
         "--reboot-threshold",
         type=int_range(0),
         default=None,
@@ -153,9 +161,10 @@ def _set_env_ucx_fix_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ucx-fix",
         choices=tuple(facts.ucx_fixes()),
-        default="hooks-off",
+        default=None,
         help="the environment fix for services running UCX with leaking memory hooks: "
-        "UCX_MEM_MMAP_HOOK_MODE=none (hooks-off, default) or UCX_RCACHE_MAX_UNRELEASED=1024 (rcache-bound)",
+        f"UCX_RCACHE_MAX_UNRELEASED=1024 (rcache-bound) or UCX_MEM_MMAP_HOOK_MODE=none (hooks-off; it also turns "
+        f"the registration cache off); default: {facts.ucx_default_fix()} (README: the UCX fix)",
     )
 
 
