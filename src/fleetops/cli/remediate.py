@@ -47,9 +47,11 @@ from fleetops.rollout.state import Rollout
 SCHEMA = api.ROLLOUT_SCHEMA
 ROLLOUT_EPILOG = (
     "While it runs: progress on stderr (a live line on a terminal, plain 'progress:' lines otherwise). "
-    "Ctrl-C stops after the current batch with the state saved (a second Ctrl-C aborts the batch; "
-    "--resume probes its hosts first). Exit codes: 0 done, 2 usage error, 3 a host failed or the rollout "
-    "stopped, 4 hosts locked (lock file or EC2 lease) by another rollout, 130 interrupted."
+    "Ctrl-C stops after the current batch with the state saved (a second Ctrl-C, SIGTERM or SIGHUP aborts "
+    "the batch at once; --resume probes its hosts first). `fleetops stop` stops it after its current batch. "
+    "Exit codes: 0 done (every host verified), 2 usage error, 3 a host failed, timed out, was skipped or is "
+    "in doubt, or the rollout stopped (breaker, kill switch, deadline, capacity floor), 4 hosts locked (lock "
+    "file or EC2 lease) by another rollout, 130 interrupted, 143 SIGTERM, 129 SIGHUP."
 )
 _failure_budget = from_library(FailureBudget.parse)
 
