@@ -400,7 +400,7 @@ def _start(
                     f"remediate {remediation.name}: its plan names host(s) outside the selection: {' '.join(unknown)}"
                 )
             hosts = [h for h in hosts if h.name in wanted]
-    if extravars.get("fleetops_kube_drain"):
+    if extravars.get("fleetops_kube_drain") or remediation.name in ("quarantine", "unquarantine"):
         for target in hosts:
             node = target.hostvars.get("k8s_node_name") or target.name
             guards.check_k8s_node_name(str(node), target.name)
@@ -446,7 +446,7 @@ def _start(
     )
     rollout.preflight = reasons
     _set_guards(rollout, request, remediation, hosts)
-    if "fleetops_kube_drain" in rollout.extravars:
+    if "fleetops_kube_drain" in rollout.extravars or remediation.name == "quarantine":
         rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
     if request.apply and request.ec2_lease:
         instances = lease_targets(h for h in hosts if h.name in rollout.hosts)

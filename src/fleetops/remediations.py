@@ -8,6 +8,7 @@ directly (``fleetops.api.RemediationRequest``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,6 +259,62 @@ def _set_env_gate(
     return _set_env_still_leaking(post, [_unit_name(str(xv.get("fleetops_unit", "")))])
 
 
+# ---------------------------------------------------------------------------------- quarantine
+
+
+def _kubectl_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    xv: dict[str, Any] = {"fleetops_kubectl": p["kubectl"]}
+    if p["kubeconfig"]:
+        xv["fleetops_kubeconfig"] = str(Path(p["kubeconfig"]).expanduser().resolve())
+    return xv
+
+
+def _quarantine_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", str(p["finding"])):
+        raise UsageError(
+            f"remediate quarantine: --finding {p['finding']!r} is not a check name usable as a taint value "
+            "(1-63 letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+        )
+    return {
+        "fleetops_quarantine_check": p["finding"],
+        "fleetops_quarantine_reason": p["reason"],
+        "fleetops_quarantine_evict": bool(p["evict"]),
+        **({"fleetops_drain_timeout": p["drain_timeout"]} if p["evict"] else {}),
+        **_kubectl_vars(p),
+    }
+
+
+def _unquarantine_prepare(
+    p: Mapping[str, Any], inventory: list[Path], limit: str | None, say: Say
+) -> tuple[dict[str, Any], list[str] | None]:
+    """Scan first: only hosts whose fresh scan is clean (answered, no warning or critical finding) are
+    unquarantined; the others are named and left out (and the playbook refuses them too)."""
+    from fleetops.scan import ScanOptions, run_scan
+
+    say(
+        f"scanning first ({p['sample_seconds']:g}s between two samples): only clean hosts are unquarantined",
+        "",
+    )
+    report = run_scan(ScanOptions(inventory=inventory, limit=limit, sample_seconds=p["sample_seconds"]))
+    clean: list[str] = []
+    for host, entry in sorted(report.get("hosts", {}).items()):
+        bad = [
+            f"{f.get('check')}: {f.get('summary', '')}".strip()
+            for f in entry.get("findings", [])
+            if f.get("severity") in ("warning", "critical")
+        ]
+        if entry.get("status") != "ok":
+            say(
+                f"  {host}: refused: its scan did not complete ({entry.get('status')}); left quarantined",
+                "warning",
+            )
+        elif bad:
+            say(f"  {host}: refused: its scan still finds {'; '.join(bad)}; left quarantined", "warning")
+        else:
+            clean.append(host)
+    return {**_kubectl_vars(p), "fleetops_unquarantine_clean": clean}, clean
+
+
 REMEDIATIONS: dict[str, Remediation] = {
     r.name: r
     for r in (
@@ -331,6 +388,33 @@ REMEDIATIONS: dict[str, Remediation] = {
             },
             extravars=_set_env_vars,
             gate=_set_env_gate,
+        ),
+        Remediation(
+            name="quarantine",
+            playbook="fleetops.node.quarantine",
+            actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
+            help="take hosts' Kubernetes nodes out of scheduling for a finding: cordon, taint "
+            "fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict drains too",
+            params={
+                "finding": REQUIRED,
+                "reason": "",
+                "evict": False,
+                "drain_timeout": 600,
+                "kubeconfig": None,
+                "kubectl": "kubectl",
+            },
+            extravars=_quarantine_vars,
+            host_timeout=900,  # --evict: the drain (600) with room to spare
+        ),
+        Remediation(
+            name="unquarantine",
+            playbook="fleetops.node.unquarantine",
+            actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
+            help="scan, then give clean hosts' nodes back to scheduling: remove our taint, uncordon "
+            "if we cordoned, drop the annotation",
+            params={"sample_seconds": 10.0, "kubeconfig": None, "kubectl": "kubectl"},
+            extravars=lambda p: {**_kubectl_vars(p), "fleetops_unquarantine_clean": []},
+            prepare=_unquarantine_prepare,
         ),
     )
 }

@@ -250,6 +250,51 @@ def _set_env_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _kubectl_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig for kubectl (default: $KUBECONFIG, else ~/.kube/config, else in-cluster)",
+    )
+    p.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl to run (default: kubectl)")
+
+
+def _quarantine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--finding",
+        required=True,
+        metavar="CHECK",
+        help="the finding's check name (e.g. crashloop_unit): the taint's value and the annotation's check",
+    )
+    p.add_argument("--reason", default="", metavar="TEXT", help="why, kept in the node's annotation")
+    p.add_argument(
+        "--evict",
+        action="store_true",
+        help="also kubectl drain the node (--ignore-daemonsets --delete-emptydir-data; evictions respect "
+        "PodDisruptionBudgets); a drain that does not finish in --drain-timeout fails the host, which stays "
+        "quarantined",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=whole_seconds(1, 86400),
+        default=600,
+        metavar="S",
+        help="kubectl drain --timeout with --evict (1..86400; default: 600)",
+    )
+    _kubectl_args(p)
+
+
+def _unquarantine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sample-seconds",
+        type=seconds,
+        default=10.0,
+        metavar="S",
+        help="the scan first (only hosts it finds clean are unquarantined): seconds between its two samples",
+    )
+    _kubectl_args(p)
+
+
 # remediation -> the options it takes; their argparse dests are the remediation's params
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "disable-unit": _disable_unit_args,
@@ -257,6 +302,8 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "fix": _fix_args,
     "reboot": _reboot_args,
     "set-env": _set_env_args,
+    "quarantine": _quarantine_args,
+    "unquarantine": _unquarantine_args,
 }
 
 
