@@ -33,9 +33,15 @@ REBOOT_TTL = (
 
 
 def _tested() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The tested lease tasks: (name the lease, the block without its changes, take, release)."""
+    """The tested lease tasks: (name the lease, the block without its changes, take, release), each with
+    the time limit every remediation task has (tests/fleetops/test_rollout.py)."""
     name, block = yaml.safe_load(LEASE_BLOCK)
-    return name, block, block["block"][0], block["always"][0]
+    return (
+        {"timeout": 60, **name},
+        block,
+        {"timeout": 300, **block["block"][0]},
+        {"timeout": 300, **block["always"][0]},
+    )
 
 
 def _walk(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
