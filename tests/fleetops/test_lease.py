@@ -320,3 +320,66 @@ def test_a_connection_option_that_cannot_work_is_refused_naming_the_source(tmp_p
     )
     with pytest.raises(UsageError, match="initial_backoff must not be negative, got nan"):
         Ec2Connection(initial_backoff=math.nan)
+
+
+# ---- what each batch tells the playbook's lease tasks -----------------------------------------------
+
+
+class _VarsRunner:
+    """A batch runner that records each batch's extra vars and the lease tags on the instances then."""
+
+    def __init__(self, url: str, ids: list[str]) -> None:
+        self.url, self.ids = url, ids
+        self.seen: list[tuple[dict[str, Any], dict[str, dict[str, str]]]] = []
+
+    def __call__(
+        self, hosts: Any, extravars: dict[str, Any], *, check: bool, on_result: Any, cancel: Any
+    ) -> Any:
+        from fleetops.ansible.runner import PlaybookRun, TaskResult
+
+        self.seen.append((dict(extravars), _tags(self.url, self.ids)))
+        run = PlaybookRun(status="successful", rc=0)
+        for host in hosts:
+            run.tasks[host] = [TaskResult(host, "ok", "x", "x", {"changed": True})]
+        return run
+
+
+@pytest.mark.parametrize("apply", [True, False])
+def test_each_batch_tells_the_playbook_which_lease_the_rollout_holds(
+    moto: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, apply: bool
+) -> None:
+    """With the lease held (apply, EC2 hosts), every batch passes fleetops_lease_rollout = the rollout id,
+    the key of the tag on the instances while the batch runs, so the playbook checks that lease instead
+    of taking its own (which the CLI's would refuse); a dry run holds none and passes fleetops_lease false."""
+    from fleetops.rollout.engine import LEASE_ROLLOUT_VAR, LEASE_VAR, Engine
+    from fleetops.rollout.locks import locked
+    from fleetops.rollout.state import new_rollout
+
+    url, ids = moto
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inventory = tmp_path / "inv.ec2.yml"
+    inventory.write_text(
+        f"plugin: fleetops.node.ec2\nendpoint_url: {url}\naws_access_key: testing\n"
+        f"aws_secret_key: testing\nregions: [{REGION}]\n"
+    )
+    hosts = [f"host-{i}" for i in range(2)]
+    rollout = new_rollout(action="reclaim", apply=apply, inventory=[inventory], extravars={},
+                          plan={"batches": [hosts[:1], hosts[1:]], "hosts": 2}, max_failures=0,
+                          cooldown=0, gate=False, state_path=tmp_path / "state.json")  # fmt: skip
+    rollout.lease = {"ttl": 60, "settle": 0.1,
+                     "instances": {h: {"instance": ids[i], "region": REGION} for i, h in enumerate(hosts)}}  # fmt: skip
+    runner = _VarsRunner(url, ids[:2])
+    with locked(rollout, hosts, False) as held:
+        engine = Engine(rollout=rollout, actions=("x",), runner=runner,
+                        scanner=lambda hs: {h: {"status": "ok", "findings": []} for h in hs},
+                        guard=held.guard, ec2_stop=held.ec2_stop)  # fmt: skip
+        engine.run()
+    assert len(runner.seen) == 2
+    for extravars, tags in runner.seen:
+        if apply:
+            assert extravars[LEASE_ROLLOUT_VAR] == rollout.id and LEASE_VAR not in extravars
+            assert all(set(t) == {KEY_PREFIX + rollout.id} for t in tags.values()), tags
+        else:
+            assert extravars[LEASE_VAR] is False and LEASE_ROLLOUT_VAR not in extravars
+            assert all(t == {} for t in tags.values()), tags
+    assert all(t == {} for t in _tags(url, ids[:2]).values())  # released after the rollout
