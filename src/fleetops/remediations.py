@@ -287,32 +287,33 @@ def _quarantine_vars(p: Mapping[str, Any]) -> dict[str, Any]:
 def _unquarantine_prepare(
     p: Mapping[str, Any], inventory: list[Path], limit: str | None, say: Say
 ) -> tuple[dict[str, Any], list[str] | None]:
-    """Scan first: only hosts whose fresh scan is clean (answered, no warning or critical finding) are
-    unquarantined; the others are named and left out (and the playbook refuses them too)."""
+    """Scan first: the playbook refuses a host whose fresh scan still finds (warning or critical) the
+    check it was quarantined for (the node's annotation), or that the scan could not read."""
     from fleetops.scan import ScanOptions, run_scan
 
     say(
-        f"scanning first ({p['sample_seconds']:g}s between two samples): only clean hosts are unquarantined",
+        f"scanning first ({p['sample_seconds']:g}s between two samples): a host still failing its check stays",
         "",
     )
     report = run_scan(ScanOptions(inventory=inventory, limit=limit, sample_seconds=p["sample_seconds"]))
-    clean: list[str] = []
+    found: dict[str, list[str]] = {}
     for host, entry in sorted(report.get("hosts", {}).items()):
-        bad = [
-            f"{f.get('check')}: {f.get('summary', '')}".strip()
-            for f in entry.get("findings", [])
-            if f.get("severity") in ("warning", "critical")
-        ]
         if entry.get("status") != "ok":
+            say(f"  {host}: its scan did not complete ({entry.get('status')}): it will be refused", "warning")
+            continue
+        found[host] = sorted(
+            {
+                str(f.get("check"))
+                for f in entry.get("findings", [])
+                if f.get("severity") in ("warning", "critical")
+            }
+        )
+        if found[host]:
             say(
-                f"  {host}: refused: its scan did not complete ({entry.get('status')}); left quarantined",
-                "warning",
+                f"  {host}: the scan finds {', '.join(found[host])}: refused if quarantined for one of them",
+                "",
             )
-        elif bad:
-            say(f"  {host}: refused: its scan still finds {'; '.join(bad)}; left quarantined", "warning")
-        else:
-            clean.append(host)
-    return {**_kubectl_vars(p), "fleetops_unquarantine_clean": clean}, clean
+    return {**_kubectl_vars(p), "fleetops_unquarantine_findings": found}, None
 
 
 REMEDIATIONS: dict[str, Remediation] = {
@@ -410,10 +411,10 @@ REMEDIATIONS: dict[str, Remediation] = {
             name="unquarantine",
             playbook="fleetops.node.unquarantine",
             actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
-            help="scan, then give clean hosts' nodes back to scheduling: remove our taint, uncordon "
-            "if we cordoned, drop the annotation",
+            help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
+            "check: remove our taint, uncordon if we cordoned, drop the annotation",
             params={"sample_seconds": 10.0, "kubeconfig": None, "kubectl": "kubectl"},
-            extravars=lambda p: {**_kubectl_vars(p), "fleetops_unquarantine_clean": []},
+            extravars=lambda p: {**_kubectl_vars(p), "fleetops_unquarantine_findings": {}},
             prepare=_unquarantine_prepare,
         ),
     )

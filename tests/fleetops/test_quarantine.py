@@ -80,6 +80,7 @@ def _run(inv: Path, action: str, apply: bool, observer: Any = None, **params: An
         apply=apply,
         gate=False,  # the batch gate scans this controller; the unquarantine's own scan is what is tested
         max_parallel="100%",
+        per_group_max=100,  # one batch: the hosts are ungrouped
         canary=0,
         params={"kubectl": str(STANDIN), **params},
     )
@@ -131,7 +132,7 @@ def test_quarantine_dry_run_changes_nothing_then_apply_cordons_taints_and_annota
     assert all(c[c.index("--") - 1 if "--" in c else 0] in ("json",) for c in _read(kube)["calls"][calls:])
 
 
-def test_unquarantine_takes_off_only_our_taint_and_cordon_and_refuses_a_host_not_clean(
+def test_unquarantine_takes_off_only_our_taint_and_cordon_and_refuses_a_host_still_failing_its_check(
     tmp_path: Path, kube: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import fleetops.scan
@@ -152,18 +153,22 @@ def test_unquarantine_takes_off_only_our_taint_and_cordon_and_refuses_a_host_not
             },
             "node-b": {"unschedulable": True, "taints": [ours], "annotations": {KEY: record(False)}},
             "node-c": {"unschedulable": True, "taints": [ours], "annotations": {KEY: record(True)}},
+            "node-d": {"unschedulable": True, "taints": [ours], "annotations": {KEY: record(True)}},
         },
     )
-    inv = _inventory(tmp_path, {"node-a": {}, "node-b": {}, "node-c": {}})
+    inv = _inventory(tmp_path, {"node-a": {}, "node-b": {}, "node-c": {}, "node-d": {}})
     crit = {
         "check": "crashloop_unit",
         "severity": "critical",
         "summary": "a.service restarted 40 times",
         "data": {},
     }
-    report = {"hosts": {"node-a": {"status": "ok", "findings": [{"check": "x", "severity": "info"}]},
+    other_warning = {"check": "zombie_memcg", "severity": "warning", "summary": "zombies", "data": {}}
+    # node-a: another check's warning (not what it was quarantined for); node-d: not scanned
+    report = {"hosts": {"node-a": {"status": "ok", "findings": [{"check": "x", "severity": "info"}, other_warning]},
                         "node-b": {"status": "ok", "findings": []},
-                        "node-c": {"status": "ok", "findings": [crit]}}}  # fmt: skip
+                        "node-c": {"status": "ok", "findings": [crit]},
+                        "node-d": {"status": "unreachable", "findings": []}}}  # fmt: skip
     scans: list[Any] = []
 
     def scan(opts: Any) -> dict[str, Any]:
@@ -173,15 +178,22 @@ def test_unquarantine_takes_off_only_our_taint_and_cordon_and_refuses_a_host_not
     monkeypatch.setattr(fleetops.scan, "run_scan", scan)
     said = Messages()
     done = _run(inv, "unquarantine", True, said, sample_seconds=0.5)
-    assert scans == [None] and done.rollout is not None and int(done.exit_code) == 0, done.document
-    assert sorted(done.rollout.results) == ["node-a", "node-b"]
-    assert any("node-c: refused: its scan still finds crashloop_unit" in m for m in said.lines), said.lines
+    assert scans == [None] and done.rollout is not None and int(done.exit_code) == 3, done.document
+    results = done.rollout.results
+    assert {h: o.status for h, o in results.items()} == {
+        "node-a": "ok", "node-b": "ok", "node-c": "failed", "node-d": "failed"
+    }  # fmt: skip
+    assert (
+        results["node-c"].msg == "refused: its scan still finds crashloop_unit: node node-c left quarantined"
+    )
+    assert results["node-d"].msg == "refused: no scan result for node-d: node node-d left quarantined"
+    assert any("node-d: its scan did not complete (unreachable)" in m for m in said.lines), said.lines
     nodes = _read(kube)["nodes"]
     assert nodes["node-a"] == {"unschedulable": False, "taints": [other], "annotations": {"k": "v"}}
     assert nodes["node-b"] == {"unschedulable": True, "taints": [], "annotations": {}}  # not our cordon
     assert nodes["node-c"]["taints"] == [ours] and nodes["node-c"]["unschedulable"] is True
-    assert KEY in nodes["node-c"]["annotations"]
-    assert not any(c[-1] == "node-c" or c[-2:-1] == ["node-c"] for c in _mutations(kube))
+    assert KEY in nodes["node-c"]["annotations"] and nodes["node-d"]["taints"] == [ours]
+    assert not any({"node-c", "node-d"} & set(c) for c in _mutations(kube))
 
 
 def test_evict_drains_and_a_pdb_blocked_eviction_fails_the_host_after_the_timeout(

@@ -290,7 +290,8 @@ def _unquarantine_args(p: argparse.ArgumentParser) -> None:
         type=seconds,
         default=10.0,
         metavar="S",
-        help="the scan first (only hosts it finds clean are unquarantined): seconds between its two samples",
+        help="the scan first (a host it still finds failing its quarantine's check is refused): "
+        "seconds between its two samples (default: 10)",
     )
     _kubectl_args(p)
 
