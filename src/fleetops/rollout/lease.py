@@ -43,14 +43,12 @@ and error texts are the plugin's too. The collection's code is loaded through
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import math
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,17 +58,19 @@ import yaml
 from fleetops.ansible.collection import module_utils
 from fleetops.errors import FleetopsError, UsageError
 
-KEY_PREFIX = "fleetops:lease:"
+# The protocol (tag key and value, who wins, the tag calls) is the collection's module_utils/lease.py,
+# the code the playbooks' fleetops.node.ec2_lease module runs, so the CLI and AWX judge the same tags.
+_protocol = module_utils("lease")
+KEY_PREFIX: str = _protocol.KEY_PREFIX
+TAG_VALUE_MAX: int = _protocol.TAG_VALUE_MAX
 PLUGIN_NAMES = ("fleetops.node.ec2",)
-DEFAULT_TTL_S = 900.0
-DEFAULT_SETTLE_S = 2.0
-MAX_TTL_S = 86400.0  # a crashed controller's lease blocks others this long at most (renewals keep a live one)
-MAX_SETTLE_S = 300.0
-TAG_VALUE_MAX = 256  # EC2: 256 Unicode characters; kept to 256 bytes of UTF-8, which satisfies any count
-ELLIPSIS = "\u2026"
-FILTER_CHUNK = 200  # values per DescribeTags filter
-TAG_CHUNK = 500  # resources per CreateTags / DeleteTags call
+DEFAULT_TTL_S: float = _protocol.DEFAULT_TTL_S
+DEFAULT_SETTLE_S: float = _protocol.DEFAULT_SETTLE_S
+MAX_TTL_S: float = _protocol.MAX_TTL_S  # a crashed controller's lease blocks others this long at most
+MAX_SETTLE_S: float = _protocol.MAX_SETTLE_S
 ROLLOUT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+encode = _protocol.encode  # the tag's value (compact JSON, at most TAG_VALUE_MAX bytes)
+LeaseRecord = _protocol.LeaseRecord  # one instance's lease tag of one rollout
 
 
 class LeaseError(FleetopsError):
@@ -233,110 +233,20 @@ def lease_settle(text: str) -> float:
     return _seconds(text, validate_settle)
 
 
-# --------------------------------------------------------------------------------------- records
+# --------------------------------------------------------------------------------------- the lease
 
 
 def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def _parse_iso(text: str) -> float:
-    import calendar
-
-    return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """One instance's lease tag of one rollout."""
-
-    rollout: str
-    operator: str
-    since: float
-    expires: float
-    value: str  # the tag's exact value (what a conditional DeleteTags must name)
-
-    @classmethod
-    def parse(cls, key: str, value: str) -> LeaseRecord:
-        rollout = key[len(KEY_PREFIX) :]
-        try:
-            data = json.loads(value)
-            return cls(
-                rollout, str(data["operator"]), _parse_iso(data["since"]), _parse_iso(data["expires"]), value
-            )
-        except (ValueError, KeyError, TypeError):
-            # unreadable: its expiry is unknown, so it holds until someone breaks it (--break-lock)
-            return cls(rollout, "unknown (unreadable lease tag)", 0.0, float("inf"), value)
-
-    def order(self) -> tuple[float, str]:
-        return (self.since, self.rollout)
-
-    def live(self, now: float) -> bool:
-        return self.expires > now
-
-    def describe(self, now: float) -> str:
-        if self.expires == float("inf"):
-            return f"rollout {self.rollout} ({self.operator})"
-        left = self.expires - now
-        when = f"expires {_iso(self.expires)}" + (f" (in {left:.0f}s)" if left > 0 else " (expired)")
-        return f"rollout {self.rollout} by {self.operator}, {when}"
-
-
-def _size(text: str) -> int:
-    """Bytes of ``text`` in the tag value: JSON-escaped (ensure_ascii off), in UTF-8."""
-    return len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2
-
-
-def _fit(text: str, budget: int) -> str:
-    """``text``, or its longest prefix + an ellipsis, of at most ``budget`` bytes (whole characters)."""
-    if _size(text) <= budget:
-        return text
-    room, kept = budget - _size(ELLIPSIS), []
-    for ch in text:
-        room -= _size(ch)
-        if room < 0:
-            break
-        kept.append(ch)
-    return "".join(kept) + ELLIPSIS
-
-
-def _shorten(operator: str, budget: int) -> str:
-    """``user@controller`` in ``budget`` bytes: a part that fits in half is kept whole, the rest shortened."""
-    if "@" not in operator:
-        return _fit(operator, budget)
-    user, host = operator.rsplit("@", 1)
-    room = budget - 1
-    if _size(host) <= room // 2:
-        return _fit(user, room - _size(host)) + "@" + host
-    if _size(user) <= room // 2:
-        return user + "@" + _fit(host, room - _size(user))
-    return _fit(user, room // 2) + "@" + _fit(host, room - room // 2)
-
-
-def encode(operator: str, since: float, expires: float) -> str:
-    """The lease tag's value: compact JSON of at most TAG_VALUE_MAX bytes; the operator is shortened to fit.
-
-    Non-ASCII is written as is (``\\u00e9`` would take 6 bytes for a 2-byte character); lone
-    surrogates (an undecodable user name) become ``?``.
-    """
-    operator = operator.encode("utf-8", "replace").decode("utf-8")
-
-    def dump(op: str) -> str:
-        data = {"operator": op, "since": _iso(since), "expires": _iso(expires)}
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-    value = dump(operator)
-    if len(value.encode("utf-8")) > TAG_VALUE_MAX:
-        value = dump(_shorten(operator, TAG_VALUE_MAX - len(dump("").encode("utf-8"))))
-    return value
-
-
-# --------------------------------------------------------------------------------------- the lease
+    return str(_protocol.iso(ts))
 
 
 @dataclass
 class Ec2Lease:
-    """One rollout's lease on its EC2 instances: ``acquire``, ``start`` renewing, ``check``, ``release``."""
+    """One rollout's lease on its EC2 instances: ``acquire``, ``start`` renewing, ``check``, ``release``.
+
+    The tags, the take and the lost-race rules are module_utils/lease.py's (``encode``, ``plan_take``,
+    ``beaten``, ``Ec2Tags``); this class adds the controller's part: the renewing thread and the guard.
+    """
 
     connection: Ec2Connection
     instances: Mapping[str, Mapping[str, str]]  # host -> {"instance", "region"}
@@ -350,22 +260,21 @@ class Ec2Lease:
     since: float = 0.0
     expires: float = 0.0
     lost: str | None = None
-    _settings: Any = None  # module_utils/aws.py ConnectionSettings
-    _session: Any = None
-    _clients: dict[str, Any] = field(default_factory=dict)
+    _tags: Any = None  # module_utils/lease.py Ec2Tags
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def __post_init__(self) -> None:
         self.ttl = validate_ttl(self.ttl, self.settle)
         self.settle = float(self.settle)
-        self._settings = self.connection.settings()
+        regions = {target["instance"]: self._region_of(host) for host, target in self.instances.items()}
+        self._tags = _protocol.Ec2Tags(
+            self.connection.settings(), regions, user_agent="fleetops.rollout.lease"
+        )
 
     @property
     def key(self) -> str:
         return KEY_PREFIX + self.rollout
-
-    # ---- EC2 calls -------------------------------------------------------------------------
 
     def _region_of(self, host: str) -> str:
         region = self.instances[host].get("region") or ""
@@ -375,95 +284,36 @@ class Ec2Lease:
             return self.connection.regions[0]
         return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
-    def _by_region(self) -> dict[str, dict[str, str]]:
-        """{region: {instance id: host}}."""
-        out: dict[str, dict[str, str]] = {}
-        for host, target in self.instances.items():
-            out.setdefault(self._region_of(host), {})[target["instance"]] = host
-        return out
+    def _targets(self) -> dict[str, str]:
+        """{instance id: host}."""
+        return {target["instance"]: host for host, target in self.instances.items()}
 
-    def _client(self, region: str) -> Any:
-        if region not in self._clients:
-            aws = _aws()
-            try:
-                if self._session is None:
-                    self._session = aws.session(self._settings)
-                self._clients[region] = aws.client(
-                    self._settings,
-                    "ec2",
-                    region,
-                    aws_session=self._session,
-                    user_agent="fleetops.rollout.lease",
-                )
-            except aws.AwsError as exc:
-                raise LeaseApiError(str(exc)) from None
-        return self._clients[region]
-
-    def _call(self, operation: str, region: str, func: Callable[[], Any]) -> Any:
-        """One request under the inventory's retry budget (module_utils/aws.py's call)."""
+    def _api(self, func: Callable[..., Any], *args: Any) -> Any:
+        """One of Ec2Tags' calls; its aws.AwsError (after the retries) as LeaseApiError."""
         aws = _aws()
         try:
-            return aws.call(self._settings, operation, region, func)
+            return func(*args)
         except aws.AwsError as exc:
             raise LeaseApiError(str(exc)) from None
 
-    def read(self) -> dict[str, dict[str, LeaseRecord]]:
-        """{instance id: {rollout: lease}} for every lease tag on our instances."""
-        leases: dict[str, dict[str, LeaseRecord]] = {}
-        for region, ids in self._by_region().items():
-            client = self._client(region)
-            id_list = sorted(ids)
-            for start in range(0, len(id_list), FILTER_CHUNK):
-                filters = [
-                    {"Name": "resource-id", "Values": id_list[start : start + FILTER_CHUNK]},
-                    {"Name": "key", "Values": [KEY_PREFIX + "*"]},
-                ]
-                token: str | None = None
-                while True:
-                    kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": 1000}
-                    if token:
-                        kwargs["NextToken"] = token
-                    page = self._call(
-                        "DescribeTags", region, functools.partial(client.describe_tags, **kwargs)
-                    )
-                    for tag in page.get("Tags", []):
-                        key = str(tag.get("Key", ""))
-                        if key.startswith(KEY_PREFIX) and tag.get("ResourceId") in ids:
-                            record = LeaseRecord.parse(key, str(tag.get("Value", "")))
-                            leases.setdefault(str(tag["ResourceId"]), {})[record.rollout] = record
-                    token = page.get("NextToken")
-                    if not token:
-                        break
+    # the kill switch's EC2 channel (fleetops.rollout.locks) reads its tag through these: the lease's
+    # clients and retry budget
+    def _by_region(self) -> dict[str, list[str]]:
+        """{region: [instance ids]}."""
+        by_region: dict[str, list[str]] = self._tags.by_region()
+        return by_region
+
+    def _client(self, region: str) -> Any:
+        return self._api(self._tags.client, region)
+
+    def _call(self, operation: str, region: str, func: Callable[[], Any]) -> Any:
+        """One request under the inventory's retry budget (module_utils/aws.py's call)."""
+        return self._api(_aws().call, self._tags.settings, operation, region, func)
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """{instance id: {rollout: LeaseRecord}} for every lease tag on our instances."""
+        leases: dict[str, dict[str, Any]] = self._api(self._tags.read)
         return leases
-
-    def _tag_chunks(
-        self, operation: str, region: str, instance_ids: Iterable[str], key: str, value: str
-    ) -> None:
-        """CreateTags / DeleteTags of ``key`` = ``value`` on the instances, in chunks the API accepts."""
-        client = self._client(region)
-        method = client.create_tags if operation == "CreateTags" else client.delete_tags
-        ids = sorted(instance_ids)
-        for start in range(0, len(ids), TAG_CHUNK):
-            chunk = ids[start : start + TAG_CHUNK]
-            self._call(
-                operation,
-                region,
-                functools.partial(method, Resources=chunk, Tags=[{"Key": key, "Value": value}]),
-            )
-
-    def _write(self, value: str) -> None:
-        for region, ids in self._by_region().items():
-            self._tag_chunks("CreateTags", region, ids, self.key, value)
-
-    def _delete(self, region: str, instance_ids: Sequence[str], key: str, value: str) -> None:
-        """Remove ``key`` where it still has ``value`` (EC2 leaves a tag whose value differs)."""
-        self._tag_chunks("DeleteTags", region, instance_ids, key, value)
-
-    def _host(self, instance: str) -> str:
-        return next((h for h, t in self.instances.items() if t["instance"] == instance), instance)
-
-    def _region_of_instance(self, instance: str) -> str:
-        return self._region_of(self._host(instance))
 
     # ---- the protocol ----------------------------------------------------------------------
 
@@ -472,72 +322,43 @@ class Ec2Lease:
         if not self.instances:
             return
         now = self.clock()
-        leases = self.read()
-        conflicts: list[str] = []
-        removals: dict[tuple[str, str, str], list[str]] = {}  # (region, key, value) -> instances
-        own_since: float | None = None
-        for instance, held in sorted(leases.items()):
-            for rid, record in held.items():
-                if rid == self.rollout:  # ours, from before a kill or a stop: resume keeps its place
-                    if record.live(now):
-                        own_since = min(own_since or record.since, record.since)
-                    continue
-                if not record.live(now):
-                    self.say(f"lease: {self._host(instance)} ({instance}): taking over the expired lease of "
-                             f"{record.describe(now)}")  # fmt: skip
-                elif break_lock is True or break_lock == rid:
-                    self.say(f"lease: {self._host(instance)} ({instance}): breaking the lease of "
-                             f"{record.describe(now)} (--break-lock)")  # fmt: skip
-                else:
-                    conflicts.append(f"{self._host(instance)} ({instance}): {record.describe(now)}")
-                    continue
-                where = (self._region_of_instance(instance), KEY_PREFIX + rid, record.value)
-                removals.setdefault(where, []).append(instance)
-        if conflicts:
+        targets = self._targets()
+        plan = _protocol.plan_take(targets, self.read(), self.rollout, now, break_lock)
+        if plan["conflicts"]:
             raise LeaseError(
-                f"Failed to take the EC2 lease on {len(conflicts)} instance(s) held by another rollout: "
-                + "; ".join(conflicts[:5])
-                + (f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
-                + ". Wait for it, resume it, or pass --break-lock [ROLLOUT] if it is stale"
+                _protocol.refusal(
+                    plan["conflicts"], "Wait for it, resume it, or pass --break-lock [ROLLOUT] if it is stale"
+                )
             )
-        for (region, their_key, their_value), ids in removals.items():
-            self._delete(region, ids, their_key, their_value)
+        removals: dict[tuple[str, str], list[str]] = {}  # (their key, their value) -> instances
+        for instance, record, why in plan["removals"]:
+            what = "taking over the expired lease of" if why == "expired" else "breaking the lease of"
+            self.say(f"lease: {_protocol.where(targets.get(instance, instance), instance)}: {what} "
+                     f"{record.describe(now)}" + ("" if why == "expired" else " (--break-lock)"))  # fmt: skip
+            removals.setdefault((KEY_PREFIX + record.rollout, record.value), []).append(instance)
+        for (their_key, their_value), ids in removals.items():
+            self._api(self._tags.delete, ids, their_key, their_value)
         # whole seconds: the tag stores whole seconds, and every rollout must compare the same values
-        self.since = own_since if own_since is not None else float(int(now))
+        own_since = plan["own_since"]
+        self.since = float(own_since) if own_since is not None else float(int(now))
         self.expires = now + self.ttl
-        self.value = encode(self.operator, self.since, self.expires)
-        self._write(self.value)
+        self.value = str(_protocol.encode(self.operator, self.since, self.expires))
+        self._api(self._tags.write, list(targets), self.key, self.value)
         if self.settle > 0:
             time.sleep(self.settle)
         beaten = self._beaten(self.read(), self.clock())
         if beaten:
             self.release()
-            raise LeaseError(
-                f"Failed to take the EC2 lease: another rollout took it at the same time and was first on "
-                f"{len(beaten)} instance(s): {'; '.join(beaten[:5])}. Nothing was changed; try again later"
-            )
+            raise LeaseError(_protocol.lost_race(beaten))
         self.say(
             f"lease: tagged {len(self.instances)} instance(s) {self.key} until {_iso(self.expires)} "
             f"(renewed every {self.ttl / 3:.0f}s)"
         )
 
-    def _beaten(self, leases: dict[str, dict[str, LeaseRecord]], now: float) -> list[str]:
+    def _beaten(self, leases: dict[str, dict[str, Any]], now: float) -> list[str]:
         """Instances where our lease is gone, or a live lease taken before ours is there too."""
-        mine = (self.since, self.rollout)
-        lost: list[str] = []
-        for host, target in sorted(self.instances.items()):
-            held = leases.get(target["instance"], {})
-            if self.rollout not in held:
-                lost.append(
-                    f"{host} ({target['instance']}): our lease tag is gone (broken by another rollout?)"
-                )
-                continue
-            first = min(
-                (r for r in held.values() if r.live(now) or r.rollout == self.rollout), key=LeaseRecord.order
-            )
-            if first.order() < mine:
-                lost.append(f"{host} ({target['instance']}): {first.describe(now)}")
-        return lost
+        lines: list[str] = _protocol.beaten(self._targets(), leases, self.rollout, self.since, now)
+        return lines
 
     def renew(self) -> None:
         """Re-read, then extend our lease; marks it lost when it was broken or overtaken."""
@@ -550,8 +371,8 @@ class Ec2Lease:
                 self.lost = "the EC2 lease was lost: " + "; ".join(beaten[:5])
                 return
             expires = now + self.ttl
-            value = encode(self.operator, self.since, expires)
-            self._write(value)
+            value = str(_protocol.encode(self.operator, self.since, expires))
+            self._api(self._tags.write, list(self._targets()), self.key, value)
         except LeaseApiError as exc:
             if self.clock() >= self.expires:
                 self.lost = f"the EC2 lease expired: renewing it failed: {exc}"
@@ -590,9 +411,9 @@ class Ec2Lease:
         if self.value is None:
             return
         value, self.value = self.value, None
-        for region, ids in self._by_region().items():
+        for region, ids in self._tags.by_region().items():
             try:
-                self._delete(region, list(ids), self.key, value)
+                self._api(self._tags.delete, ids, self.key, value)
             except LeaseApiError as exc:
                 self.say(
                     f"lease: could not remove the lease tags in {region} (they expire {_iso(self.expires)}): {exc}"
