@@ -176,9 +176,13 @@ def test_unquarantine_takes_off_only_our_taint_and_cordon_and_refuses_a_host_sti
         return report
 
     monkeypatch.setattr(fleetops.scan, "run_scan", scan)
+    before = _read(kube)["nodes"]
+    dry = _run(inv, "unquarantine", False, sample_seconds=0.5)
+    assert dry.rollout is not None and dry.rollout.results["node-a"].changed  # would change
+    assert _read(kube)["nodes"] == before and _mutations(kube) == []
     said = Messages()
     done = _run(inv, "unquarantine", True, said, sample_seconds=0.5)
-    assert scans == [None] and done.rollout is not None and int(done.exit_code) == 3, done.document
+    assert scans == [None, None] and done.rollout is not None and int(done.exit_code) == 3, done.document
     results = done.rollout.results
     assert {h: o.status for h, o in results.items()} == {
         "node-a": "ok", "node-b": "ok", "node-c": "failed", "node-d": "failed"
