@@ -345,13 +345,13 @@ class _VarsRunner:
 
 
 @pytest.mark.parametrize("apply", [True, False])
-def test_each_batch_tells_the_playbook_which_lease_the_rollout_holds(
+def test_each_batch_tells_the_playbook_to_leave_the_lease_to_the_cli(
     moto: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, apply: bool
 ) -> None:
-    """With the lease held (apply, EC2 hosts), every batch passes fleetops_lease_rollout = the rollout id,
-    the key of the tag on the instances while the batch runs, so the playbook checks that lease instead
-    of taking its own (which the CLI's would refuse); a dry run holds none and passes fleetops_lease false."""
-    from fleetops.rollout.engine import LEASE_ROLLOUT_VAR, LEASE_VAR, Engine
+    """With the lease held (apply, EC2 hosts: the CLI's tag is on the instances while each batch runs) and
+    without (a dry run), every batch passes fleetops_lease false, so the playbook never takes a lease of
+    its own (which the CLI's would refuse) nor releases one: the CLI's guard checks its lease."""
+    from fleetops.rollout.engine import LEASE_VAR, Engine
     from fleetops.rollout.locks import locked
     from fleetops.rollout.state import new_rollout
 
@@ -376,10 +376,7 @@ def test_each_batch_tells_the_playbook_which_lease_the_rollout_holds(
         engine.run()
     assert len(runner.seen) == 2
     for extravars, tags in runner.seen:
-        if apply:
-            assert extravars[LEASE_ROLLOUT_VAR] == rollout.id and LEASE_VAR not in extravars
-            assert all(set(t) == {KEY_PREFIX + rollout.id} for t in tags.values()), tags
-        else:
-            assert extravars[LEASE_VAR] is False and LEASE_ROLLOUT_VAR not in extravars
-            assert all(t == {} for t in tags.values()), tags
+        assert extravars[LEASE_VAR] is False and "fleetops_lease_rollout" not in extravars
+        want = {KEY_PREFIX + rollout.id} if apply else set()
+        assert all(set(t) == want for t in tags.values()), tags
     assert all(t == {} for t in _tags(url, ids[:2]).values())  # released after the rollout

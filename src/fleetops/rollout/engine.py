@@ -46,7 +46,6 @@ HOST_TIMEOUT_VAR = "fleetops_host_timeout"  # the playbooks' per-task time limit
 # the batch is the plan's, all of it at once, failures judged by the breaker (the playbooks default to
 # one host at a time and stop at the first failure, for plain runs).
 BATCH_VARS: dict[str, Any] = {"fleetops_serial": "100%", "fleetops_max_fail_percentage": 100}
-LEASE_ROLLOUT_VAR = "fleetops_lease_rollout"  # the playbooks check this rollout's EC2 lease
 LEASE_VAR = "fleetops_lease"  # false: the playbooks run no EC2 lease task
 
 
@@ -210,12 +209,12 @@ class Engine:
             if tr.action in self.actions or tr.status in ("failed", "unreachable"):
                 observer.host_finished(tr.host)
 
-        # the playbook's EC2 lease tasks: only check the lease this rollout holds (the guard is the
-        # lease's), or none when it holds none (dry run, --no-ec2-lease, no EC2 source): never their own
-        lease = {LEASE_ROLLOUT_VAR: self.rollout.id} if self.guard is not None else {LEASE_VAR: False}
+        # the playbook's EC2 lease tasks never run under the CLI: it holds its own lease and checks it
+        # before each batch (the guard). Checking it in the playbook too (fleetops_lease_rollout) needs
+        # the inventory's EC2 connection in the runner's environment, which it does not get yet.
         run = self.runner(
             list(hosts),
-            {**BATCH_VARS, **lease, **extravars},
+            {**BATCH_VARS, LEASE_VAR: False, **extravars},
             check=(not self.rollout.apply) if check is None else check,
             on_result=seen,
             cancel=self.abort_requested,
