@@ -45,7 +45,7 @@ class ConsoleObserver(RolloutObserver):
 
     def message(self, text: str, style: str = "") -> None:
         markup = STYLES.get(style, style)
-        self.console.print(f"[{markup}]{text}[/]" if markup else text)
+        self.console.print(f"[{markup}]{escape(text)}[/]" if markup else escape(text))
 
     def host_recorded(self, host: str, outcome: HostOutcome) -> None:
         apply = self.rollout.apply if self.rollout is not None else False
@@ -59,7 +59,8 @@ class ConsoleObserver(RolloutObserver):
         else:
             what = "ok (no change)"
         detail = outcome.gate or outcome.msg or ", ".join((outcome.result or {}).get("actions") or [])
-        self.console.print(f"  [{style}]{host}: {what}[/] {detail}")
+        # host names and module messages are data (an EC2 Name tag, a kubectl error with [...]): never markup
+        self.console.print(f"  [{style}]{escape(host)}: {what}[/] {escape(str(detail))}")
         self.host_finished(host)
 
     def interrupted(self, rollout: Rollout) -> None:
