@@ -13,6 +13,11 @@ status, and each host's findings as (check, severity) pairs. The hosts are two l
 in the lab's subnet where nothing answers (an unreachable host), and an allow-list that leaves every
 enabled unit but sshd unexpected, so that both sides have findings to agree on.
 
+The EC2 lease, both ways, with the same hosts as instances of the lab's local EC2 endpoint (moto): a
+running `fleetops remediate reclaim` holds it and the collection's remediate_reclaim, run as AWX job 4242
+through the stream, fails on its lease task naming the CLI's rollout before any host task; an AWX job
+(4343) holds it and `fleetops remediate reclaim --apply` exits 4 naming awx-job-4343, no host run.
+
 Needs root, the lab (systemd-nspawn) and podman; `make test-ee` installs podman (tools/debian-deps.sh
 --ee) and builds the image first. Podman runs with ee/containers.conf (runc and lowered ulimits: crun
 cannot start a container on these machines).
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +40,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import fleetops
+from tests.helpers import FLEETOPS, fleetops
 from tests.paths import REPO
 
 IMAGE = "localhost/fleetops-ee:latest"
@@ -79,7 +85,7 @@ def image() -> str:
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     lab = Lab()
-    lab.up(2)
+    lab.up(2, ec2=True)  # the hosts also as instances of a local EC2 endpoint (moto): the lease tests
     try:
         yield lab
     finally:
@@ -247,3 +253,249 @@ def test_execution_node_stream_through_the_ee_worker_matches_fleetops_scan(
     # `process` exits with the job's rc: 4, a host was unreachable
     assert (status, proc.returncode) == ("failed", 4), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _from_stats(scan) == expected
+
+
+# ------------------------------------------------------------------ the EC2 lease: a CLI rollout and an AWX job
+#
+# The same two lab hosts, as instances of the lab's EC2 endpoint (moto on 127.0.0.1, reached from the EE
+# container through --network host). The AWX job gets the endpoint and keys the way an AWS credential
+# reaches a job (env/envvars: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the hosts'
+# ec2_instance_id / ec2_region hostvars in its inventory (a static copy of what the EC2 inventory gives).
+
+LEASE_PREFIX = "fleetops:lease:"
+RECLAIM = "fleetops.node.reclaim_memcg"
+
+
+def _ec2(lab: Lab) -> tuple[str, str, Any]:
+    """The lab's EC2 endpoint URL, its region and a boto3 client for it."""
+    from fleetops_lab.ec2sim import client
+
+    config = yaml.safe_load(lab.ec2_inventory_path().read_text())
+    url, region = config["endpoint_url"], config["regions"][0]
+    return url, region, client(url, region)
+
+
+def _lease_tags(lab: Lab) -> dict[str, list[str]]:
+    """Name tag -> the instance's fleetops:lease:* tag keys."""
+    _, _, ec2 = _ec2(lab)
+    tags = ec2.describe_tags()["Tags"]
+    names = {t["ResourceId"]: t["Value"] for t in tags if t["Key"] == "Name"}
+    leases: dict[str, list[str]] = {}
+    for tag in tags:
+        if tag["Key"].startswith(LEASE_PREFIX):
+            leases.setdefault(names.get(tag["ResourceId"], tag["ResourceId"]), []).append(tag["Key"])
+    return leases
+
+
+def _drop_leases(lab: Lab) -> None:
+    """Cleanup: remove every lease tag left on the lab's instances."""
+    _, _, ec2 = _ec2(lab)
+    for tag in ec2.describe_tags()["Tags"]:
+        if tag["Key"].startswith(LEASE_PREFIX):
+            ec2.delete_tags(Resources=[tag["ResourceId"]], Tags=[{"Key": tag["Key"]}])
+
+
+def _ec2_hostvars(lab: Lab) -> dict[str, dict[str, Any]]:
+    """The EC2 inventory's hostvars, as `ansible-inventory --list` gives them."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true",
+    }
+    proc = subprocess.run(
+        [str(BIN / "ansible-inventory"), "-i", str(lab.ec2_inventory_path()), "--list"],
+        capture_output=True, text=True, env=env, cwd=REPO, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout, object_hook=lambda o: o.get("__ansible_unsafe", o) if len(o) == 1 else o)
+    hostvars: dict[str, dict[str, Any]] = data["_meta"]["hostvars"]
+    return hostvars
+
+
+def _awx_ec2_job(lab: Lab, path: Path, extravars: dict[str, Any]) -> Path:
+    """An AWX-style private data dir for a job on the lab hosts as EC2 instances, with an AWS credential."""
+    pdd = _private_data_dir(lab, path)
+    inventory = yaml.safe_load((pdd / "inventory" / "hosts.yml").read_text())
+    hosts = inventory["all"]["children"]["fleetops_lab"]["hosts"]
+    del hosts[GHOST[0]]
+    ec2_vars = _ec2_hostvars(lab)
+    for host, hostvars in hosts.items():
+        hostvars["ec2_instance_id"] = ec2_vars[host]["ec2_instance_id"]
+        hostvars["ec2_region"] = ec2_vars[host]["ec2_region"]
+    assert sorted(hosts) == ["lab-01", "lab-02"]
+    (pdd / "inventory" / "hosts.yml").write_text(yaml.safe_dump(inventory, sort_keys=False))
+    url, region, _ = _ec2(lab)
+    envvars = {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": region,
+    }
+    (pdd / "env" / "envvars").write_text(yaml.safe_dump(envvars))
+    (pdd / "env" / "extravars").write_text(yaml.safe_dump(extravars))
+    return pdd
+
+
+def _stream(
+    image: str, pdd: Path, playbook: str, out: Path
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """transmit | the worker in the EE | process, as AWX runs a job on an execution node."""
+    out.mkdir()
+    runner = BIN / "ansible-runner"
+    pipeline = (
+        f"{runner} transmit {pdd} -p {playbook}"
+        f" | podman run -i --rm --network host {image} ansible-runner worker"
+        f" | {runner} process {out}"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", pipeline], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    return proc, time.monotonic() - started
+
+
+def _events(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(f.read_text()) for f in sorted((out / "artifacts" / "job_events").glob("*.json"))]
+
+
+def _ran(events: list[dict[str, Any]], action: str) -> list[tuple[str, str]]:
+    """(event, host) of every per-host event of a task with this action."""
+    return [
+        (e["event"], e["event_data"].get("host", ""))
+        for e in events
+        if e["event"].startswith("runner_on_")
+        and action in (e["event_data"].get("task_action"), e["event_data"].get("resolved_action"))
+    ]
+
+
+def test_awx_job_in_the_ee_is_refused_while_a_cli_rollout_holds_the_ec2_lease(
+    image: str, lab: Lab, tmp_path: Path
+) -> None:
+    """A real `fleetops remediate reclaim` holds the lease (its cooldown keeps it between batches); the
+    collection's remediate_reclaim, run as AWX job 4242 through the stream, fails on the lease task naming
+    the CLI's rollout, and no reclaim task ran on any host."""
+    _drop_leases(lab)
+    env = {
+        **os.environ,
+        "FLEETOPS_STATE_DIR": str(tmp_path / "state"),
+        "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+    }
+    state = tmp_path / "cli.json"
+    stderr = tmp_path / "cli.stderr"
+    cmd = [str(FLEETOPS), "remediate", "reclaim", "-i", str(lab.ec2_inventory_path()), "--apply",
+           "--min-zombies", "999999999", "--cooldown", "120", "--per-group-max", "1",
+           "--state", str(state), "--format", "json"]  # fmt: skip
+    with stderr.open("w") as err:
+        cli = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            rollout = ""
+            while time.monotonic() < deadline:
+                if state.exists():
+                    rollout = json.loads(state.read_text())["id"]
+                    if _lease_tags(lab) == {h: [LEASE_PREFIX + rollout] for h in ("lab-01", "lab-02")}:
+                        break
+                assert cli.poll() is None, stderr.read_text()
+                time.sleep(0.3)
+            else:
+                pytest.fail("the CLI rollout never held its lease: " + stderr.read_text())
+            pdd = _awx_ec2_job(
+                lab,
+                tmp_path / "job",
+                {"awx_job_id": 4242, "awx_user_name": "carol", "fleetops_min_zombies": 1},
+            )
+            out = tmp_path / "processed"
+            proc, seconds = _stream(image, pdd, "fleetops.node.remediate_reclaim", out)
+            print(f"AWX job refused by the CLI's lease: {seconds:.1f} s")
+            # the CLI still runs and still holds its lease: the job took nothing
+            assert cli.poll() is None, stderr.read_text()
+            assert _lease_tags(lab) == {h: [LEASE_PREFIX + rollout] for h in ("lab-01", "lab-02")}
+        finally:
+            if cli.poll() is None:
+                cli.send_signal(signal.SIGINT)  # stops in its cooldown, releasing its lease
+                try:
+                    cli.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    cli.kill()
+                    cli.wait()
+            _drop_leases(lab)
+    text = proc.stdout + proc.stderr
+    status = (out / "artifacts" / "status").read_text().strip()
+    assert status == "failed" and proc.returncode != 0, text[-3000:]
+    events = _events(out)
+    failed = [e for e in events if e["event"] == "runner_on_failed"]
+    assert [e["event_data"]["resolved_action"] for e in failed] == ["fleetops.node.ec2_lease"], text[-3000:]
+    msg = failed[0]["event_data"]["res"]["msg"]
+    assert "Failed to take the EC2 lease on 2 instance(s) held by another rollout" in msg, msg
+    assert f"rollout {rollout} by " in msg, msg
+    assert _ran(events, RECLAIM) == []  # no host was touched
+    # nothing ran on a host: the only tasks that ran are the controller-side ones (the lease id, the
+    # deadline check, the lease take and its release, all on localhost)
+    actions = {e["event_data"].get("resolved_action") for e in events if e["event"].startswith("runner_on_")}
+    assert actions <= {"ansible.builtin.set_fact", "ansible.builtin.assert", "fleetops.node.ec2_lease"}, (
+        actions
+    )
+
+
+LEASE_ONLY = """\
+# takes the EC2 lease on every target as an AWX job does, and keeps it (no release)
+- name: Hold the EC2 lease
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Take the EC2 lease on every target
+      fleetops.node.ec2_lease:
+        state: acquired
+        rollout: "awx-job-{{ awx_job_id }}"
+        operator: "{{ awx_user_name }}@awx"
+        instances: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars, 'ec2_instance_id'))) }}"
+        instance_regions: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars, 'ec2_region'))) }}"
+      delegate_to: localhost
+      run_once: true
+      become: false
+"""
+
+
+def test_cli_rollout_is_refused_while_an_awx_job_in_the_ee_holds_the_ec2_lease(
+    image: str, lab: Lab, tmp_path: Path
+) -> None:
+    """AWX job 4343, run through the stream in the EE, takes the lease and keeps it; `fleetops remediate
+    reclaim --apply` then exits 4 naming awx-job-4343, and no host ran."""
+    _drop_leases(lab)
+    pdd = _awx_ec2_job(lab, tmp_path / "job", {"awx_job_id": 4343, "awx_user_name": "carol"})
+    (pdd / "project").mkdir()
+    (pdd / "project" / "lease.yml").write_text(LEASE_ONLY)
+    out = tmp_path / "processed"
+    try:
+        proc, seconds = _stream(image, pdd, "lease.yml", out)
+        print(f"AWX job taking the lease: {seconds:.1f} s")
+        assert (proc.returncode, (out / "artifacts" / "status").read_text().strip()) == (0, "successful"), (
+            proc.stdout[-3000:] + proc.stderr[-3000:]
+        )
+        assert _lease_tags(lab) == {h: [LEASE_PREFIX + "awx-job-4343"] for h in ("lab-01", "lab-02")}
+        env = {
+            "FLEETOPS_STATE_DIR": str(tmp_path / "state"),
+            "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+        }
+        state = tmp_path / "cli.json"
+        started = time.monotonic()
+        result = fleetops(
+            "remediate", "reclaim", "-i", str(lab.ec2_inventory_path()), "--apply", "--lease-settle", "0",
+            "--state", str(state), "--format", "json", env=env, timeout=300,
+        )  # fmt: skip
+        print(f"fleetops remediate reclaim refused: {time.monotonic() - started:.1f} s")
+        # the job's lease is untouched by the refused rollout
+        assert _lease_tags(lab) == {h: [LEASE_PREFIX + "awx-job-4343"] for h in ("lab-01", "lab-02")}
+    finally:
+        _drop_leases(lab)
+    assert result.rc == 4, result.stderr
+    assert "Failed to take the EC2 lease on 2 instance(s) held by another rollout" in result.stderr
+    assert "rollout awx-job-4343 by carol@awx" in result.stderr, result.stderr
+    # no host ran: the state (if written) has no host past pending, the audit log no host result
+    if state.exists():
+        saved = json.loads(state.read_text())
+        assert all(s == "pending" for s in saved.get("hosts", {}).values()), saved
+        assert not any(b.get("hosts") for b in saved.get("batches", [])), saved
+    # with --apply every host the rollout runs gets an audit line: none was written
+    audit = Path(env["FLEETOPS_AUDIT_LOG"])
+    assert not audit.exists() or audit.read_text() == "", audit.read_text()
