@@ -208,7 +208,14 @@ def _fix_task(module: str) -> dict[str, Any]:
     from tests.paths import REPO
 
     play = yaml.safe_load((REPO / "playbooks" / "remediate_fix.yml").read_text())[0]
-    return next(t[module] for t in play["tasks"] if module in t)
+
+    def tasks(items: list[dict[str, Any]]) -> Any:  # the changes sit inside the lease block
+        for task in items:
+            yield task
+            for key in ("block", "rescue", "always"):
+                yield from tasks(task.get(key) or [])
+
+    return next(t[module] for t in tasks(play["tasks"]) if module in t)
 
 
 def test_fix_reclaims_only_at_the_warning_level_as_remediate_reclaim() -> None:
