@@ -70,7 +70,9 @@ test-vm: $(STAMP)
 molecule: $(STAMP)
 	bash tests/molecule/run.sh
 
+# make test also runs the EE (podman) and VM (QEMU) scenarios in tests/integration: their packages too.
 test: deps lint sanity
+	@bash tools/debian-deps.sh --ee --vm
 	$(BIN)/pytest -q tests/unit tests/fleetops tests/integration
 	$(MAKE) --no-print-directory molecule
 

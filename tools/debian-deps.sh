@@ -20,12 +20,10 @@ for arg in "$@"; do
     # VM lab hosts (fleetops-lab up --vm): QEMU, qemu-img for the per-host qcow2 disks, mke2fs for
     # the image (the guest kernel is installed into the image itself, not on this machine).
     --vm) need+=(qemu-system-x86 qemu-utils e2fsprogs) ;;
-    *) ;;  # other flags: other package sets (see below)
+    --ee) need+=(podman runc) ;;
+    *) echo "tools/debian-deps.sh: unknown flag $arg (--ci, --vm, --ee)" >&2; exit 2 ;;
   esac
 done
-if [[ "${1:-}" == "--ee" ]]; then
-  need+=(podman runc)
-fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "tools/debian-deps.sh: not a Debian-family system (no dpkg-query); install by hand: ${need[*]}" >&2
