@@ -363,6 +363,7 @@ class Engine:
         r.stopped = None
         r.save()
         self.running_since = time.time()
+        self.held_back: list[str] = []  # capacity-floor reasons; their hosts stay pending
         self.observer.rollout_started(r)
         try:
             return self._run_all()
@@ -394,16 +395,35 @@ class Engine:
             deadline = datetime.fromisoformat(str(not_after))
             if guards.deadline_passed(deadline, self.clock()):
                 return guards.deadline_reason(deadline)
-        limit = settings.get("max_unhealthy")
-        if limit:
-            group_of: dict[str, str | None] = dict(settings.get("group_of") or {})
-            for host in r.hosts:
-                group_of.setdefault(host, None)
-            unhealthy = [h for h, s in r.hosts.items() if s in (HOST_FAILED, HOST_SKIPPED)]
-            return guards.capacity_violation(
-                batch, group_of, None, unhealthy, guards.MaxUnhealthy.parse(str(limit))
-            )
         return None
+
+    def _capacity_hold(self, batch: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The capacity floor (``--max-unhealthy``), group by group: ``(hosts that may run, reasons)``.
+
+        The hosts of a group that already has more unhealthy hosts than allowed (unreachable at
+        preflight or their gate, failed, timed out; the batch's own hosts not counted) are held back,
+        pending; the batch's hosts of other groups run: a degraded AZ never blocks a healthy one.
+        """
+        r = self.rollout
+        limit = guard_settings(r).get("max_unhealthy")
+        if not limit:
+            return list(batch), []
+        group_of: dict[str, str | None] = dict(guard_settings(r).get("group_of") or {})
+        for host in r.hosts:
+            group_of.setdefault(host, None)
+        unhealthy = [h for h, s in r.hosts.items() if s in (HOST_FAILED, HOST_SKIPPED)]
+        parsed = guards.MaxUnhealthy.parse(str(limit))
+        by_group: dict[str | None, list[str]] = {}
+        for host in batch:
+            by_group.setdefault(group_of.get(host), []).append(host)
+        held: set[str] = set()
+        reasons: list[str] = []
+        for hosts in by_group.values():
+            reason = guards.capacity_violation(hosts, group_of, None, unhealthy, parsed)
+            if reason:
+                held.update(hosts)
+                reasons.append(reason)
+        return [h for h in batch if h not in held], reasons
 
     def _run_all(self) -> Rollout:
         r = self.rollout
@@ -425,6 +445,13 @@ class Engine:
             if reason:
                 self._stop(index - 1, reason)
                 return r
+            todo, reasons = self._capacity_hold(todo)
+            for reason in reasons:
+                if reason not in self.held_back:
+                    self.held_back.append(reason)
+                    self.observer.message(f"holding back: {reason}", "warning")
+            if not todo:
+                continue
             self._batch(index, len(batches), todo)
             if r.failures() > r.max_failures:
                 self._stop(index)
@@ -436,6 +463,9 @@ class Engine:
             if r.apply and r.cooldown and more:
                 self.observer.message(f"cooldown {r.cooldown:g}s", "dim")
                 self.stop_requested.wait(r.cooldown)  # a stop request ends the cooldown at once
+        if self.held_back:  # the rest of a degraded group stays pending for --resume: exit 3
+            self._stop(sum(1 for b in r.batches if b.get("finished")), "; ".join(self.held_back))
+            return r
         r.status = "done"
         r.stopped = None
         r.save()
