@@ -189,6 +189,8 @@ notes:
     O(max_backoff), O(connect_timeout), O(read_timeout)), their defaults, the client, the retries
     and the error texts are the collection's C(aws) module utilities, which the fleetops rollout's
     EC2 lease uses too, so both reach the same endpoint with the same budget.
+  - A hostname several instances share (two C(Name) tags alike) is never dropped nor given to one
+    of them; each of those instances is named C(<hostname>-<instance id>), with a warning.
   - These C(aws_ec2) options are not implemented, and refused when present so that nothing is
     silently ignored; C(iam_role_arn), C(use_ssm_inventory), C(allow_duplicated_hosts),
     C(use_contrib_script_compatible_sanitization), C(use_contrib_script_compatible_ec2_tag_keys).
@@ -1137,23 +1139,28 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         add_child = inventory.add_child
         writer = _HostvarsWriter(inventory)
         default_groups = {}  # ("az" | "type", value) -> group name
-        owner = {}
-        duplicates = []
         inventory.add_group("ec2")
+        named = []
         for hostname, hostvars in hosts:
-            instance_id = hostvars.get("ec2_instance_id")
             if not hostname:
                 self.display.vvv(
                     "fleetops.node.ec2: %s has no hostname from %s; left out"
-                    % (instance_id, self._settings["hostnames"])
+                    % (hostvars.get("ec2_instance_id"), self._settings["hostnames"])
                 )
                 continue
             if ":" in hostname:
                 hostname = self._sanitize_group_name(hostname)
-            if hostname in owner:
-                duplicates.append((owner[hostname], instance_id, hostname))
-                continue
-            owner[hostname] = instance_id
+            named.append((hostname, hostvars))
+        # A hostname several instances share (two EC2 Name tags alike) is never dropped silently nor
+        # given to one of them: each of those instances is named "<hostname>-<instance id>".
+        sharing = {}
+        for hostname, hostvars in named:
+            sharing.setdefault(hostname, []).append(hostvars.get("ec2_instance_id"))
+        duplicates = [(h, ids) for h, ids in sharing.items() if len(ids) > 1]
+        for hostname, hostvars in named:
+            instance_id = hostvars.get("ec2_instance_id")
+            if len(sharing[hostname]) > 1:
+                hostname = "%s-%s" % (hostname, instance_id)
             new = hostname not in known_hosts
             add_host(hostname, group="ec2")
             writer.set(hostname, hostvars, new)
@@ -1174,13 +1181,13 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 self._add_host_to_composed_groups(groups, hostvars, hostname, strict=strict)
             if keyed_groups:
                 self._add_host_to_keyed_groups(keyed_groups, hostvars, hostname, strict=strict)
-        for kept, dropped, hostname in duplicates[:MAX_DUPLICATE_WARNINGS]:
+        for hostname, ids in duplicates[:MAX_DUPLICATE_WARNINGS]:
             self.display.warning(
-                "fleetops.node.ec2: %s and %s both map to hostname %r; %s left out"
-                % (kept, dropped, hostname, dropped)
+                "fleetops.node.ec2: %d instances share hostname %r (%s); each is named %r"
+                % (len(ids), hostname, ", ".join(str(i) for i in ids), hostname + "-<instance id>")
             )
         if len(duplicates) > MAX_DUPLICATE_WARNINGS:
             self.display.warning(
-                "fleetops.node.ec2: %d more instances left out for the same reason; choose "
-                "hostnames that are unique (instance-id is)" % (len(duplicates) - MAX_DUPLICATE_WARNINGS)
+                "fleetops.node.ec2: %d more shared hostnames, named the same way; choose hostnames that are "
+                "unique (instance-id is)" % (len(duplicates) - MAX_DUPLICATE_WARNINGS)
             )

@@ -353,7 +353,7 @@ def test_hostnames_preference_first_value_wins(tmp_path: Path, proxy: Ec2Proxy) 
     assert proxy.calls == {"DescribeInstances": 1}  # include_events: false -> no DescribeInstanceStatus
 
 
-def test_duplicate_hostnames_warn_and_the_lower_instance_id_keeps_the_name(
+def test_shared_hostnames_are_made_unique_with_the_instance_id_never_dropped(
     tmp_path: Path, proxy: Ec2Proxy, fleet: dict[str, str]
 ) -> None:
     config = {
@@ -364,9 +364,11 @@ def test_duplicate_hostnames_warn_and_the_lower_instance_id_keeps_the_name(
     }
     listing = run_inventory(tmp_path, config)
     assert listing.rc == 0, listing.stderr
-    assert set(listing.hostvars) == {"gpu", "cpu"}
-    assert listing.hostvars["gpu"]["ec2_instance_id"] == min(fleet[n] for n in ("gpu-a1", "gpu-a2", "gpu-b1"))
-    assert listing.stderr.count("both map to hostname 'gpu'") == 2
+    gpus = [fleet[n] for n in ("gpu-a1", "gpu-a2", "gpu-b1")]
+    assert set(listing.hostvars) == {f"gpu-{i}" for i in gpus} | {"cpu"}
+    for i in gpus:
+        assert listing.hostvars[f"gpu-{i}"]["ec2_instance_id"] == i
+    assert listing.stderr.count("3 instances share hostname 'gpu'") == 1, listing.stderr
 
 
 def test_filters_include_and_exclude(tmp_path: Path, proxy: Ec2Proxy) -> None:
