@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ansible_collections.fleetops.node.plugins.module_utils import containers
 
 from fleetops.fix import fix_plan_from_report
@@ -250,3 +251,29 @@ def test_fix_reclaims_only_at_the_warning_level_as_remediate_reclaim() -> None:
 def test_fix_shows_the_ucx_values_it_sets() -> None:
     """The UCX fix values are not secrets: the set_env results keep them as set (lab tests read them)."""
     assert _fix_task("fleetops.node.set_env")["show_values"] is True
+
+
+@pytest.mark.parametrize("extravars", [{}, {"fleetops_fix_plan": {}}, {"fleetops_fix_plan": []}])
+def test_a_fix_plan_that_names_no_host_fails_at_once_and_changes_nothing(extravars: dict[str, Any]) -> None:
+    """Empty never means all: the fix playbook run by hand or from AWX without a plan (or with an
+    empty one) fails on its plan check, before any task that changes a host. Real ansible-playbook on
+    this machine, in check mode."""
+    from fleetops.ansible.runner import RunnerOptions, run_playbook
+    from tests.paths import REPO
+
+    run = run_playbook(
+        RunnerOptions(
+            playbook="fleetops.node.remediate_fix",
+            inventory=[REPO / "inventory" / "localhost.yml"],
+            extravars=extravars,
+            check=True,
+        )
+    )
+    results = run.results_for("localhost")
+    failed = [tr for tr in results if tr.status == "failed"]
+    assert [tr.action for tr in failed] == ["ansible.builtin.assert"], [
+        (tr.action, tr.status) for tr in results
+    ]
+    assert "names no host" in str(failed[0].result.get("msg")), failed[0].result
+    changing = {"fleetops.node.disable_unit", "fleetops.node.set_env", "fleetops.node.reclaim_memcg"}
+    assert not [tr for tr in results if tr.action in changing], [(tr.action, tr.status) for tr in results]
