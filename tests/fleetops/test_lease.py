@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fleetops.cli.args import lease_settle, lease_ttl
 from fleetops.errors import UsageError
 from fleetops.rollout.lease import (
     KEY_PREFIX,
@@ -27,9 +28,7 @@ from fleetops.rollout.lease import (
     Ec2Lease,
     LeaseError,
     connection_for,
-    lease_settle,
     lease_targets,
-    lease_ttl,
     validate_ttl,
 )
 from fleetops_lab.ec2sim import Ec2Proxy, MotoServer, client, launch_many

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.rollout.lease import ROLLOUT_ID, validate_settle, validate_ttl
 
 INVENTORY_HELP = "inventory file or directory (repeatable; default: the localhost inventory)"
 
@@ -120,3 +122,34 @@ def from_library[T](parse: Callable[[str], T]) -> Callable[[str], T]:
 
     convert.__name__ = getattr(parse, "__name__", "value")
     return convert
+
+
+# ------------------------------------------------------------------ the rollout's lock and lease
+
+
+def rollout_id(text: str) -> str:
+    """argparse type for ``--break-lock ROLLOUT``."""
+    if not ROLLOUT_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"not a rollout id (like 20261129T170102Z-3fa9c1): {text!r}; use --break-lock alone for any stale lock"
+        )
+    return text
+
+
+def _seconds(text: str, check: Callable[[float], float]) -> float:
+    try:
+        return check(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def lease_ttl(text: str) -> float:
+    """argparse type for ``--lease-ttl S`` (against the default settle time; validate_ttl for the pair)."""
+    return _seconds(text, lambda ttl: validate_ttl(ttl, settle=0.0))
+
+
+def lease_settle(text: str) -> float:
+    """argparse type for ``--lease-settle S``."""
+    return _seconds(text, validate_settle)

@@ -24,6 +24,9 @@ from fleetops.cli.args import (
     add_target_args,
     from_library,
     int_range,
+    lease_settle,
+    lease_ttl,
+    rollout_id,
     seconds,
     seconds_range,
     whole_seconds,
@@ -37,9 +40,6 @@ from fleetops.rollout.guards import MaxUnhealthy, parse_not_after
 from fleetops.rollout.lease import (
     DEFAULT_SETTLE_S,
     DEFAULT_TTL_S,
-    lease_settle,
-    lease_ttl,
-    rollout_id,
     validate_ttl,
 )
 from fleetops.rollout.state import Rollout

@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 
 from fleetops import api
+from fleetops.cli.args import rollout_id
 from fleetops.errors import UsageError
-from fleetops.rollout.lease import rollout_id
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:

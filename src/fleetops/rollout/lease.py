@@ -42,7 +42,6 @@ and error texts are the plugin's too. The collection's code is loaded through
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -181,15 +180,6 @@ def lease_targets(hosts: Iterable[Any]) -> dict[str, dict[str, str]]:
     return targets
 
 
-def rollout_id(text: str) -> str:
-    """argparse type for ``--break-lock ROLLOUT``."""
-    if not ROLLOUT_ID.match(text):
-        raise argparse.ArgumentTypeError(
-            f"not a rollout id (like 20261129T170102Z-3fa9c1): {text!r}; use --break-lock alone for any stale lock"
-        )
-    return text
-
-
 def validate_settle(settle: float) -> float:
     """The lease's settle time (seconds between writing the tags and reading them back), checked."""
     if not isinstance(settle, (int, float)) or not math.isfinite(settle) or not 0 <= settle <= MAX_SETTLE_S:
@@ -212,25 +202,6 @@ def validate_ttl(ttl: float, settle: float = DEFAULT_SETTLE_S) -> float:
             f"{MAX_TTL_S:g}, got {ttl!r}"
         )
     return float(ttl)
-
-
-def _seconds(text: str, check: Callable[[float], float]) -> float:
-    try:
-        return check(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def lease_ttl(text: str) -> float:
-    """argparse type for ``--lease-ttl S`` (against the default settle time; validate_ttl for the pair)."""
-    return _seconds(text, lambda ttl: validate_ttl(ttl, settle=0.0))
-
-
-def lease_settle(text: str) -> float:
-    """argparse type for ``--lease-settle S``."""
-    return _seconds(text, validate_settle)
 
 
 # --------------------------------------------------------------------------------------- the lease
