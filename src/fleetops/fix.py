@@ -23,6 +23,7 @@ human, as is a unit that is also being turned off.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fleetops.ansible import facts
@@ -90,7 +91,7 @@ def _container_fix(
 
 
 def fix_plan_from_report(
-    report: dict[str, Any], ucx_fix: str | None = None
+    report: dict[str, Any], ucx_fix: str | None = None, protected: Sequence[str] = ()
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """``({host: {"disable_units": [...], "reclaim": bool}}, notes)`` for hosts with something to fix.
 
@@ -98,8 +99,9 @@ def fix_plan_from_report(
     (``ucx_fix`` is a key of ucx_fixes()); one whose crash-looping containers were attributed to units gets
     ``"containers": {unit: [container, ...]}`` (those units are in ``disable_units``).
 
-    Protected units are not filtered here: disable_unit refuses them on the host (built-in list plus
-    --protected), which fails that host and so stops the rollout for a human to look.
+    A protected unit (the modules' built-in list plus ``protected``, the --protected patterns) is never
+    planned: it is named in a note, left for a human. On the host disable_unit checks again, against
+    every name systemd resolves the unit to.
     """
     fixes = ucx_fixes()
     if ucx_fix is None:
@@ -137,6 +139,11 @@ def fix_plan_from_report(
                 _container_fix(host, finding["data"], units, containers, notes)
             elif finding["check"] == "ucx_mmap_hooks":
                 _ucx_fix(host, finding["data"], fixes[ucx_fix], set_env, notes)
+        for unit in list(units):
+            pattern = facts.protected_unit(unit, protected)
+            if pattern is not None:
+                units.remove(unit)
+                notes.append(f"{host}: {unit} crash loops but is protected ({pattern}): left for a human")
         if units:
             reclaim = True
         set_env = [entry for entry in set_env if entry["unit"] not in units]

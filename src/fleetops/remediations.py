@@ -176,7 +176,7 @@ def _fix_prepare(
 
     say(f"scanning first ({p['sample_seconds']:g}s between two samples) to find what to fix", "")
     report = run_scan(ScanOptions(inventory=inventory, limit=limit, sample_seconds=p["sample_seconds"]))
-    fix_plan, notes = fix_plan_from_report(report, ucx_fix=p["ucx_fix"])
+    fix_plan, notes = fix_plan_from_report(report, ucx_fix=p["ucx_fix"], protected=tuple(p["protected"]))
     for note in notes:
         say(f"note: {note}", "warning")
     for host, todo in fix_plan.items():

@@ -277,3 +277,24 @@ def test_a_fix_plan_that_names_no_host_fails_at_once_and_changes_nothing(extrava
     assert "names no host" in str(failed[0].result.get("msg")), failed[0].result
     changing = {"fleetops.node.disable_unit", "fleetops.node.set_env", "fleetops.node.reclaim_memcg"}
     assert not [tr for tr in results if tr.action in changing], [(tr.action, tr.status) for tr in results]
+
+
+def test_fix_never_plans_a_protected_unit_and_says_so() -> None:
+    """A crash-looping protected unit (systemd-logind by its dbus alias, sshd, one the operator named
+    with --protected) is left alone with a note; the unprotected culprit on the same host is fixed."""
+    looping = [
+        {**LOOP, "data": {"unit": "dbus-org.freedesktop.login1.service", "restarts_per_min": 9.0}},
+        {**LOOP, "data": {"unit": "ssh.service", "restarts_per_min": 9.0}},
+        {**LOOP, "data": {"unit": "vendor-agent.service", "restarts_per_min": 9.0}},
+        LOOP,
+    ]
+    plan, notes = fix_plan_from_report({"hosts": {"sick": _host(*looping)}}, protected=("vendor-agent",))
+    assert plan == {"sick": {"disable_units": ["ecs.service"], "reclaim": True}}
+    assert notes == [
+        "sick: dbus-org.freedesktop.login1.service crash loops but is protected (dbus-org.freedesktop.*): "
+        "left for a human",
+        "sick: ssh.service crash loops but is protected (ssh.service): left for a human",
+        "sick: vendor-agent.service crash loops but is protected (vendor-agent.service): left for a human",
+    ]
+    only_protected, notes = fix_plan_from_report({"hosts": {"sick": _host(looping[1])}})
+    assert only_protected == {}  # nothing to do there: the host is not touched at all

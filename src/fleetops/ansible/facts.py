@@ -7,6 +7,7 @@ the collection's code; scan, planner, fix and the CLI import these names from he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -52,6 +53,13 @@ def ucx_default_fix() -> str:
 def ucx_fixes() -> dict[str, dict[str, str]]:
     """``{"hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "rcache-bound": {...}}`` (ucx.FIXES)."""
     return {name: dict(env) for name, env in module_utils("ucx").FIXES.items()}
+
+
+def protected_unit(name: str, extra: Sequence[str] = ()) -> str | None:
+    """The protected pattern ``name`` matches (systemd.protected_match: the modules' built-in list plus
+    ``extra``), else None. On the host, disable_unit checks every name systemd resolves too."""
+    match = module_utils("systemd").protected_match([normalize_unit_name(name), name], tuple(extra))
+    return None if match is None else str(match[1])
 
 
 def normalize_unit_name(name: str) -> str:
