@@ -342,9 +342,21 @@ with open(log + ".lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     with open(log, "a") as f:
         f.write(json.dumps({{"t": time.time(), "argv": args}}) + "\\n")
-    if "--kubeconfig" in args:
-        i = args.index("--kubeconfig")
-        del args[i : i + 2]
+    # as kubectl reads its argv: options (some with a value) anywhere, names after "--" taken as names
+    valued = {{"--kubeconfig", "--request-timeout", "-o", "--output", "--timeout"}}
+    words, i, names_only = [], 0, False
+    while i < len(args):
+        a = args[i]
+        if names_only:
+            words.append(a)
+        elif a == "--":
+            names_only = True
+        elif a in valued:
+            i += 1
+        elif not a.startswith("-"):
+            words.append(a)
+        i += 1
+    args = words
     try:
         with open(log + ".state") as f:
             state = json.load(f)
@@ -364,7 +376,7 @@ with open(log + ".lock", "w") as lock:
         node(args[1])["unschedulable"] = verb == "cordon"
         print("node/%s %sed" % (args[1], verb))
     elif verb == "annotate":
-        name, change = [a for a in args[1:] if not a.startswith("--") and a != "node"][:2]
+        name, change = [a for a in args[1:] if a != "node"][:2]
         if change.endswith("-"):
             node(name)["annotations"].pop(change[:-1], None)
         else:
@@ -431,7 +443,7 @@ def test_kube_drain_hooks_order_a_failing_drain_and_the_clean_skip(
     )  # fmt: skip
     assert result.rc == 3, result.stderr  # lab-02 failed
     report = result.json()
-    assert report["hosts"] == {"lab-01": "done", "lab-02": "failed"}
+    assert report["hosts"] == {"lab-01": "done", "lab-02": "failed"}, (report, result.stderr)
     assert (
         "kubectl drain lab-02 failed, so the host was not rebooted (node uncordoned again)"
         in (report["batches"][0]["results"]["lab-02"]["msg"])
@@ -444,11 +456,24 @@ def test_kube_drain_hooks_order_a_failing_drain_and_the_clean_skip(
     calls = _calls(log)
     verbs = {"hook", "cordon", "drain", "uncordon"}
 
+    def words(argv: list[str]) -> list[str]:
+        """VERB NAME as kubectl reads them: options (with their values) dropped, names after "--"."""
+        valued = {"--kubeconfig", "--request-timeout", "-o", "--output", "--timeout"}
+        out, skip = [], False
+        for a in argv:
+            if skip:
+                skip = False
+            elif a in valued:
+                skip = True
+            elif a != "--" and not a.startswith("-"):
+                out.append(a)
+        return out
+
     def seq(host: str) -> list[tuple[float, str]]:
         return [
-            (c["t"], " ".join(a for a in c["argv"][:2] if a != "--kubeconfig"))
+            (c["t"], " ".join(words(c["argv"])[:2]))
             for c in calls
-            if c["argv"] and c["argv"][0] in verbs and host in c["argv"]
+            if words(c["argv"])[:1] and words(c["argv"])[0] in verbs and host in c["argv"]
         ]
 
     one = seq("lab-01")
@@ -465,8 +490,10 @@ def test_kube_drain_hooks_order_a_failing_drain_and_the_clean_skip(
         times["drain lab-01"] < down < up < times["uncordon lab-01"]
     )  # cordon -> drain -> reboot -> uncordon
     assert all("--kubeconfig" not in c["argv"] for c in calls)  # KUBECONFIG from the environment
-    drain = next(c["argv"] for c in calls if c["argv"][:2] == ["drain", "lab-01"])
-    assert drain[2:] == ["--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s"]
+    drain = next(c["argv"] for c in calls if words(c["argv"])[:2] == ["drain", "lab-01"])
+    # options first, then "--" and the node name: a hostile node name can never read as an option
+    assert drain[-2:] == ["--", "lab-01"]
+    assert {"--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s"} <= set(drain[1:-2])
     assert [v for _, v in seq("lab-02")] == ["hook pre", "cordon lab-02", "drain lab-02", "uncordon lab-02"]
 
     # No kubeconfig on the controller: the kubectl hooks are skipped with one note, the reboot runs.
