@@ -73,13 +73,15 @@ def _inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def _run(inv: Path, action: str, apply: bool, observer: Any = None, **params: Any) -> api.RolloutResult:
+def _run(
+    inv: Path, action: str, apply: bool, observer: Any = None, one_at_a_time: bool = False, **params: Any
+) -> api.RolloutResult:
     request = api.RemediationRequest(
         action=action,
         inventory=[inv],
         apply=apply,
         gate=False,  # the batch gate scans this controller; the unquarantine's own scan is what is tested
-        max_parallel="100%",
+        max_parallel=1 if one_at_a_time else "100%",
         per_group_max=100,  # one batch: the hosts are ungrouped
         canary=0,
         params={"kubectl": str(STANDIN), **params},
@@ -215,10 +217,13 @@ def test_evict_drains_and_a_pdb_blocked_eviction_fails_the_host_after_the_timeou
     ]
     _cluster(kube, {"node-a": {}, "node-b": {}}, pods, pdbs)
     inv = _inventory(tmp_path, {"node-a": {}, "node-b": {}})
-    done = _run(inv, "quarantine", True, finding="ucx_mmap_hooks", evict=True, drain_timeout=2)
+    # one host at a time, node-a first: two drains at once race for the last pod a PDB allows to go
+    done = _run(
+        inv, "quarantine", True, one_at_a_time=True, finding="ucx_mmap_hooks", evict=True, drain_timeout=2
+    )
     assert done.rollout is not None
     results = done.rollout.results
-    assert results["node-a"].status == "ok" and results["node-a"].changed
+    assert results["node-a"].status == "ok" and results["node-a"].changed, results["node-a"]
     assert results["node-b"].status == "failed", results
     assert "kubectl drain node-b failed (the node stays cordoned and tainted)" in str(results["node-b"].msg)
     assert "violate a PodDisruptionBudget" in str(results["node-b"].msg)
