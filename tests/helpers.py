@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,3 +69,15 @@ def run_module(
     assert result_file.exists(), proc.stdout + proc.stderr
     result: dict[str, Any] = json.loads(result_file.read_text())
     return proc.returncode, result
+
+
+BOOTS_CMD = "cat /proc/sys/kernel/random/boot_id; journalctl --list-boots --no-pager -q | wc -l"
+
+
+def boots(lab: Any, hosts: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """Each lab host's (boot id, number of boots in its persistent journal): how reboots are counted."""
+    out = {}
+    for host in hosts:
+        text = lab.run(host, BOOTS_CMD, check=True).stdout.split()
+        out[host] = (text[0], int(text[1]))
+    return out

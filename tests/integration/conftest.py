@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +26,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in items:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    """A rollout's state and audit log in the test's own directory, not the machine's."""
+    return {
+        "FLEETOPS_STATE_DIR": str(tmp_path / "state"),
+        "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+    }

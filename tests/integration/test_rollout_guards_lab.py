@@ -42,14 +42,6 @@ def lab() -> Iterator[Lab]:
         lab.down()
 
 
-@pytest.fixture()
-def env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "FLEETOPS_STATE_DIR": str(tmp_path / "state"),
-        "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
-    }
-
-
 def test_a_stop_that_never_returns_is_bounded_and_leaves_no_lock(lab: Lab, env: dict[str, str]) -> None:
     lab.run(
         "lab-01",

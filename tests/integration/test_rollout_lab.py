@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, REPO, fleetops
+from tests.helpers import FLEETOPS, REPO, boots, fleetops
 
 pytestmark = pytest.mark.lab
 HOSTS = [f"lab-{i:02d}" for i in range(1, 7)]
@@ -37,25 +37,9 @@ def lab() -> Iterator[Lab]:
         lab.down()
 
 
-@pytest.fixture()
-def env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "FLEETOPS_STATE_DIR": str(tmp_path / "state"),
-        "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
-    }
-
-
 def _boots(lab: Lab) -> dict[str, tuple[str, int]]:
     """Each host's (boot id, number of boots in its persistent journal)."""
-    out = {}
-    for host in HOSTS:
-        text = lab.run(
-            host,
-            "cat /proc/sys/kernel/random/boot_id; journalctl --list-boots --no-pager -q | wc -l",
-            check=True,
-        ).stdout.split()
-        out[host] = (text[0], int(text[1]))
-    return out
+    return boots(lab, HOSTS)
 
 
 def _az(host: str) -> str:
@@ -134,7 +118,7 @@ def test_host_that_does_not_come_back_trips_the_breaker_and_resume_finishes(
         assert report["hosts"]["lab-03"] == "failed"
         pending = report["stopped"]["pending"]
         assert pending, report["stopped"]
-        mid = _boots_of(lab, [h for h in HOSTS if h != "lab-03"])
+        mid = boots(lab, [h for h in HOSTS if h != "lab-03"])
         for host in pending:  # no host after the failure was touched
             assert mid[host] == before[host], host
     finally:
@@ -147,18 +131,6 @@ def test_host_that_does_not_come_back_trips_the_breaker_and_resume_finishes(
     after = _boots(lab)
     for host in HOSTS:
         assert after[host][1] == before[host][1] + 1, host  # every host exactly once, lab-03 included
-
-
-def _boots_of(lab: Lab, hosts: list[str]) -> dict[str, tuple[str, int]]:
-    all_boots = {}
-    for host in hosts:
-        text = lab.run(
-            host,
-            "cat /proc/sys/kernel/random/boot_id; journalctl --list-boots --no-pager -q | wc -l",
-            check=True,
-        ).stdout.split()
-        all_boots[host] = (text[0], int(text[1]))
-    return all_boots
 
 
 def test_lock_refuses_a_second_rollout_and_a_killed_rollout_resumes_without_double_reboots(

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, REPO, fleetops
+from tests.helpers import FLEETOPS, REPO, boots, fleetops
 
 pytestmark = pytest.mark.lab
 HOSTS = ["lab-01", "lab-02", "lab-03"]
@@ -36,25 +36,9 @@ def lab() -> Iterator[Lab]:
         lab.down()
 
 
-@pytest.fixture()
-def env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "FLEETOPS_STATE_DIR": str(tmp_path / "state"),
-        "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
-    }
-
-
 def _boots(lab: Lab) -> dict[str, tuple[str, int]]:
     """Each host's (boot id, number of boots in its persistent journal)."""
-    out = {}
-    for host in HOSTS:
-        text = lab.run(
-            host,
-            "cat /proc/sys/kernel/random/boot_id; journalctl --list-boots --no-pager -q | wc -l",
-            check=True,
-        ).stdout.split()
-        out[host] = (text[0], int(text[1]))
-    return out
+    return boots(lab, HOSTS)
 
 
 def _run_processes() -> list[str]:

@@ -20,7 +20,7 @@ import pytest
 
 from fleetops_lab import Lab, host_faults
 from fleetops_lab.errors import LabError
-from tests.helpers import fleetops
+from tests.helpers import boots, fleetops
 
 pytestmark = [
     pytest.mark.lab,
@@ -54,15 +54,7 @@ def _scan(lab: Lab, *extra: str) -> dict[str, Any]:
 
 def _boots(lab: Lab) -> dict[str, tuple[str, int]]:
     """Each host's (boot id, number of boots in its persistent journal)."""
-    out = {}
-    for host in HOSTS:
-        text = lab.run(
-            host,
-            "cat /proc/sys/kernel/random/boot_id; journalctl --list-boots --no-pager -q | wc -l",
-            check=True,
-        ).stdout.split()
-        out[host] = (text[0], int(text[1]))
-    return out
+    return boots(lab, HOSTS)
 
 
 @pytest.fixture(scope="module")
