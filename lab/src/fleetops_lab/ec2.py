@@ -44,6 +44,9 @@ def _serve(state_path: Path) -> int:
     proxy = Ec2Proxy(upstream)
     url = proxy.start()
     assert moto.proc is not None
+    from fleetops_lab import asg  # the lab's Auto Scaling group: binds its new instances to spare hosts
+
+    reconciler = asg.serve(state_path.parent, upstream)
     state = {"pid": os.getpid(), "moto_pid": moto.proc.pid, "moto_url": upstream, "url": url}
     atomic_write(state_path, json.dumps(state))
     stop = False
@@ -58,6 +61,7 @@ def _serve(state_path: Path) -> int:
         while not stop:
             time.sleep(0.2)
     finally:
+        reconciler.stop()
         proxy.stop()
         moto.stop()
     return 0
