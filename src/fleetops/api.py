@@ -9,6 +9,7 @@ Progress goes to callbacks (``on_host`` for scans) or a ``RolloutObserver`` (rol
 - ``remediate(RemediationRequest) -> RolloutResult``: a remediation, batch by batch.
 - ``resume(ResumeRequest) -> RolloutResult``: continue a saved rollout.
 - ``report(path) -> RolloutResult``: a saved rollout's report (``fleetops.rollout.engine/v1``).
+- ``auto(AutoRequest) -> AutoResult``: one ``remediate auto`` pass of a policy (``fleetops.auto/v1``).
 - ``drift(DriftRequest) -> DriftResult``: the facts that differ between hosts (``fleetops.drift/v1``).
 """
 
@@ -24,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fleetops import auto as auto_mod
 from fleetops import paths
 from fleetops.ansible import facts
 from fleetops.ansible.inventory import (
@@ -37,6 +39,7 @@ from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.planner import MaxParallel, Plan
 from fleetops.planner import plan as plan_batches
+from fleetops.policy import TAG_KEY, default_policy_path, load_policy
 from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
@@ -48,12 +51,23 @@ from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, connection_f
 from fleetops.rollout.locks import locked
 from fleetops.rollout.outcome import HostOutcome
 from fleetops.rollout.preflight import preflight
-from fleetops.rollout.state import HOST_SKIPPED, Rollout, RolloutError, new_rollout
+from fleetops.rollout.state import (
+    HOST_DONE,
+    HOST_FAILED,
+    HOST_RUNNING,
+    HOST_SKIPPED,
+    Rollout,
+    RolloutError,
+    new_rollout,
+    state_home,
+)
 from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
 from fleetops.util import check_writable
 
 __all__ = [
     "REMEDIATIONS",
+    "AutoRequest",
+    "AutoResult",
     "DriftRequest",
     "DriftResult",
     "ExitCode",
@@ -69,6 +83,7 @@ __all__ = [
     "ScanResult",
     "StopRolloutRequest",
     "StopRolloutResult",
+    "auto",
     "drift",
     "plan",
     "remediate",
@@ -297,6 +312,9 @@ class RemediationRequest(PlanRequest):
     # --max-unhealthy: None: the remediation's default (reboot: guards.DEFAULT_REBOOT_MAX_UNHEALTHY)
     max_unhealthy: guards.MaxUnhealthy | str | None = None
     not_after: datetime | None = None  # --not-after: no batch starts at or after it (aware)
+    # exact host names to act on, among those ``limit`` selects (``remediate auto`` names its hosts
+    # this way, never by a limit joined from them); None: every selected host
+    hosts: Sequence[str] | None = None
 
 
 @dataclass
@@ -388,6 +406,15 @@ def _start(
     # every selected name is checked before anything runs (``fix`` scans first); a step before
     # planning narrows the selection by exact names, never by a limit joined from them
     hosts = _targets(inventories, limit, request.group_by)
+    if request.hosts is not None:
+        named = set(request.hosts)
+        unknown = sorted(named - {h.name for h in hosts})
+        if unknown:
+            raise UsageError(
+                f"remediate {remediation.name}: host(s) outside the selection: {' '.join(unknown)}"
+            )
+        guards.require_targets(sorted(named), "the hosts named")
+        hosts = [h for h in hosts if h.name in named]
     if remediation.prepare is not None:
         extravars, targets = remediation.prepare(params, inventories, limit, observer.message)
         if targets is not None:
@@ -569,6 +596,129 @@ def remediate(
         obs.message("nothing to do: no host has a finding this remediation acts on")
         return RolloutResult(None, _empty_document(remediation.name, request.apply), ExitCode.OK)
     return _result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
+
+
+# ------------------------------------------------------------------------------------------ auto
+
+
+@dataclass
+class AutoRequest:
+    """One ``remediate auto`` pass: the policy (None: the default one), the hosts, and the caps every
+    action's rollout gets (as ``remediate <action>``'s options)."""
+
+    policy: Path | None = None
+    inventory: Sequence[Path] = ()
+    limit: str | None = None
+    apply: bool = False
+    sample_seconds: float = 10.0  # the scan's two samples (growth rates, restart rates)
+    state_dir: Path | None = None  # ladder.json and ledger.json (None: <state home>/auto)
+    group_by: str | None = None
+    max_parallel: MaxParallel | int | str = "10%"
+    per_group_max: int | None = 1
+    canary: int = 1
+    exclude: Sequence[str] = ()  # hosts the pass leaves alone (not decided, not acted on)
+    max_failures: FailureBudget = field(default_factory=lambda: FailureBudget(count=0))
+    host_timeout: int | None = None
+    max_unhealthy: guards.MaxUnhealthy | str | None = None
+    not_after: datetime | None = None
+    ec2_tags: bool = True  # keep each EC2 host's ladder in its fleetops.io/ladder tag too
+    # per action, parameters the operator sets for every pass (quarantine: kubectl, kubeconfig)
+    action_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    break_lock: bool | str = False
+
+
+@dataclass(frozen=True)
+class AutoResult:
+    result: auto_mod.PassResult
+    document: dict[str, Any]  # fleetops.auto/v1
+    exit_code: ExitCode
+
+    def json(self) -> str:
+        return json.dumps(self.document, indent=2, default=str)
+
+
+def auto(
+    request: AutoRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
+) -> AutoResult:
+    """One pass: scan, decide per host by the policy, run each action's rollout, remember (with
+    ``apply``). ``fleetops.auto`` says what a pass does and what its exit code means."""
+    obs = observer if observer is not None else NullObserver()
+    policy_path = request.policy if request.policy is not None else default_policy_path()
+    policy = load_policy(policy_path)
+    auto_mod.check_policy_actions(policy, str(policy_path))
+    inventories = paths.resolve_inventories(request.inventory)
+    hosts = _targets(inventories, request.limit, request.group_by)
+    report = run_scan(
+        ScanOptions(inventory=inventories, limit=request.limit, sample_seconds=request.sample_seconds)
+    )
+    if request.exclude:
+        left_out = set(request.exclude)
+        report = {**report, "hosts": {h: e for h, e in (report.get("hosts") or {}).items() if h not in left_out}}
+        hosts = [h for h in hosts if h.name not in left_out]
+        obs.message(f"left out (--exclude): {' '.join(sorted(left_out))}", "dim")
+    connection = connection_for(inventories) if request.ec2_tags else None
+    tags: dict[str, auto_mod.TagTarget] = {}
+    if connection is not None:
+        for host, target in lease_targets(hosts).items():
+            hv = next(h.hostvars for h in hosts if h.name == host)
+            value = (hv.get("ec2_tags") or {}).get(TAG_KEY)
+            tags[host] = auto_mod.TagTarget(
+                target["instance"], target["region"], str(value) if value else None
+            )
+
+    def run_action(action: str, names: Sequence[str], params: Mapping[str, Any]) -> auto_mod.ActionRun:
+        result = remediate(
+            RemediationRequest(
+                action=action,
+                inventory=inventories,
+                limit=request.limit,
+                hosts=list(names),
+                params=params,
+                apply=request.apply,
+                group_by=request.group_by,
+                max_parallel=request.max_parallel,
+                per_group_max=request.per_group_max,
+                canary=request.canary,
+                max_failures=request.max_failures,
+                host_timeout=request.host_timeout,
+                max_unhealthy=request.max_unhealthy,
+                not_after=request.not_after,
+                break_lock=request.break_lock,
+            ),
+            obs,
+            handle_signals=handle_signals,
+        )
+        rollout = result.rollout
+        states = rollout.hosts if rollout is not None else {}
+        return auto_mod.ActionRun(
+            action,
+            tuple(names),
+            params,
+            attempted=frozenset(
+                h for h, st in states.items() if st in (HOST_DONE, HOST_FAILED, HOST_RUNNING)
+            ),
+            done=frozenset(h for h, st in states.items() if st == HOST_DONE),
+            exit_code=result.exit_code,
+            document=result.document,
+        )
+
+    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    result = auto_mod.run_pass(
+        auto_mod.PassInputs(
+            policy=policy,
+            policy_source=str(policy_path),
+            scan_report=report,
+            group_of={h.name: h.group for h in hosts},
+            state_dir=state_dir,
+            apply=request.apply,
+            tags=tags,
+            connection=connection,
+            extra_params=request.action_params,
+        ),
+        run_action,
+        obs.message,
+    )
+    return AutoResult(result, result.document(), result.exit_code)
 
 
 def resume(

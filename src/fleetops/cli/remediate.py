@@ -520,4 +520,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         add_rollout_args(rp)
         _add_rollout_options(rp)
         rp.set_defaults(resume=None)
+    from fleetops.cli.auto import register_auto
+
+    register_auto(sub)
     p.set_defaults(func=cmd_remediate, remediation=None)

@@ -1,0 +1,359 @@
+"""One pass of ``fleetops remediate auto``: scan, decide per host by the policy, act, remember.
+
+The pure part is :mod:`fleetops.policy` (``decide``, ``commit``); this module runs a pass around it:
+
+1. the policy is loaded and checked against the remediations that exist (every rung's action is a
+   remediation or ``human``; every rung's ``params`` are that remediation's parameters);
+2. the hosts are scanned (one ``node_health`` call per host);
+3. under the ladder lock, then the ledger lock (the state directory's ``ladder.json`` and
+   ``ledger.json``; another pass holding them makes this one exit 4 at once), each EC2 host's
+   ``fleetops.io/ladder`` tag is merged in, and its most recent rungs are counted against the budgets
+   too (so a controller with another state directory, an AWX job in a fresh container, spends the
+   same budgets); then ``decide``;
+4. one rollout per action (and per parameter set), through ``run_action``: the same engine, lock,
+   lease, gates and audit as ``fleetops remediate <action>``, with the pass's caps;
+5. with ``apply``, ``commit``: the ladders of every host an action was *attempted* on (done, failed,
+   timed out, in doubt) climb and the budgets are spent (a failing action is not retried every pass
+   for free); hosts the scan showed clean have their ladders reset; and each EC2 host's ladder tag is
+   rewritten (deleted when it has none left). A dry run records nothing.
+
+Exit: 3 when a host could not be scanned or an action's rollout did not finish every host; 1 when a
+host needs a human (the ladder reached ``human`` or ran out); else 0 (acting, waiting, blocked by a
+budget, clean).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetops.ansible.collection import module_utils
+from fleetops.errors import FleetopsError, UsageError
+from fleetops.exitcodes import ExitCode
+from fleetops.policy import (
+    HUMAN,
+    MAX_WINDOW_S,
+    TAG_KEY,
+    BudgetLedger,
+    Decision,
+    LadderState,
+    Policy,
+    StateError,
+    commit,
+    controller_id,
+    decide,
+    file_lock,
+)
+from fleetops.remediations import REMEDIATIONS
+from fleetops.rollout.lease import Ec2Connection
+from fleetops.schemas import DocumentError
+
+AUTO_SCHEMA = "fleetops.auto/v1"
+LADDER_FILE = "ladder.json"
+LEDGER_FILE = "ledger.json"
+PASS_LOCK_TIMEOUT_S = 2.0  # another pass holds the state: fail at once rather than queue behind it
+# the order a pass runs its actions in: cheap and local first, capacity-taking last
+ACTION_ORDER = ("fix", "disable-unit", "set-env", "reclaim", "quarantine", "reboot", "stop-start", "replace")
+REASON_MAX = 200  # the quarantine reason kept in the node's annotation
+
+Say = Callable[[str, str], None]  # (text, style)
+
+
+class PassLockedError(FleetopsError):
+    """Another ``remediate auto`` pass holds this state directory."""
+
+    exit_code = ExitCode.LOCKED
+
+
+@dataclass(frozen=True)
+class ActionRun:
+    """What one action's rollout did: the hosts it attempted and the hosts it finished (verified)."""
+
+    action: str
+    hosts: tuple[str, ...]
+    params: Mapping[str, Any]
+    attempted: frozenset[str] = frozenset()
+    done: frozenset[str] = frozenset()
+    exit_code: ExitCode = ExitCode.OK
+    error: str | None = None
+    document: Mapping[str, Any] | None = None  # the rollout's report (fleetops.rollout.engine/v1)
+
+
+# (action, hosts, params) -> ActionRun; the API runs it through the rollout engine
+RunAction = Callable[[str, Sequence[str], Mapping[str, Any]], ActionRun]
+
+
+@dataclass
+class PassResult:
+    decisions: list[Decision]
+    runs: list[ActionRun]
+    apply: bool
+    policy: str
+    tag_writes: dict[str, str | None] = field(default_factory=dict)  # host -> new tag value (None: deleted)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if any(d.status == "not_scanned" for d in self.decisions) or any(
+            r.exit_code != ExitCode.OK for r in self.runs
+        ):
+            return ExitCode.FAILED
+        if any(d.status in ("human", "exhausted") for d in self.decisions):
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "schema": AUTO_SCHEMA,
+            "apply": self.apply,
+            "policy": self.policy,
+            "decisions": [d.to_dict() for d in self.decisions],
+            "actions": [
+                {
+                    "action": r.action,
+                    "hosts": list(r.hosts),
+                    "params": dict(r.params),
+                    "done": sorted(r.done),
+                    "attempted": sorted(r.attempted),
+                    "exit_code": int(r.exit_code),
+                    "error": r.error,
+                    "rollout": r.document,
+                }
+                for r in self.runs
+            ],
+            "ladder_tags": dict(self.tag_writes),
+            "warnings": list(self.warnings),
+            "exit_code": int(self.exit_code),
+        }
+
+
+# ------------------------------------------------------------------------------ policy vs registry
+
+
+def check_policy_actions(policy: Policy, source: str) -> None:
+    """UsageError unless every rung's action is a remediation (or ``human``) and its params are that
+    remediation's parameters (``quarantine``'s ``finding`` and ``reason`` come from the finding)."""
+    for rule in policy.rules:
+        for i, rung in enumerate(rule.ladder):
+            if rung.action == HUMAN:
+                continue
+            remediation = REMEDIATIONS.get(rung.action)
+            where = f"{source}: rule {rule.name} rung {i + 1} ({rung.action})"
+            if remediation is None:
+                raise UsageError(
+                    f"{where}: fleetops has no such remediation (one of {', '.join(REMEDIATIONS)})"
+                )
+            unknown = sorted(
+                set(rung.params) - set(remediation.params) - set(_FROM_FINDING.get(rung.action, ()))
+            )
+            if unknown:
+                raise UsageError(
+                    f"{where}: unknown parameter(s) {', '.join(unknown)} "
+                    f"(remediate {rung.action} takes {', '.join(sorted(remediation.params)) or 'none'})"
+                )
+
+
+# parameters a pass fills in from the decision (a rung's params may not set them)
+_FROM_FINDING: dict[str, tuple[str, ...]] = {"quarantine": ("finding", "reason"), "stop-start": ("finding",)}
+
+
+def action_params(d: Decision, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The parameters of ``d``'s action: the rung's, the operator's per-action ones (``extra``: kubectl,
+    kubeconfig...), and what the finding gives (quarantine's check and reason)."""
+    assert d.action is not None
+    remediation = REMEDIATIONS[d.action]
+    params: dict[str, Any] = {k: v for k, v in extra.get(d.action, {}).items() if k in remediation.params}
+    params.update(d.params)
+    if d.action == "quarantine":
+        params["finding"] = d.check
+        reason = f"fleetops remediate auto: rule {d.rule} rung {(d.rung or 0) + 1}: {d.summary or d.check}"
+        params["reason"] = reason[:REASON_MAX]
+    elif "finding" in remediation.params and d.check:
+        params["finding"] = d.check
+    return {k: v for k, v in params.items() if k in remediation.params}
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def batches(
+    decisions: Sequence[Decision], extra: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[str, dict[str, Any], list[str]]]:
+    """The rollouts a pass runs: one per action and parameter set, in ``ACTION_ORDER``, hosts sorted."""
+    grouped: dict[tuple[str, Any], tuple[dict[str, Any], list[str]]] = {}
+    for d in decisions:
+        if d.status != "act" or d.action is None or d.action == HUMAN:
+            continue
+        params = action_params(d, extra)
+        key = (d.action, _freeze(params))
+        grouped.setdefault(key, (params, []))[1].append(d.host)
+    order = {a: i for i, a in enumerate(ACTION_ORDER)}
+    out = [(action, params, sorted(hosts)) for (action, _k), (params, hosts) in grouped.items()]
+    out.sort(key=lambda t: (order.get(t[0], len(order)), t[2]))
+    return out
+
+
+# ------------------------------------------------------------------------------ EC2 ladder tags
+
+
+def merge_tags(
+    ladder: LadderState,
+    ledger: BudgetLedger,
+    tags: Mapping[str, str],
+    group_of: Callable[[str], str | None],
+    now: float,
+    warn: Callable[[str], None],
+) -> None:
+    """Merge each host's ``TAG_KEY`` value into ``ladder`` and count its rungs (tried within the
+    ledger's longest window, not already in the ledger) against the budgets. A malformed tag is left
+    out with a warning: one instance's bad tag must not stop the pass for the fleet."""
+    for host, value in sorted(tags.items()):
+        try:
+            ladder.merge_tag(host, value, source=f"{host}: tag {TAG_KEY}")
+        except DocumentError as exc:
+            warn(f"{exc}: ignored")
+            continue
+        for rec in ladder.hosts.get(host, {}).values():
+            if rec.action == HUMAN or now - rec.last_tried > MAX_WINDOW_S or rec.last_tried > now:
+                continue
+            seen = any(
+                e.host == host and e.action == rec.action and abs(e.at - rec.last_tried) < 1.0
+                for e in ledger.entries
+            )
+            if not seen:
+                ledger.record(rec.action, host, group_of(host) or "-", rec.last_tried, controller="tag")
+
+
+@dataclass(frozen=True)
+class TagTarget:
+    instance: str
+    region: str
+    value: str | None  # the tag's value the inventory showed (None: no tag)
+
+
+def write_tags(
+    connection: Ec2Connection, targets: Mapping[str, TagTarget], new: Mapping[str, str | None]
+) -> dict[str, str | None]:
+    """Write (or delete) each host's ladder tag whose value changed; returns what was written."""
+    lease_utils = module_utils("lease")
+    aws = module_utils("aws")
+    changed = {h: v for h, v in new.items() if h in targets and targets[h].value != v}
+    if not changed:
+        return {}
+    regions = {targets[h].instance: targets[h].region for h in changed}
+    tags = lease_utils.Ec2Tags(connection.settings(), regions, user_agent="fleetops.auto")
+    try:
+        for host, value in sorted(changed.items()):
+            t = targets[host]
+            if value is None:
+                if t.value is not None:
+                    tags.delete([t.instance], TAG_KEY, t.value)
+            else:
+                tags.write([t.instance], TAG_KEY, value)
+    except aws.AwsError as exc:
+        raise FleetopsError(f"Failed to write the ladder tags ({TAG_KEY}): {exc}") from None
+    return changed
+
+
+# ------------------------------------------------------------------------------ the pass
+
+
+@contextlib.contextmanager
+def _state_locks(directory: Path) -> Iterator[tuple[Path, Path]]:
+    ladder_path, ledger_path = directory / LADDER_FILE, directory / LEDGER_FILE
+    try:
+        with file_lock(ladder_path, PASS_LOCK_TIMEOUT_S), file_lock(ledger_path, PASS_LOCK_TIMEOUT_S):
+            yield ladder_path, ledger_path
+    except StateError as exc:
+        raise PassLockedError(f"another 'fleetops remediate auto' pass is running: {exc}") from None
+
+
+@dataclass
+class PassInputs:
+    policy: Policy
+    policy_source: str
+    scan_report: Mapping[str, Any]
+    group_of: Mapping[str, str | None]
+    state_dir: Path
+    apply: bool
+    tags: Mapping[str, TagTarget] = field(default_factory=dict)  # EC2 hosts: their instance and tag
+    connection: Ec2Connection | None = None  # where to write the tags (None: no EC2)
+    extra_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def run_pass(
+    inputs: PassInputs, run_action: RunAction, say: Say, clock: Callable[[], float] = time.time
+) -> PassResult:
+    """Decide and act once (see the module's docstring); ``say`` gets one line per host, then each action."""
+    check_policy_actions(inputs.policy, inputs.policy_source)
+    result = PassResult([], [], inputs.apply, inputs.policy_source)
+
+    def warn(line: str) -> None:
+        result.warnings.append(line)
+        say(line, "warning")
+
+    def group_of(host: str) -> str | None:
+        return inputs.group_of.get(host)
+
+    sizes: dict[str, int] = {}
+    for host in inputs.group_of:
+        sizes[group_of(host) or "-"] = sizes.get(group_of(host) or "-", 0) + 1
+    with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
+        ladder = LadderState.load(ladder_path)
+        ledger = BudgetLedger.load(ledger_path)
+        now = clock()
+        merge_tags(
+            ladder, ledger, {h: t.value for h, t in inputs.tags.items() if t.value}, group_of, now, warn
+        )
+        before = {h: ladder.tag_value(h) for h in inputs.tags}
+        result.decisions = decide(inputs.policy, inputs.scan_report, ladder, ledger, now, group_of, sizes)
+        for d in result.decisions:
+            style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
+                d.status, ""
+            )
+            say(d.line(), style)
+        attempted: set[tuple[str, str]] = set()
+        try:
+            for action, params, hosts in batches(result.decisions, inputs.extra_params):
+                say(
+                    f"{action} on {len(hosts)} host(s): {' '.join(hosts)}"
+                    + ("" if inputs.apply else " (dry run)"),
+                    "bold",
+                )
+                try:
+                    run = run_action(action, hosts, params)
+                except FleetopsError as exc:
+                    code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
+                    run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
+                    say(f"{action}: {exc}", "error")
+                result.runs.append(run)
+                attempted.update((h, action) for h in run.attempted)
+        finally:
+            if inputs.apply:
+                commit(
+                    result.decisions,
+                    ladder,
+                    ledger,
+                    clock(),
+                    taken=lambda d: (d.host, d.action or "") in attempted or d.action == HUMAN,
+                    controller=controller_id(),
+                )
+                ladder.save(ladder_path)
+                ledger.save(ledger_path, clock())
+                if inputs.connection is not None and inputs.tags:
+                    after = {h: ladder.tag_value(h) for h in inputs.tags}
+                    new = {h: v for h, v in after.items() if v != before.get(h) or v != inputs.tags[h].value}
+                    try:
+                        result.tag_writes = write_tags(inputs.connection, inputs.tags, new)
+                    except FleetopsError as exc:
+                        warn(f"{exc}; the state directory has the ladders")
+    return result

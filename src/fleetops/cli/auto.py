@@ -1,0 +1,128 @@
+"""``fleetops remediate auto``: one pass of a remediation policy (``fleetops.auto`` does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from fleetops import api
+from fleetops.cli.args import add_format_arg, add_target_args, seconds_range
+from fleetops.cli.plan import add_rollout_args, plan_request
+from fleetops.cli.progress import ConsoleObserver
+
+HELP = "one pass of a remediation policy: scan, decide per host, climb each host's ladder (dry run unless --apply)"
+DESCRIPTION = (
+    "Scan the hosts, decide for each by the policy (fleetops.policy/v1: for each finding a ladder of "
+    "actions, each rung given time to clear it, per-action budgets), run each action as a rollout (the "
+    "same batches, gates, locks, EC2 lease and audit as `fleetops remediate ACTION`), and remember per "
+    "host which rung was tried when (the state directory and, on EC2, the instance's fleetops.io/ladder "
+    "tag), so that the next pass climbs. One line per host says its finding, rule, rung and the action "
+    "taken or why none. A dry run unless --apply; a dry run records nothing."
+)
+EPILOG = (
+    "exit codes: 0 every finding handled, waiting or held by a budget; 1 a host needs a human (its "
+    "ladder reached `human` or ran out); 2 bad input (policy, options); 3 a host could not be scanned or "
+    "an action's rollout did not finish every host; 4 another pass (or rollout) holds the state or the hosts"
+)
+
+
+def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
+    """Add ``remediate auto`` beside the remediations (``sub``: remediate's sub-commands)."""
+    from fleetops.cli.remediate import _host_timeout, _max_unhealthy, _not_after
+
+    p = sub.add_parser("auto", help=HELP, description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="the policy (fleetops.policy/v1 YAML; default: the one fleetops ships, policies/default.yml)",
+    )
+    add_target_args(p)
+    add_rollout_args(p)
+    p.add_argument("--apply", action="store_true", help="act and record (default: dry run, nothing recorded)")
+    p.add_argument(
+        "--sample-seconds",
+        type=seconds_range(0, 600),
+        default=10.0,
+        metavar="S",
+        help="seconds between the scan's two samples (growth and restart rates; default: 10)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the ladders and the budget ledger live (default: <state home>/auto; "
+        "$FLEETOPS_STATE_DIR, /var/lib/fleetops as root). Controllers sharing it share the budgets",
+    )
+    p.add_argument(
+        "--no-ec2-tags",
+        action="store_true",
+        help="do not read or write the instances' fleetops.io/ladder tag (e.g. no ec2:CreateTags)",
+    )
+    p.add_argument("--host-timeout", type=_host_timeout, default=None, metavar="S",
+                   help="each action's --host-timeout (default: the action's)")  # fmt: skip
+    p.add_argument("--max-unhealthy", type=_max_unhealthy, default=None, metavar="N|P%",
+                   help="each action's capacity floor (default: the action's)")  # fmt: skip
+    p.add_argument("--not-after", type=_not_after, default=None, metavar="TIME",
+                   help="no batch of any action starts at or after TIME (ISO 8601 or 90m, 2h)")  # fmt: skip
+    p.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig for quarantine's kubectl (default: kubectl's own)"
+    )
+    p.add_argument(
+        "--kubectl", default=None, metavar="PATH", help="kubectl for quarantine (default: kubectl)"
+    )
+    add_format_arg(p)
+    p.set_defaults(func=cmd_auto, resume=None)
+
+
+def auto_request(args: argparse.Namespace) -> api.AutoRequest:
+    caps = plan_request(args, "auto")
+    kube = {k: v for k, v in (("kubectl", args.kubectl), ("kubeconfig", args.kubeconfig)) if v}
+    return api.AutoRequest(
+        policy=args.policy,
+        inventory=caps.inventory,
+        limit=caps.limit,
+        apply=bool(args.apply),
+        sample_seconds=args.sample_seconds,
+        state_dir=args.state_dir,
+        group_by=caps.group_by,
+        max_parallel=caps.max_parallel,
+        per_group_max=caps.per_group_max,
+        canary=caps.canary,
+        exclude=caps.exclude,
+        host_timeout=args.host_timeout,
+        max_unhealthy=args.max_unhealthy,
+        not_after=args.not_after,
+        ec2_tags=not args.no_ec2_tags,
+        action_params={"quarantine": kube, "unquarantine": kube} if kube else {},
+    )
+
+
+def cmd_auto(args: argparse.Namespace) -> int:
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    result = api.auto(auto_request(args), ConsoleObserver(console))
+    if args.format == "json":
+        sys.stdout.write(result.json() + "\n")
+    else:
+        out = Console(highlight=False, soft_wrap=True)
+        ran = {(h, r.action): r for r in result.result.runs for h in r.hosts}
+        counts: dict[str, int] = {}
+        for d in result.result.decisions:
+            counts[d.status] = counts.get(d.status, 0) + 1
+            run = ran.get((d.host, d.action or ""))
+            outcome = ""
+            if run is not None:
+                outcome = (
+                    " -> done" if d.host in run.done else f" -> not done (exit {int(run.exit_code)})"
+                ) + ("" if result.result.apply else " [dry run]")
+            out.print(escape(d.line() + outcome))
+        told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        out.print(
+            f"auto: {len(result.result.decisions)} host(s): {told or 'none'}"
+            + ("" if result.result.apply else " (dry run: nothing recorded; add --apply to act)")
+        )
+    return result.exit_code

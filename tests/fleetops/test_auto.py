@@ -1,0 +1,290 @@
+"""`fleetops remediate auto`'s pass (fleetops.auto.run_pass): decide, act through an injected runner,
+record ladders and budgets, climb on later passes.
+
+The actions' rollouts are a recorded stand-in here (the engine, ansible and the lab hosts are proven
+by tests/integration/test_auto_lab.py); the policy, its state files and their locks are real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops import auto
+from fleetops.errors import FleetopsError, UsageError
+from fleetops.exitcodes import ExitCode
+from fleetops.policy import TAG_KEY, LadderState, default_policy_path, file_lock, load_policy, parse_policy
+from fleetops.remediations import REMEDIATIONS
+
+H = 3600.0
+T0 = 1_800_000_000.0
+
+
+def ecc(host_gpus: int = 1) -> dict[str, Any]:
+    return {
+        "check": "gpu_health",
+        "severity": "critical",
+        "summary": "GPU 0: 2 uncorrectable ECC errors",
+        "data": {"gpus": [{"index": 0, "ecc_uncorrected_volatile": 2}], "xid": {}},
+    }
+
+
+CRASHLOOP = {"check": "crashloop_unit", "severity": "warning", "summary": "ecs.service restarts", "data": {}}
+UCX = {"check": "ucx_mmap_hooks", "severity": "warning", "summary": "UCX hooks", "data": {"fixable_unit": True}}
+
+
+def report(**hosts: list[dict[str, Any]] | str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, findings in hosts.items():
+        if isinstance(findings, str):
+            out[name] = {"status": findings, "msg": "ssh: connection refused"}
+        else:
+            out[name] = {"status": "ok", "findings": findings}
+    return {"hosts": out}
+
+
+class Runner:
+    """Records each action's rollout; ``fail`` hosts end failed, ``raises`` actions raise."""
+
+    def __init__(self, fail: Sequence[str] = (), raises: Mapping[str, Exception] | None = None) -> None:
+        self.calls: list[tuple[str, list[str], dict[str, Any]]] = []
+        self.fail = set(fail)
+        self.raises = dict(raises or {})
+
+    def __call__(self, action: str, hosts: Sequence[str], params: Mapping[str, Any]) -> auto.ActionRun:
+        self.calls.append((action, list(hosts), dict(params)))
+        if action in self.raises:
+            raise self.raises[action]
+        done = frozenset(h for h in hosts if h not in self.fail)
+        return auto.ActionRun(
+            action,
+            tuple(hosts),
+            params,
+            attempted=frozenset(hosts),
+            done=done,
+            exit_code=ExitCode.OK if done == set(hosts) else ExitCode.FAILED,
+        )
+
+
+def run(
+    tmp_path: Path,
+    scan: dict[str, Any],
+    runner: Runner,
+    now: float,
+    *,
+    apply: bool = True,
+    policy_text: str | None = None,
+    groups: Mapping[str, str | None] | None = None,
+    tags: Mapping[str, auto.TagTarget] | None = None,
+) -> tuple[auto.PassResult, list[str]]:
+    lines: list[str] = []
+    policy = parse_policy(policy_text, "policy.yml") if policy_text else load_policy(default_policy_path())
+    inputs = auto.PassInputs(
+        policy=policy,
+        policy_source="policy.yml",
+        scan_report=scan,
+        group_of=dict(groups) if groups is not None else {h: "az-a" for h in scan["hosts"]},
+        state_dir=tmp_path / "auto",
+        apply=apply,
+        tags=dict(tags or {}),
+    )
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: now)
+    return result, lines
+
+
+def test_the_default_policy_names_only_remediations_that_exist() -> None:
+    policy = load_policy(default_policy_path())
+    auto.check_policy_actions(policy, "default.yml")
+    used = {r.action for rule in policy.rules for r in rule.ladder} - {"human"}
+    assert used <= set(REMEDIATIONS), used - set(REMEDIATIONS)
+    assert {"quarantine", "stop-start", "replace"} <= used
+
+
+def test_a_rung_action_fleetops_does_not_have_is_refused_naming_it() -> None:
+    text = """
+schema: fleetops.policy/v1
+rules:
+  - name: crash
+    match: [{check: crashloop_unit}]
+    ladder: [{action: fix, clear_after: 10m, params: {no_such_knob: 1}}]
+"""
+    with pytest.raises(UsageError, match=r"rule crash rung 1 \(fix\): unknown parameter\(s\) no_such_knob"):
+        auto.check_policy_actions(parse_policy(text, "p.yml"), "p.yml")
+
+
+def test_first_pass_fixes_software_faults_and_quarantines_the_ecc_host(tmp_path: Path) -> None:
+    scan = report(**{"lab-01": [CRASHLOOP], "lab-02": [UCX], "lab-03": [ecc()], "lab-04": []})
+    runner = Runner()
+    # one AZ each: the default policy's fix budget is 25% of a group an hour
+    groups = {"lab-01": "az-a", "lab-02": "az-b", "lab-03": "az-c", "lab-04": "az-a"}
+    result, lines = run(tmp_path, scan, runner, T0, groups=groups)
+    assert [(a, h) for a, h, _p in runner.calls] == [
+        ("fix", ["lab-01"]),
+        ("fix", ["lab-02"]),
+        ("quarantine", ["lab-03"]),
+    ]
+    ucx_params = runner.calls[1][2]
+    assert ucx_params == {"ucx_fix": "hooks-off"}
+    q = runner.calls[2][2]
+    assert q["finding"] == "gpu_health" and "rule gpu-fatal rung 1" in q["reason"]
+    assert set(q) == {"finding", "reason"}
+    by_host = {d.host: d for d in result.decisions}
+    assert by_host["lab-04"].status == "clean"
+    assert any(line.startswith("lab-03: gpu_health (critical) rule gpu-fatal rung 1/4 quarantine:") for line in lines)
+    assert result.exit_code == ExitCode.OK
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-03", "gpu-fatal") is not None
+    assert ladder.get("lab-03", "gpu-fatal").action == "quarantine"  # type: ignore[union-attr]
+
+
+def test_later_passes_climb_the_ecc_hosts_ladder_and_reset_it_once_clean(tmp_path: Path) -> None:
+    scan = report(**{"lab-03": [ecc()]})
+    runner = Runner()
+    run(tmp_path, scan, runner, T0)
+    _, lines = run(tmp_path, scan, runner, T0 + 5 * 60)  # within quarantine's 15 min
+    assert [c[0] for c in runner.calls] == ["quarantine"]
+    assert any("waiting: rung quarantine tried 5 min ago, gets 15 min" in line for line in lines), lines
+    run(tmp_path, scan, runner, T0 + 16 * 60)
+    assert [c[0] for c in runner.calls] == ["quarantine", "stop-start"]
+    assert runner.calls[-1][2].get("finding") == "gpu_health" or "finding" not in REMEDIATIONS["stop-start"].params
+    run(tmp_path, scan, runner, T0 + 16 * 60 + 46 * 60)
+    assert [c[0] for c in runner.calls] == ["quarantine", "stop-start", "replace"]
+    # clean now: the ladder resets, and the pass says the taint stays until released
+    result, lines = run(tmp_path, report(**{"lab-03": []}), runner, T0 + 4 * H)
+    assert len(runner.calls) == 3
+    assert result.decisions[0].still_quarantined == ("gpu-fatal",)
+    assert any("still quarantined by gpu-fatal" in line for line in lines)
+    assert LadderState.load(tmp_path / "auto" / auto.LADDER_FILE).get("lab-03", "gpu-fatal") is None
+
+
+def test_a_budget_of_one_per_hour_stops_a_second_replacement_and_says_so(tmp_path: Path) -> None:
+    policy = """
+schema: fleetops.policy/v1
+budgets:
+  replace: {window: 1h, max: 1}
+rules:
+  - name: gpu
+    match: [{check: gpu_health}]
+    ladder: [{action: replace, clear_after: 2h}]
+"""
+    runner = Runner()
+    result, lines = run(tmp_path, report(**{"a": [ecc()], "b": [ecc()]}), runner, T0, policy_text=policy)
+    assert [(c[0], c[1]) for c in runner.calls] == [("replace", ["a"])]
+    blocked = next(d for d in result.decisions if d.host == "b")
+    assert blocked.status == "budget" and "replace 1/h across the fleet used" in blocked.reason
+    assert any(line.startswith("b:") and "budget" in line for line in lines)
+    # a later pass in the same hour: still blocked (the ledger remembers); after the hour: allowed
+    run(tmp_path, report(**{"b": [ecc()]}), runner, T0 + 30 * 60, policy_text=policy)
+    assert len(runner.calls) == 1
+    run(tmp_path, report(**{"b": [ecc()]}), runner, T0 + H + 1, policy_text=policy)
+    assert [(c[0], c[1]) for c in runner.calls][-1] == ("replace", ["b"])
+
+
+def test_a_dry_run_acts_in_check_mode_and_records_nothing(tmp_path: Path) -> None:
+    runner = Runner()
+    result, _ = run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0, apply=False)
+    assert [c[0] for c in runner.calls] == ["quarantine"]
+    assert not (tmp_path / "auto" / auto.LADDER_FILE).exists()
+    assert not (tmp_path / "auto" / auto.LEDGER_FILE).exists()
+    # so the next (applied) pass starts at the first rung again
+    run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0 + H)
+    assert [c[0] for c in runner.calls] == ["quarantine", "quarantine"]
+    assert result.document()["apply"] is False
+
+
+def test_a_failed_action_still_climbs_and_spends_its_budget(tmp_path: Path) -> None:
+    runner = Runner(fail=["lab-03"])
+    result, _ = run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0)
+    assert result.exit_code == ExitCode.FAILED
+    ledger = json.loads((tmp_path / "auto" / auto.LEDGER_FILE).read_text())
+    assert [e["action"] for e in ledger["entries"]] == ["quarantine"]
+    run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0 + 16 * 60)
+    assert [c[0] for c in runner.calls] == ["quarantine", "stop-start"]
+
+
+def test_an_action_that_raises_is_reported_and_the_others_still_run_and_are_recorded(tmp_path: Path) -> None:
+    runner = Runner(raises={"fix": FleetopsError("hosts locked by rollout X")})
+    scan = report(**{"lab-01": [CRASHLOOP], "lab-03": [ecc()]})
+    result, lines = run(tmp_path, scan, runner, T0)
+    assert [c[0] for c in runner.calls] == ["fix", "quarantine"]
+    assert result.exit_code == ExitCode.FAILED
+    assert any("hosts locked by rollout X" in line for line in lines)
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-01", "crashloop") is None  # never attempted: tried again next pass
+    assert ladder.get("lab-03", "gpu-fatal") is not None
+
+
+def test_an_interrupted_pass_still_records_what_it_attempted(tmp_path: Path) -> None:
+    runner = Runner(raises={"quarantine": KeyboardInterrupt()})
+    scan = report(**{"lab-01": [CRASHLOOP], "lab-03": [ecc()]})
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, scan, runner, T0)
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-01", "crashloop") is not None
+    assert ladder.get("lab-03", "gpu-fatal") is None
+
+
+def test_a_second_pass_at_the_same_time_is_refused_with_exit_4(tmp_path: Path) -> None:
+    with file_lock(tmp_path / "auto" / auto.LADDER_FILE, 1):
+        with pytest.raises(auto.PassLockedError, match="another 'fleetops remediate auto' pass") as err:
+            run(tmp_path, report(**{"lab-03": [ecc()]}), Runner(), T0)
+    assert err.value.exit_code == ExitCode.LOCKED
+
+
+def test_exit_codes_say_a_human_is_needed_or_a_host_was_not_scanned(tmp_path: Path) -> None:
+    unowned = {"check": "ucx_mmap_hooks", "severity": "warning", "data": {"fixable_unit": False}}
+    result, _ = run(tmp_path, report(**{"a": [unowned]}), Runner(), T0)
+    assert result.decisions[0].status == "human" and result.exit_code == ExitCode.FINDINGS
+    result, _ = run(tmp_path / "2", report(**{"a": [unowned], "b": "unreachable"}), Runner(), T0)
+    assert result.exit_code == ExitCode.FAILED
+
+
+def test_another_controllers_ladder_tag_makes_this_pass_climb_and_spend_the_same_budget(tmp_path: Path) -> None:
+    other = LadderState()
+    other.record("lab-03", "gpu-fatal", "gpu_health", 0, "quarantine", T0)
+    other.record("lab-03", "gpu-fatal", "gpu_health", 1, "stop-start", T0 + 16 * 60)
+    value = other.tag_value("lab-03")
+    assert value is not None
+    policy = """
+schema: fleetops.policy/v1
+budgets:
+  stop-start: {window: 1h, max: 1}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health}]
+    ladder:
+      - {action: quarantine, clear_after: 15m}
+      - {action: stop-start, clear_after: 45m}
+      - {action: replace, clear_after: 2h}
+"""
+    tags = {
+        "lab-03": auto.TagTarget("i-3", "us-east-1", value),
+        "lab-04": auto.TagTarget("i-4", "us-east-1", "not=a:valid:tag"),
+    }
+    runner = Runner()
+    scan = report(**{"lab-03": [ecc()], "lab-05": [ecc()]})
+    # this controller's state directory is empty: the tag alone says lab-03 is at stop-start (4 min ago)
+    result, lines = run(tmp_path, scan, runner, T0 + 20 * 60, policy_text=policy, tags=tags)
+    by_host = {d.host: d for d in result.decisions}
+    assert by_host["lab-03"].status == "wait" and by_host["lab-03"].rung_action == "stop-start"
+    assert [(c[0], c[1]) for c in runner.calls] == [("quarantine", ["lab-05"])]
+    assert any("lab-04" in w and "ignored" in w for w in result.warnings)
+    # lab-05 climbs to stop-start within the hour of the tag's stop-start: over the budget the tag spent
+    result, _ = run(tmp_path, report(**{"lab-05": [ecc()]}), runner, T0 + 36 * 60, policy_text=policy)
+    d = result.decisions[0]
+    assert d.status == "budget" and d.rung_action == "stop-start", d
+    # and lab-03, 46 min after its stop-start, climbs to replace on this controller
+    result, _ = run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0 + 62 * 60, policy_text=policy, tags=tags)
+    assert (runner.calls[-1][0], runner.calls[-1][1]) == ("replace", ["lab-03"])
+
+
+def test_batches_group_hosts_by_action_and_params_in_a_fixed_order(tmp_path: Path) -> None:
+    scan = report(**{"b": [CRASHLOOP], "a": [CRASHLOOP], "c": [ecc()], "d": [ecc()]})
+    runner = Runner()
+    groups = {"a": "az-a", "b": "az-b", "c": "az-c", "d": "az-d"}  # the default budgets: 1 per group here
+    run(tmp_path, scan, runner, T0, groups=groups)
+    assert [(c[0], c[1]) for c in runner.calls] == [("fix", ["a", "b"]), ("quarantine", ["c", "d"])]
