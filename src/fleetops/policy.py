@@ -544,8 +544,9 @@ def load_policy(path: Path | str) -> Policy:
 
 
 def default_policy_path() -> Path:
-    """``policies/default.yml`` of the collection this package sits beside (a source checkout)."""
-    return Path(__file__).resolve().parents[2] / "policies" / "default.yml"
+    """The default policy, shipped in the package (``fleetops/policies/default.yml``; a checkout's
+    ``policies/`` links to it)."""
+    return Path(__file__).resolve().parent / "policies" / "default.yml"
 
 
 # ---------------------------------------------------------------------------------- state files

@@ -49,3 +49,9 @@ def test_product_wheel_has_no_lab_code(tmp_path: Path) -> None:
     # every module of the package is in it: nothing of the product was dropped with the lab
     src = sorted(str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "fleetops").rglob("*.py"))
     assert sorted(modules) == src
+    # the default remediation policy ships with the package: `remediate auto` without --policy works
+    # from a wheel (an AWX execution environment), not only from a checkout
+    assert "fleetops/policies/default.yml" in names
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = zf.read("fleetops/policies/default.yml")
+    assert shipped == (REPO / "policies" / "default.yml").read_bytes()
