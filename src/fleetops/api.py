@@ -421,6 +421,10 @@ def _start(
             if not targets:
                 return None
             wanted = set(targets)
+            if request.hosts is not None:  # the step saw the whole selection: keep the hosts named
+                wanted &= set(request.hosts)
+                if not wanted:
+                    return None
             unknown = sorted(wanted - {h.name for h in hosts})
             if unknown:
                 raise UsageError(

@@ -17,7 +17,7 @@ import pytest
 from fleetops import auto
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.policy import TAG_KEY, LadderState, default_policy_path, file_lock, load_policy, parse_policy
+from fleetops.policy import LadderState, default_policy_path, file_lock, load_policy, parse_policy
 from fleetops.remediations import REMEDIATIONS
 
 H = 3600.0
@@ -34,7 +34,12 @@ def ecc(host_gpus: int = 1) -> dict[str, Any]:
 
 
 CRASHLOOP = {"check": "crashloop_unit", "severity": "warning", "summary": "ecs.service restarts", "data": {}}
-UCX = {"check": "ucx_mmap_hooks", "severity": "warning", "summary": "UCX hooks", "data": {"fixable_unit": True}}
+UCX = {
+    "check": "ucx_mmap_hooks",
+    "severity": "warning",
+    "summary": "UCX hooks",
+    "data": {"fixable_unit": True},
+}
 
 
 def report(**hosts: list[dict[str, Any]] | str) -> dict[str, Any]:
@@ -134,7 +139,9 @@ def test_first_pass_fixes_software_faults_and_quarantines_the_ecc_host(tmp_path:
     assert set(q) == {"finding", "reason"}
     by_host = {d.host: d for d in result.decisions}
     assert by_host["lab-04"].status == "clean"
-    assert any(line.startswith("lab-03: gpu_health (critical) rule gpu-fatal rung 1/4 quarantine:") for line in lines)
+    assert any(
+        line.startswith("lab-03: gpu_health (critical) rule gpu-fatal rung 1/4 quarantine:") for line in lines
+    )
     assert result.exit_code == ExitCode.OK
     ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
     assert ladder.get("lab-03", "gpu-fatal") is not None
@@ -150,7 +157,10 @@ def test_later_passes_climb_the_ecc_hosts_ladder_and_reset_it_once_clean(tmp_pat
     assert any("waiting: rung quarantine tried 5 min ago, gets 15 min" in line for line in lines), lines
     run(tmp_path, scan, runner, T0 + 16 * 60)
     assert [c[0] for c in runner.calls] == ["quarantine", "stop-start"]
-    assert runner.calls[-1][2].get("finding") == "gpu_health" or "finding" not in REMEDIATIONS["stop-start"].params
+    assert (
+        runner.calls[-1][2].get("finding") == "gpu_health"
+        or "finding" not in REMEDIATIONS["stop-start"].params
+    )
     run(tmp_path, scan, runner, T0 + 16 * 60 + 46 * 60)
     assert [c[0] for c in runner.calls] == ["quarantine", "stop-start", "replace"]
     # clean now: the ladder resets, and the pass says the taint stays until released
@@ -229,9 +239,11 @@ def test_an_interrupted_pass_still_records_what_it_attempted(tmp_path: Path) -> 
 
 
 def test_a_second_pass_at_the_same_time_is_refused_with_exit_4(tmp_path: Path) -> None:
-    with file_lock(tmp_path / "auto" / auto.LADDER_FILE, 1):
-        with pytest.raises(auto.PassLockedError, match="another 'fleetops remediate auto' pass") as err:
-            run(tmp_path, report(**{"lab-03": [ecc()]}), Runner(), T0)
+    with (
+        file_lock(tmp_path / "auto" / auto.LADDER_FILE, 1),
+        pytest.raises(auto.PassLockedError, match="another 'fleetops remediate auto' pass") as err,
+    ):
+        run(tmp_path, report(**{"lab-03": [ecc()]}), Runner(), T0)
     assert err.value.exit_code == ExitCode.LOCKED
 
 
@@ -243,7 +255,9 @@ def test_exit_codes_say_a_human_is_needed_or_a_host_was_not_scanned(tmp_path: Pa
     assert result.exit_code == ExitCode.FAILED
 
 
-def test_another_controllers_ladder_tag_makes_this_pass_climb_and_spend_the_same_budget(tmp_path: Path) -> None:
+def test_another_controllers_ladder_tag_makes_this_pass_climb_and_spend_the_same_budget(
+    tmp_path: Path,
+) -> None:
     other = LadderState()
     other.record("lab-03", "gpu-fatal", "gpu_health", 0, "quarantine", T0)
     other.record("lab-03", "gpu-fatal", "gpu_health", 1, "stop-start", T0 + 16 * 60)
@@ -268,7 +282,7 @@ rules:
     runner = Runner()
     scan = report(**{"lab-03": [ecc()], "lab-05": [ecc()]})
     # this controller's state directory is empty: the tag alone says lab-03 is at stop-start (4 min ago)
-    result, lines = run(tmp_path, scan, runner, T0 + 20 * 60, policy_text=policy, tags=tags)
+    result, _ = run(tmp_path, scan, runner, T0 + 20 * 60, policy_text=policy, tags=tags)
     by_host = {d.host: d for d in result.decisions}
     assert by_host["lab-03"].status == "wait" and by_host["lab-03"].rung_action == "stop-start"
     assert [(c[0], c[1]) for c in runner.calls] == [("quarantine", ["lab-05"])]
@@ -278,7 +292,9 @@ rules:
     d = result.decisions[0]
     assert d.status == "budget" and d.rung_action == "stop-start", d
     # and lab-03, 46 min after its stop-start, climbs to replace on this controller
-    result, _ = run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0 + 62 * 60, policy_text=policy, tags=tags)
+    result, _ = run(
+        tmp_path, report(**{"lab-03": [ecc()]}), runner, T0 + 62 * 60, policy_text=policy, tags=tags
+    )
     assert (runner.calls[-1][0], runner.calls[-1][1]) == ("replace", ["lab-03"])
 
 
@@ -288,3 +304,66 @@ def test_batches_group_hosts_by_action_and_params_in_a_fixed_order(tmp_path: Pat
     groups = {"a": "az-a", "b": "az-b", "c": "az-c", "d": "az-d"}  # the default budgets: 1 per group here
     run(tmp_path, scan, runner, T0, groups=groups)
     assert [(c[0], c[1]) for c in runner.calls] == [("fix", ["a", "b"]), ("quarantine", ["c", "d"])]
+
+
+# ------------------------------------------------------------------------------ through the API
+
+
+def _static_inventory(tmp_path: Path, hosts: Mapping[str, str]) -> Path:
+    """Hosts with their AZ (fleetops_az); never reached: the scan and the rollouts are recorded."""
+    path = tmp_path / "inv.yml"
+    body = "".join(f"    {h}: {{ansible_connection: local, fleetops_az: {az}}}\n" for h, az in hosts.items())
+    path.write_text("all:\n  hosts:\n" + body)
+    return path
+
+
+def test_api_auto_runs_each_action_on_exactly_the_hosts_it_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """api.auto wires the pass to api.remediate: one request per action, naming its hosts exactly
+    (``hosts=``, never a joined --limit), with the pass's caps; the scan is recorded (ansible and the
+    lab are proven by tests/integration/test_auto_lab.py)."""
+    import fleetops.api as api_mod
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inv = _static_inventory(tmp_path, {"lab-01": "a", "lab-02": "b", "lab-03": "c"})
+    scanned = report(**{"lab-01": [CRASHLOOP], "lab-02": [], "lab-03": [ecc()]})
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: scanned)
+    seen: list[api_mod.RemediationRequest] = []
+
+    def remediate(request: api_mod.RemediationRequest, observer: Any = None, **k: Any) -> Any:
+        seen.append(request)
+        return api_mod.RolloutResult(None, {"recorded": True}, ExitCode.OK)
+
+    monkeypatch.setattr(api_mod, "remediate", remediate)
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=True, canary=0, max_parallel=2))
+    assert [(r.action, list(r.hosts or [])) for r in seen] == [
+        ("fix", ["lab-01"]),
+        ("quarantine", ["lab-03"]),
+    ]
+    assert all(r.apply and r.limit is None and r.canary == 0 and r.max_parallel == 2 for r in seen)
+    assert seen[1].params["finding"] == "gpu_health"
+    assert result.document["schema"] == auto.AUTO_SCHEMA
+    # no host state came back (a stand-in rollout): nothing was attempted, so nothing climbs
+    ladder = LadderState.load(tmp_path / "state" / "auto" / auto.LADDER_FILE)
+    assert ladder.hosts == {}
+
+
+def test_a_remediation_request_naming_hosts_acts_on_those_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fleetops.api as api_mod
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
+    inv = _static_inventory(tmp_path, {"a": "x", "b": "x", "c": "y"})
+    with pytest.raises(UsageError, match="host\\(s\\) outside the selection: zz"):
+        api_mod.remediate(api_mod.RemediationRequest(action="reboot", inventory=[inv], hosts=["a", "zz"]))
+    with pytest.raises(UsageError, match="the hosts named matches no host"):
+        api_mod.remediate(api_mod.RemediationRequest(action="reboot", inventory=[inv], hosts=[]))
+    planned = api_mod._start(
+        api_mod.RemediationRequest(action="reboot", inventory=[inv], hosts=["c", "a"], canary=0),
+        REMEDIATIONS["reboot"],
+        api_mod.NullObserver(),
+    )
+    assert planned is not None and sorted(planned.hosts) == ["a", "c"]
