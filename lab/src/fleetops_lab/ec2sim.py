@@ -9,7 +9,15 @@
 * answer some Actions with HTTP 403 ``UnauthorizedOperation`` (``deny()``), as for a role without
   that permission;
 * add ``<eventsSet>`` items to ``DescribeInstanceStatus`` answers for instances tagged
-  ``fleetops:event=<code>`` (moto does not model scheduled events), e.g. ``system-reboot``.
+  ``fleetops:event=<code>`` (moto does not model scheduled events), e.g. ``system-reboot``; a
+  successful ``StopInstances`` completes them (the tag is removed), as on EC2, where a stopped and
+  started EBS instance leaves the hardware the event was about;
+* report ``rootDeviceType`` ``instance-store`` in ``DescribeInstances`` answers for instances tagged
+  ``fleetops:root-device=instance-store`` (moto makes every instance EBS-backed);
+* tell a ``power_hook`` about ``StopInstances`` / ``TerminateInstances`` (before moto answers:
+  the caller sees the answer only once the hook returned) and ``StartInstances`` (after moto
+  answered), per instance with its tags: the lab ties its hosts' power to their instances this way
+  (``fleetops_lab.ec2``).
 
 ``calls`` counts the requests received per Action (throttled ones included) and ``throttled``
 the ones answered with 503. Loopback only.
@@ -32,11 +40,16 @@ import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 EVENT_TAG = "fleetops:event"
+ROOT_DEVICE_TAG = "fleetops:root-device"
+# (phase "stop" | "terminate" | "start", instance id, its tags) -> None; see Ec2Proxy
+PowerHook = Callable[[str, str, dict[str, str]], None]
+_POWER_PHASES = {"StopInstances": "stop", "TerminateInstances": "terminate", "StartInstances": "start"}
 EC2_API_VERSION = "2016-11-15"
 
 EVENT_DESCRIPTIONS = {
@@ -207,13 +220,27 @@ def launch_many(
     return ids
 
 
-def _action(method: str, path: str, body: bytes) -> str:
+def _fields(method: str, path: str, body: bytes) -> dict[str, list[str]]:
     query = urllib.parse.urlsplit(path).query
     fields = urllib.parse.parse_qs(query)
     if method == "POST" and body:
         with contextlib.suppress(UnicodeDecodeError):
             fields.update(urllib.parse.parse_qs(body.decode("utf-8")))
-    return fields.get("Action", ["?"])[0]
+    return fields
+
+
+def _instance_ids(fields: dict[str, list[str]]) -> list[str]:
+    """The ``InstanceId.N`` parameters of a request, in N order."""
+    numbered = []
+    for key, values in fields.items():
+        match = re.fullmatch(r"InstanceId\.(\d+)", key)
+        if match and values:
+            numbered.append((int(match.group(1)), values[0]))
+    return [iid for _n, iid in sorted(numbered)]
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
 
 
 def _event_item(ns: str, instance_id: str, code: str) -> ET.Element:
@@ -246,6 +273,7 @@ class Ec2Proxy:
         deny_actions: frozenset[str] | set[str] | None = None,
         inject_events: bool = True,
         event_tag: str = EVENT_TAG,
+        power_hook: PowerHook | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(upstream_url)
         if parsed.scheme != "http" or not parsed.hostname:
@@ -254,6 +282,7 @@ class Ec2Proxy:
         self.upstream_port = parsed.port or 80
         self.inject_events = inject_events
         self.event_tag = event_tag
+        self.power_hook = power_hook
         self.calls: Counter[str] = Counter()
         self.throttled: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -325,7 +354,8 @@ class Ec2Proxy:
     def _handle(self, req: BaseHTTPRequestHandler) -> None:
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else b""
-        action = _action(req.command, req.path, body)
+        fields = _fields(req.command, req.path, body)
+        action = fields.get("Action", ["?"])[0]
         with self._lock:
             self.calls[action] += 1
             denied = action in self._deny_actions
@@ -344,16 +374,96 @@ class Ec2Proxy:
         if throttle:
             self._error(req, 503, "RequestLimitExceeded", "Request limit exceeded.")
             return
+        authorization = req.headers.get("Authorization", "")
+        phase = _POWER_PHASES.get(action)
         try:
+            tags = self._instance_tags(authorization, _instance_ids(fields)) if phase else {}
+            if phase in ("stop", "terminate"):
+                self._power(phase, tags)  # the instance is off before EC2 says stopping
             status, headers, payload = self._forward(req.command, req.path, req.headers.items(), body)
+            if status == 200 and phase == "stop":
+                self._complete_events(authorization, tags)
         except OSError as e:
             self._reply(
                 req, 502, [("Content-Type", "text/plain")], f"ec2proxy: upstream failed: {e}".encode()
             )
             return
+        if status == 200 and phase == "start":
+            self._power(phase, tags)
         if action == "DescribeInstanceStatus" and status == 200 and self.inject_events:
-            payload = self._add_events(payload, req.headers.get("Authorization", ""))
+            payload = self._add_events(payload, authorization)
+        if action == "DescribeInstances" and status == 200:
+            payload = self._root_devices(payload)
         self._reply(req, status, headers, payload)
+
+    def _power(self, phase: str, tags: dict[str, dict[str, str]]) -> None:
+        if self.power_hook is None:
+            return
+        for iid, instance_tags in tags.items():
+            self.power_hook(phase, iid, instance_tags)
+
+    def _complete_events(self, authorization: str, tags: dict[str, dict[str, str]]) -> None:
+        """A stopped instance's scheduled events are done (EC2 completes them): remove their tag."""
+        done = [iid for iid, t in tags.items() if self.event_tag in t]
+        if not done:
+            return
+        params = {"Action": "DeleteTags", "Version": EC2_API_VERSION, "Tag.1.Key": self.event_tag}
+        for n, iid in enumerate(done, 1):
+            params[f"ResourceId.{n}"] = iid
+        self._upstream(authorization, params)
+
+    def _upstream(self, authorization: str, params: dict[str, str]) -> tuple[int, bytes]:
+        """One EC2 query to the upstream directly (moto reads the region from Authorization's
+        credential scope and does not verify the signature)."""
+        body = urllib.parse.urlencode(params).encode()
+        headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")]
+        if authorization:
+            headers.append(("Authorization", authorization))
+        status, _, payload = self._forward("POST", "/", headers, body)
+        return status, payload
+
+    def _instance_tags(self, authorization: str, ids: list[str]) -> dict[str, dict[str, str]]:
+        """instance id -> its tags, for ``ids`` (asked upstream directly)."""
+        if not ids:
+            return {}
+        params = {"Action": "DescribeInstances", "Version": EC2_API_VERSION}
+        for n, iid in enumerate(ids, 1):
+            params[f"InstanceId.{n}"] = iid
+        status, payload = self._upstream(authorization, params)
+        found: dict[str, dict[str, str]] = {iid: {} for iid in ids}
+        if status != 200:
+            return found
+        for inst in ET.fromstring(payload).iter():
+            if _local(inst.tag) != "item":
+                continue
+            item_id = next((c.text or "" for c in inst if _local(c.tag) == "instanceId"), "")
+            tagset = next((c for c in inst if _local(c.tag) == "tagSet"), None)
+            if item_id not in found or tagset is None:
+                continue
+            for tag in tagset:
+                kv = {_local(c.tag): c.text or "" for c in tag}
+                if kv.get("key"):
+                    found[item_id][kv["key"]] = kv.get("value", "")
+        return found
+
+    def _root_devices(self, payload: bytes) -> bytes:
+        """rootDeviceType as the ``fleetops:root-device`` tag says (moto: always ebs)."""
+        if ROOT_DEVICE_TAG.encode() not in payload:
+            return payload
+        root = ET.fromstring(payload)
+        match = re.match(r"\{(.*)\}", root.tag)
+        ET.register_namespace("", match.group(1) if match else "")
+        for inst in root.iter():
+            tagset = next((c for c in inst if _local(c.tag) == "tagSet"), None)
+            device = next((c for c in inst if _local(c.tag) == "rootDeviceType"), None)
+            if tagset is None or device is None:
+                continue
+            for tag in tagset:
+                kv = {_local(c.tag): c.text or "" for c in tag}
+                if kv.get("key") == ROOT_DEVICE_TAG and kv.get("value"):
+                    device.text = kv["value"]
+        out: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+        return out
 
     def _forward(
         self, method: str, path: str, headers: list[tuple[str, str]], body: bytes
