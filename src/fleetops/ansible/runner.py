@@ -6,6 +6,7 @@ Results come from runner's events, status and rc — never from parsing stdout.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+import yaml
 
 from fleetops import paths
+from fleetops.ansible.collection import module_utils
 from fleetops.errors import FleetopsError
 
 HOST_EVENTS = {
@@ -34,6 +37,16 @@ HOST_EVENTS = {
 CANCEL_POLL_S = 0.5  # how often runner asks the cancel callback (runner's default, 5 s, feels dead)
 CANCEL_GRACE_S = 5.0  # after SIGINT, how long ansible-playbook gets to stop its workers itself
 RUN_MARKER = "FLEETOPS_RUN_DIR"  # in every process of one run's tree: finds leftovers after a cancel
+EC2_PLUGINS = ("fleetops.node.ec2",)
+# The environment variables boto3 reads credentials from (module_utils/aws.py leaves credentials to
+# boto3's chain when a module is given none); the secret ones are scrubbed from runner's artifacts.
+CREDENTIAL_ENV = {
+    "aws_access_key": "AWS_ACCESS_KEY_ID",
+    "aws_secret_key": "AWS_SECRET_ACCESS_KEY",
+    "aws_session_token": "AWS_SESSION_TOKEN",
+    "aws_profile": "AWS_PROFILE",
+}
+SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
 
 class RunnerError(FleetopsError):
@@ -129,6 +142,74 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
+def _ec2_source(inventories: Sequence[Path]) -> tuple[Path, dict[str, Any]] | None:
+    """The first fleetops.node.ec2 inventory source among ``inventories`` (files, or files in a folder)."""
+    for inv in inventories:
+        files = sorted(p for p in inv.iterdir() if p.suffix in (".yml", ".yaml")) if inv.is_dir() else [inv]
+        for path in files:
+            try:
+                data = yaml.safe_load(path.read_text())
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            if isinstance(data, dict) and data.get("plugin") in EC2_PLUGINS:
+                return path, data
+    return None
+
+
+def ec2_env(inventories: Sequence[Path]) -> dict[str, str]:
+    """The EC2 connection of the (first) fleetops.node.ec2 inventory source, as the environment variables
+    the collection's AWS code reads: its endpoint as module_utils/aws.py's ``OPTIONS["endpoint_url"]["env"]``
+    (``AWS_ENDPOINT_URL_EC2``), its credentials or profile as boto3's (``AWS_ACCESS_KEY_ID``, ...).
+
+    So the modules a playbook runs on the controller (``fleetops.node.ec2_stop_start``) talk to exactly
+    the endpoint the inventory listed, with its credentials, without them on a command line or in extra
+    vars. Resolved as the inventory plugin resolves them (the source's values, else the environment's);
+    empty when no source is an EC2 one. FleetopsError when the connection cannot work.
+    """
+    found = _ec2_source(inventories)
+    if found is None:
+        return {}
+    path, config = found
+    aws = module_utils("aws")
+    try:
+        settings = aws.ConnectionSettings.from_options(config, environ=os.environ)
+    except aws.AwsSettingsError as exc:
+        raise FleetopsError(f"Failed to read the EC2 connection of {path}: {exc}") from None
+    env: dict[str, str] = {}
+    if settings.endpoint_url:
+        env[aws.OPTIONS["endpoint_url"]["env"][0]] = str(settings.endpoint_url)
+    for option, name in CREDENTIAL_ENV.items():
+        value = getattr(settings, option)
+        if value:
+            env[name] = str(value)
+    return env
+
+
+def _scrub_artifacts(private: Path, secrets: Sequence[str]) -> None:
+    """ansible-runner writes the job's whole environment into ``artifacts/<id>/command``: replace the
+    secret variables' values (and any of ``secrets`` anywhere in it) by ``***``."""
+    hidden = [s for s in secrets if s]
+    for command in private.glob("artifacts/*/command"):
+        try:
+            data = json.loads(command.read_text())
+        except (OSError, ValueError):
+            continue
+        env = data.get("env") if isinstance(data, dict) else None
+        if isinstance(env, dict):
+            hidden += [str(env[k]) for k in SECRET_ENV if env.get(k)]
+            for key in SECRET_ENV:
+                if env.get(key):
+                    env[key] = "***"
+        text = json.dumps(data, ensure_ascii=False)
+        for secret in hidden:
+            text = text.replace(secret, "***")
+        tmp = command.with_name(".command.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, command)
+
+
 def _cmdline(opts: RunnerOptions) -> str:
     args: list[str] = []
     if opts.check:
@@ -149,6 +230,8 @@ def run_playbook(
     for inv in opts.inventory:
         if not inv.exists():
             raise FleetopsError(f"Failed to read inventory {inv}: no such file or directory")
+    aws_env = ec2_env(opts.inventory)
+    secrets = [aws_env[k] for k in SECRET_ENV if k in aws_env]
     private = Path(tempfile.mkdtemp(prefix="fleetops-runner-"))
     run = PlaybookRun(status="unstarted", rc=-1)
 
@@ -178,14 +261,21 @@ def run_playbook(
             run.warnings.append(str(event.get("stdout", "")).strip())
         return False  # runner need not keep event files on disk beyond what it writes anyway
 
+    def status(data: dict[str, Any], runner_config: Any = None) -> None:
+        if data.get("status") != "starting":  # runner wrote the command file just after "starting"
+            _scrub_artifacts(private, secrets)
+
     kwargs: dict[str, Any] = {
         "private_data_dir": str(private),
         "playbook": opts.playbook,
         "inventory": [str(p.resolve()) for p in opts.inventory] or None,
         "limit": opts.limit,
         "extravars": dict(opts.extravars),
-        "envvars": {**ansible_env(), RUN_MARKER: str(private)},
+        # the inventory's EC2 connection in the environment (never on the command line); runner's copy
+        # of it in the artifacts is scrubbed (status), suppress_env_files keeps it out of env/envvars
+        "envvars": {**ansible_env(), **aws_env, RUN_MARKER: str(private)},
         "event_handler": handle,
+        "status_handler": status,
         # Never None: without a callback runner installs SIGINT/SIGTERM handlers of its own, for good,
         # and swallows Ctrl-C (the caller's KeyboardInterrupt never comes, later Ctrl-Cs are lost).
         "cancel_callback": _Canceller(cancel, str(private)) if cancel is not None else _never,
@@ -214,6 +304,7 @@ def run_playbook(
         # does not end it: on a local connection its command runs on, carrying our marker).
         _stop_leftovers(str(private))
         if opts.keep_artifacts:
+            _scrub_artifacts(private, secrets)
             print(f"fleetops: runner artifacts kept in {private}", file=sys.stderr)
         else:
             shutil.rmtree(private, ignore_errors=True)
