@@ -649,6 +649,133 @@ def collect(
     return _empty_facts(scope, scope_reason, "no memory cgroup controller here: " + why)
 
 
+# --------------------------------------------------------------------------------------------
+# Where the zombies hang (cgroup v2): the targets of a memory.reclaim narrower than the root
+# --------------------------------------------------------------------------------------------
+
+MEMORY_RECLAIM = "memory.reclaim"  # cgroup v2, Linux >= 5.19 (94968384dde1)
+MEMORY_RECLAIM_SINCE = (5, 19)
+
+
+def dying_parents(dying):
+    """{cgroup: its own dying children} from {live cgroup: nr_dying_descendants}, read in one walk.
+
+    Keys are paths relative to the hierarchy (``""`` the root, ``"system.slice"``,
+    ``"system.slice/x.service"``). A cgroup's nr_dying_descendants counts every dying cgroup beneath
+    it; less its live children's counts, what is left are dying cgroups whose first live ancestor
+    it is (a dying cgroup's dying children count there too). Only cgroups with some are returned;
+    counts read a moment apart can disagree, so a negative remainder counts as none.
+    """
+    own = dict(dying)
+    for path, count in dying.items():
+        if not path:
+            continue
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        if parent in own:
+            own[parent] -= count
+    return dict((path, count) for path, count in own.items() if count > 0)
+
+
+def pinned_file_bytes(parent_stat, children_stats):
+    """Page cache charged beneath a cgroup but to none of its live children, in bytes.
+
+    ``parent_stat`` and each of ``children_stats`` are parsed ``memory.stat`` files (the ``file``
+    key is hierarchical on cgroup v2): the parent's file pages less its live children's are those
+    of its dying children (they have no directory, so no memory.stat of their own) plus any
+    charged to the parent itself. Never negative.
+    """
+    total = parent_stat.get("file", 0)
+    for stat in children_stats:
+        total -= stat.get("file", 0)
+    return max(0, total)
+
+
+def _dying_descendants(path, label):
+    try:
+        return parse_cgroup_stat(_read(os.path.join(path, "cgroup.stat")), label).get(
+            "nr_dying_descendants", 0
+        )
+    except (IOError, OSError) as err:
+        if err.errno in (errno.ENOENT, errno.ENODEV):
+            return None  # removed during the walk
+        raise MemcgError("read", label, err.strerror or str(err))
+
+
+def _memory_stat(path, label):
+    """A cgroup's parsed memory.stat, or {} when it has none (memory not enabled for it) or is gone."""
+    try:
+        return parse_cgroup_stat(_read(os.path.join(path, "memory.stat")), label)
+    except (IOError, OSError) as err:
+        if err.errno in (errno.ENOENT, errno.ENODEV):
+            return {}
+        raise MemcgError("read", label, err.strerror or str(err))
+
+
+def find_dying(hierarchy="/sys/fs/cgroup"):
+    """{cgroup path relative to ``hierarchy``: nr_dying_descendants} of the live cgroups on the way
+    to every dying one (cgroup v2).
+
+    Descends only into cgroups that have dying descendants, so it reads one ``cgroup.stat`` per
+    cgroup on those paths and their direct children, not the whole tree.
+    """
+    found = {}
+    root_count = _dying_descendants(hierarchy, hierarchy + "/cgroup.stat")
+    if root_count is None:
+        raise MemcgError("read", hierarchy + "/cgroup.stat", "no such file")
+    found[""] = root_count
+    stack = [""] if root_count else []
+    while stack:
+        rel = stack.pop()
+        path = os.path.join(hierarchy, rel) if rel else hierarchy
+        try:
+            entries = [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except (IOError, OSError) as err:
+            if rel and err.errno in (errno.ENOENT, errno.ENOTDIR):
+                continue
+            raise MemcgError("walk", path, err.strerror or str(err))
+        for name in entries:
+            child = rel + "/" + name if rel else name
+            count = _dying_descendants(os.path.join(hierarchy, child), child + "/cgroup.stat")
+            if count is None:
+                continue
+            found[child] = count
+            if count:
+                stack.append(child)
+    return found
+
+
+def reclaim_targets(hierarchy="/sys/fs/cgroup"):
+    """Where a memory.reclaim frees the zombies and little else (cgroup v2).
+
+    One target per live cgroup that has dying memory cgroups as its own children (dying_parents,
+    its ``cgroup.subtree_control`` giving its children the memory controller): ``{"cgroup": path
+    as the kernel names it ("/" the root), "dying": count, "bytes": page cache charged beneath it
+    but to no live child (pinned_file_bytes), at least a page per dying child}``, most dying first.
+    """
+    parents = dying_parents(find_dying(hierarchy))
+    targets = []
+    for rel, count in parents.items():
+        path = os.path.join(hierarchy, rel) if rel else hierarchy
+        try:
+            controllers = _read(os.path.join(path, "cgroup.subtree_control")).split()
+        except (IOError, OSError):
+            continue  # removed since the walk
+        if "memory" not in controllers:
+            continue  # its children have no memory cgroup of their own: not zombie memcgs
+        try:
+            live = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except (IOError, OSError):
+            live = []  # removed since the walk
+        label = "/" + rel
+        pinned = pinned_file_bytes(
+            _memory_stat(path, label.rstrip("/") + "/memory.stat"),
+            [_memory_stat(child, child + "/memory.stat") for child in live],
+        )
+        targets.append({"cgroup": label, "dying": count, "bytes": max(pinned, count * 4096)})
+    targets.sort(key=lambda t: (-t["dying"], t["cgroup"]))
+    return targets
+
+
 def add_growth(first, second, seconds):
     """``second`` plus ``growth``: per-minute change of total, live and zombies since ``first``."""
     facts = dict(second)

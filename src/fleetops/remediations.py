@@ -148,7 +148,9 @@ def _set_only(**knobs: Any) -> dict[str, Any]:
 
 
 def _reclaim_vars(p: Mapping[str, Any]) -> dict[str, Any]:
-    return _set_only(min_zombies=p["min_zombies"], reboot_threshold=p["reboot_threshold"])
+    return _set_only(
+        min_zombies=p["min_zombies"], reboot_threshold=p["reboot_threshold"], reclaim_method=p["method"]
+    )
 
 
 # ---------------------------------------------------------------------------------- fix
@@ -334,7 +336,8 @@ REMEDIATIONS: dict[str, Remediation] = {
             actions=("fleetops.node.reclaim_memcg",),
             help="free zombie memory cgroups by dropping the page cache that pins them",
             # None: the module's default, the scan's zombie warning level (plugins/module_utils/memcg.py)
-            params={"min_zombies": None, "reboot_threshold": None},
+            # method None: the module's, drop_caches
+            params={"min_zombies": None, "reboot_threshold": None, "method": None},
             extravars=_reclaim_vars,
         ),
         Remediation(
