@@ -12,7 +12,12 @@ fires after 5 s, the driver resets the device and the instance drops off the net
 Per scan:
 
 - interfaces on the ``ena`` driver: the basename of ``/sys/class/net/IFACE/device/driver``
-  (a symlink; virtual interfaces have no ``device``). None: empty facts, no finding, no error;
+  (a symlink; virtual interfaces have no ``device``). None: empty facts, no finding, no error. ENA
+  reset lines in the kernel log of a host with no ENA interface do not count: an instance without
+  the device cannot have its resets, and such a line (written by hand, replayed, or from a driver
+  that is not bound to any interface) is noise. They are still counted, as ``ignored_log_lines``
+  in the facts (the kernel log is read anyway for gpu_health), so an operator sees them, and a lab
+  host without ENA (a VM lab host's NIC is virtio) shows that the detector reads its own log;
 - one ``ethtool -S IFACE`` per ENA interface ("NIC statistics:" then ``name: value`` lines). The
   device-wide counters kept (whichever the driver version has) are in ``COUNTERS``: the reset
   counters of ena 2.13+ (``total_resets``, ``reset_fail`` and one per reset reason:
@@ -174,7 +179,17 @@ def collect(run, log=None, sys_class_net="/sys/class/net", ethtool=None):
     function returning one), read here when None."""
     interfaces = find_interfaces(sys_class_net)
     if not interfaces:
-        return {"interfaces": {}, "reason": "no interface uses the ena driver"}
+        facts = {"interfaces": {}, "reason": "no interface uses the ena driver"}
+        if log is not None:  # the caller's (shared) read: counted, never judged (module docstring)
+            if callable(log):
+                log = log()
+            ignored = sum(sum(kinds.values()) for kinds in parse_log(log["lines"])[0].values())
+            facts["ignored_log_lines"] = ignored
+            if ignored:
+                facts["reason"] += (
+                    "; %d ENA driver line(s) in the kernel log ignored: no ENA device here to have reset" % ignored
+                )
+        return facts
     ethtool = ethtool or which("ethtool")
     if ethtool is None:
         raise EnaError(

@@ -1,7 +1,8 @@
 """`make demo`: a local lab fleet with real faults injected, scanned and (as remediations land) fixed.
 
-Runs as root on a machine with cgroup v1 memory. Every step is real: real zombie memory cgroups on
-this kernel, real systemd-nspawn hosts scanned over ssh through ansible-runner.
+Runs as root. Every step is real: real zombie memory cgroups on this kernel (cgroup v1 or v2: the
+injector finds where the memory controller is mounted, fleetops_lab.faults.memory_hierarchy), real
+systemd-nspawn hosts scanned over ssh through ansible-runner.
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ def run_demo() -> int:
     before = _scan("1. this machine, as it is", api.ScanRequest())
     console.print(Rule(f"2. inject {ZOMBIES:,} real zombie memory cgroups (mkdir, charge page cache, rmdir)"))
     with create_zombie_memcgs(ZOMBIES) as batch:
-        console.print(f"created {batch.count:,} dying memory cgroups, pinned by their page cache")
+        console.print(
+            f"created {batch.count:,} dying memory cgroups under {batch.cgroup}, pinned by their page cache"
+        )
         during = _scan("3. scan finds them", api.ScanRequest())
         console.print(
             f"zombies: {_zombies(before, 'localhost')} -> {_zombies(during, 'localhost')} "

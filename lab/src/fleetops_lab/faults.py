@@ -1,10 +1,15 @@
 """Real faults on the local kernel, for tests, the demo and benchmarks (root only).
 
-``create_zombie_memcgs(n)`` makes ``n`` real zombie memory cgroups on a cgroup v1 kernel: for
-each one it creates a memory cgroup, moves this process into it, writes one page of a file on
-disk (the page cache charged to that cgroup pins it after rmdir), moves the process back and
-removes the directory. ``/proc/cgroups`` then counts ``n`` more memory cgroups than there are
-directories. ``ZombieBatch.release()`` deletes the pinning file so the kernel frees them
+``create_zombie_memcgs(n)`` makes ``n`` real zombie memory cgroups on this kernel: for each one it
+creates a memory cgroup, moves this process into it, writes one page of a file on disk (the page
+cache charged to that cgroup pins it after rmdir), moves the process back and removes the
+directory. ``/proc/cgroups`` then counts ``n`` more memory cgroups than there are directories.
+
+``memory_hierarchy()`` finds where the memory controller is mounted: cgroup v1
+(``/sys/fs/cgroup/memory``) or cgroup v2 (the unified ``/sys/fs/cgroup``, with ``memory`` in its
+``cgroup.controllers``; the controller is switched on in ``cgroup.subtree_control`` down to the
+zombies' parent), and says plainly when neither is usable. On v2 the root ``cgroup.stat`` counts
+them too (``nr_dying_descendants``). ``ZombieBatch.release()`` deletes the pinning file so the kernel frees them
 (asynchronously; ``wait_memcg_total`` waits, with ``sync; echo 1 > /proc/sys/vm/drop_caches``).
 
 All pages live in one file, created before the first cgroup: page ``i`` is written from inside
@@ -28,7 +33,8 @@ from types import TracebackType
 
 from fleetops.errors import FleetopsError
 
-MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
+MEMORY_ROOT = Path("/sys/fs/cgroup/memory")  # cgroup v1
+UNIFIED_ROOT = Path("/sys/fs/cgroup")  # cgroup v2
 PROC_CGROUPS = Path("/proc/cgroups")
 DEFAULT_WORKDIR_PARENT = Path("/var/tmp")
 _PAGE = b"z" * 4096
@@ -117,11 +123,57 @@ def wait_memcg_total(at_most: int, *, timeout: float = 30.0, drop_caches: bool =
         time.sleep(0.02)
 
 
-def _own_memory_cgroup(root: Path) -> Path:
-    """This process's memory cgroup directory, from /proc/self/cgroup (v1 line with memory)."""
+@dataclass(frozen=True)
+class MemoryHierarchy:
+    """Where the memory controller is: cgroup ``version`` 1 or 2, mounted at ``root``."""
+
+    version: int
+    root: Path
+
+
+def memory_hierarchy(v1_root: Path = MEMORY_ROOT, v2_root: Path = UNIFIED_ROOT) -> MemoryHierarchy:
+    """The mounted memory controller: cgroup v1 at ``v1_root``, else cgroup v2 at ``v2_root``.
+
+    v1: ``v1_root`` has cgroup.procs and memory.usage_in_bytes. v2: ``v2_root`` has cgroup.controllers
+    listing ``memory``. Neither: a FleetopsError that says what was looked for.
+    """
+    if (v1_root / "cgroup.procs").exists() and (v1_root / "memory.usage_in_bytes").exists():
+        return MemoryHierarchy(1, v1_root)
+    controllers = v2_root / "cgroup.controllers"
+    try:
+        available = controllers.read_text().split()
+    except OSError:
+        available = None
+    if available is not None and "memory" in available:
+        return MemoryHierarchy(2, v2_root)
+    found = (
+        f"{controllers} lists {' '.join(available) or 'no controller'}"
+        if available is not None
+        else f"no {controllers}"
+    )
+    raise FleetopsError(
+        "Failed to create zombie memory cgroups: no usable memory cgroup controller: neither a cgroup v1 "
+        f"memory hierarchy at {v1_root} nor cgroup v2 at {v2_root} with memory in cgroup.controllers ({found})"
+    )
+
+
+def _enable_memory(cgroup: Path) -> None:
+    """cgroup v2: give ``cgroup``'s children the memory controller (``+memory`` in its subtree_control)."""
+    control = cgroup / "cgroup.subtree_control"
+    if "memory" not in control.read_text().split():
+        control.write_text("+memory\n")
+
+
+def _own_memory_cgroup(root: Path, version: int = 1) -> Path:
+    """This process's memory cgroup directory, from /proc/self/cgroup (v1: the line with memory;
+    v2: the ``0::`` line)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         parts = line.split(":", 2)
-        if len(parts) == 3 and "memory" in parts[1].split(","):
+        if len(parts) != 3:
+            continue
+        if (version == 1 and "memory" in parts[1].split(",")) or (
+            version == 2 and parts[0] == "0" and parts[1] == ""
+        ):
             path = root / parts[2].lstrip("/")
             if not (path / "cgroup.procs").exists():
                 raise FleetopsError(
@@ -129,7 +181,8 @@ def _own_memory_cgroup(root: Path) -> Path:
                     "(a cgroup namespace or another mount of the hierarchy?)"
                 )
             return path
-    raise FleetopsError("Failed to find this process's memory cgroup: no memory line in /proc/self/cgroup")
+    what = "memory line" if version == 1 else "cgroup v2 (0::) line"
+    raise FleetopsError(f"Failed to find this process's memory cgroup: no {what} in /proc/self/cgroup")
 
 
 def _fstype_of(path: Path) -> str:
@@ -148,13 +201,20 @@ def _fstype_of(path: Path) -> str:
     return fstype
 
 
-def _check_environment(root: Path) -> None:
+def _check_environment(root: Path | None) -> MemoryHierarchy:
     if os.geteuid() != 0:
         raise FleetopsError("Failed to create zombie memory cgroups: needs root (cgroup mkdir and migration)")
-    if not (root / "cgroup.procs").exists() or not (root / "memory.usage_in_bytes").exists():
-        raise FleetopsError(
-            f"Failed to create zombie memory cgroups: no cgroup v1 memory hierarchy at {root}"
-        )
+    if root is None:
+        return memory_hierarchy()
+    if (root / "cgroup.procs").exists() and (root / "memory.usage_in_bytes").exists():
+        return MemoryHierarchy(1, root)
+    with contextlib.suppress(OSError):
+        if "memory" in (root / "cgroup.controllers").read_text().split():
+            return MemoryHierarchy(2, root)
+    raise FleetopsError(
+        f"Failed to create zombie memory cgroups: no memory cgroup hierarchy at {root} "
+        "(neither cgroup v1 memory.usage_in_bytes nor cgroup v2 memory in cgroup.controllers)"
+    )
 
 
 def _write_pid(procs: Path, pid: bytes) -> None:
@@ -184,9 +244,11 @@ def create_zombie_memcgs(
     *,
     parent: str = "fleetops-faults",
     workdir: Path | None = None,
-    root: Path = MEMORY_ROOT,
+    root: Path | None = None,
 ) -> ZombieBatch:
-    """Create ``count`` real zombie memory cgroups under ``<root>/<parent>`` (cgroup v1, root).
+    """Create ``count`` real zombie memory cgroups under ``<root>/<parent>`` (root).
+
+    ``root``: the memory hierarchy (default: found by ``memory_hierarchy()``, cgroup v1 or v2).
 
     Each is pinned by one page of the file ``workdir/pins`` (default workdir: a new directory under
     /var/tmp; never tmpfs, whose pages cannot be dropped). This process always ends in the
@@ -196,8 +258,9 @@ def create_zombie_memcgs(
         raise FleetopsError(f"Failed to create zombie memory cgroups: count must be >= 0, got {count}")
     if "/" in parent or parent in ("", ".", ".."):
         raise FleetopsError(f"Failed to create zombie memory cgroups: bad parent name {parent!r}")
-    _check_environment(root)
-    origin_procs = _own_memory_cgroup(root) / "cgroup.procs"
+    hierarchy = _check_environment(root)
+    root = hierarchy.root
+    origin_procs = _own_memory_cgroup(root, hierarchy.version) / "cgroup.procs"
 
     owns_workdir = workdir is None
     work = (
@@ -218,6 +281,19 @@ def create_zombie_memcgs(
     cgroup = root / parent
     owns_cgroup = not cgroup.exists()
     cgroup.mkdir(exist_ok=True)
+    if hierarchy.version == 2:
+        try:
+            _enable_memory(root)
+            _enable_memory(cgroup)
+        except OSError as err:
+            if owns_cgroup:
+                _rmdir_cgroup(cgroup)
+            if owns_workdir:
+                shutil.rmtree(work, ignore_errors=True)
+            raise FleetopsError(
+                f"Failed to create zombie memory cgroups: cannot give {cgroup}'s children the memory "
+                f"controller: {err.filename}: {err.strerror}"
+            ) from err
     batch = ZombieBatch(
         count=0,
         cgroup=cgroup,

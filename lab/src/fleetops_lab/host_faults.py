@@ -425,7 +425,7 @@ def _install_unit(lab: Lab, host: str, files: dict[str, tuple[str, str]], unit: 
 
 _ZOMBIES = r"""
 import os, sys
-n, tag = int(sys.argv[1]), sys.argv[2]
+n, tag, rel = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 root = "/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/memory"
 if not v2 and not os.access(root + "/cgroup.procs", os.W_OK):
@@ -435,10 +435,11 @@ for line in open("/proc/self/cgroup"):
     hid, ctrl, path = line.rstrip("\n").split(":", 2)
     if (v2 and hid == "0") or (not v2 and "memory" in ctrl.split(",")):
         own = path
-parent = "%s/fleetops-zombies-%s" % (root, tag)
+parent = "%s/%s" % (root, rel)
 os.makedirs(parent, exist_ok=True)
-if v2:
-    for cg in (root, parent):
+if v2:  # the memory controller on for each level down to the zombies' parent
+    parts = rel.split("/")
+    for cg in [root] + ["%s/%s" % (root, "/".join(parts[: i + 1])) for i in range(len(parts))]:
         with open(cg + "/cgroup.subtree_control") as f:
             on = "memory" in f.read().split()
         if not on:
@@ -451,7 +452,7 @@ pin = os.open(workdir + "/pin", os.O_RDWR | os.O_CREAT, 0o600)  # created before
 page = b"z" * 4096
 pid = str(os.getpid()).encode()
 for i in range(n):
-    cg = "%s/z%d" % (parent, i)
+    cg = "%s/fleetops-%s-z%d" % (parent, tag, i)
     os.mkdir(cg)
     fd = os.open(cg + "/cgroup.procs", os.O_WRONLY); os.write(fd, pid); os.close(fd)
     os.pwrite(pin, page, i * 4096)  # one new page of page cache, charged to cgroup i
@@ -462,17 +463,21 @@ print(workdir + "/pin")
 """
 
 
-def make_zombie_memcgs(lab: Lab, host: str, count: int, *, tag: str = "fault") -> str:
+def make_zombie_memcgs(
+    lab: Lab, host: str, count: int, *, tag: str = "fault", parent: str | None = None
+) -> str:
     """Make ``count`` real zombie memory cgroups on one lab host (cgroup v2 or v1), from inside it.
 
-    Each: mkdir a memory cgroup under the root, move a process in, write one page of a file on disk
+    Each: mkdir a memory cgroup under ``parent`` (relative to the memory hierarchy's root; default
+    ``fleetops-zombies-TAG``, made for them; ``system.slice`` puts them beside the host's services),
+    move a process in, write one page of a file on disk
     (page cache charged to it), move out, rmdir. Returns the pinning file's path in the host:
     ``release_zombie_memcgs`` deletes it and the kernel frees them. On a VM host only that host's
     kernel has them; on an nspawn host this machine's kernel has them (every nspawn host sees them).
     """
     proc = lab.run(
         host,
-        f"python3 - {int(count)} {shlex.quote(tag)}",
+        f"python3 - {int(count)} {shlex.quote(tag)} {shlex.quote(parent or f'fleetops-zombies-{tag}')}",
         input=_ZOMBIES,
         check=True,
         timeout=60 + count / 10,

@@ -109,6 +109,22 @@ def test_no_ena_on_this_machine_is_empty_facts_no_finding_no_error() -> None:
     assert result["facts"]["ena"]["interfaces"] == {}
 
 
+def test_reset_lines_without_an_ena_interface_are_counted_as_ignored_never_judged(tmp_path: Path) -> None:
+    # A real ENA reset log (captured) on a host whose only NIC is virtio, as a VM lab host's is.
+    net = _sysfs(tmp_path, {"eth0": ("0000:00:03.0", "virtio_net")})
+    facts = ena.collect(run_command, _log(RESET_LOG), sys_class_net=str(net))
+    assert facts["interfaces"] == {}
+    assert facts["ignored_log_lines"] == 7
+    assert facts["reason"] == (
+        "no interface uses the ena driver; 7 ENA driver line(s) in the kernel log ignored: "
+        "no ENA device here to have reset"
+    )
+    assert ena.evaluate(facts) == []
+    # A clean log: nothing ignored, the plain reason; the log is read through the shared reader's callable.
+    clean = ena.collect(run_command, lambda: _log(""), sys_class_net=str(net))
+    assert clean == {"interfaces": {}, "reason": "no interface uses the ena driver", "ignored_log_lines": 0}
+
+
 def test_ena_without_ethtool_is_a_clear_detector_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
