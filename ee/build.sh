@@ -3,8 +3,10 @@
 # podman, from the base image ee/base-image.sh makes locally (no registry).
 #   1. the base image (debootstrap of Debian trixie, imported once per recipe)
 #   2. the collection tarball build/fleetops-node-<version>.tar.gz from this checkout
-#   3. build/ee-trust/: the host's pip settings and CA bundle (ee/trust.sh)
-#   4. ansible-builder build, skipped when the image already carries the label
+#   3. build/ee-wheel/fleetops-<version>-py3-none-any.whl: the controller package from this checkout
+#      (ee/wheel.sh), so that `fleetops` runs in the EE (playbooks/remediate_auto.yml)
+#   4. build/ee-trust/: the host's pip settings and CA bundle (ee/trust.sh)
+#   5. ansible-builder build, skipped when the image already carries the label
 #      org.fleetops.ee.inputs=<hash of every input above>
 # Podman runs with ee/containers.conf (runc, lowered ulimits: see there) unless CONTAINERS_CONF is set;
 # the build's RUN steps use the host network (PyPI, the Debian mirror).
@@ -35,13 +37,18 @@ base_id=$(podman image inspect --format '{{.Id}}' "$base")
 rm -f build/fleetops-node-*.tar.gz
 "$bin/ansible-galaxy" collection build . --output-path build --force >/dev/null
 tarball=$(ls build/fleetops-node-*.tar.gz)
+wheel=$("$here/wheel.sh" build/ee-wheel "$py")
 "$here/trust.sh" build/ee-trust "$py"
 
-# The tarball itself differs on every build (mtimes); its MANIFEST.json names every file's sha256.
+# The tarball and the wheel themselves differ on every build (mtimes); the tarball's MANIFEST.json and
+# the wheel's RECORD name every file's sha256 (the wheel's: its modules, the default policy, and its
+# METADATA, which holds pyproject's dependencies and the README).
 inputs=$(
   {
     sha256sum execution-environment.yml requirements.txt bindep.txt ee/pkgmgr build/ee-trust/*
     tar -xzOf "$tarball" MANIFEST.json | sha256sum
+    "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); sys.stdout.buffer.write(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))))' "$wheel" | sha256sum
+    echo "wheel $(basename "$wheel")"
     echo "base $base $base_id"
     "$bin/ansible-builder" --version
   } | sha256sum | cut -c1-16

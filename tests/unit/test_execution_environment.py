@@ -3,7 +3,8 @@
 `make ee` really builds the image (ee/build.sh, podman) and tests/integration/test_ee.py runs jobs in it;
 these tests need no container engine. `create` is everything up to the engine: it validates the file
 against the v3 schema and writes the Containerfile plus `_build/` (requirements, bindep, the collection
-tarball, the apt wrapper, the host's pip trust, the builder's scripts). These tests check that context,
+tarball, the fleetops wheel, the apt wrapper, the host's pip trust, the builder's scripts). These tests
+check that context,
 run two of its steps that need no engine: the builder's own dependency introspection
 (`_build/scripts/introspect.py`) on the collection installed from the tarball, and bindep on bindep.txt
 for both package families; and ee/trust.sh on a pip configuration made for the test.
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,12 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     subprocess.run(
         [str(BIN / "ansible-galaxy"), "collection", "build", str(REPO), "--output-path", str(work / "build")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    subprocess.run(
+        ["bash", str(REPO / "ee" / "wheel.sh"), str(work / "build" / "ee-wheel"), sys.executable],
         check=True,
         capture_output=True,
         text=True,
@@ -282,3 +290,102 @@ def test_trust_keeps_what_means_something_in_a_container_and_the_ca_pip_trusts(t
     for local in ("file://", "/opt/", "constraint", "find-links"):
         assert local not in text, local
     assert (out / "ca-bundle.crt").read_text() == ca.read_text()
+
+
+# ------------------------------------------------------------------ the controller package (fleetops)
+
+
+def _project() -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project
+
+
+def _wheel_name() -> str:
+    return f"fleetops-{_project()['version']}-py3-none-any.whl"
+
+
+def _record(wheel: Path) -> bytes:
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD")))
+
+
+def test_the_ee_installs_the_fleetops_wheel_as_root_after_everything_else(context: Path) -> None:
+    """`fleetops` runs in the EE (playbooks/remediate_auto.yml): the final stage copies the wheel built
+    from this checkout and pip-installs it, as root, before the image's USER 1000."""
+    ee = yaml.safe_load((REPO / "execution-environment.yml").read_text())
+    assert {"src": "build/ee-wheel/fleetops-*.whl", "dest": "wheels"} in ee["additional_build_files"]
+    text = (context / "Containerfile").read_text()
+    final = text[text.index("FROM base AS final") :]
+    copy = f"COPY _build/wheels/{_wheel_name()} /tmp/fleetops-wheel/"
+    install = f"RUN $PYCMD -m pip install --no-cache-dir /tmp/fleetops-wheel/{_wheel_name()} && rm -rf /tmp/fleetops-wheel"
+    check = "RUN fleetops --help >/dev/null && $PYCMD -m pip check"
+    steps = [line for line in final.splitlines() if line.startswith(("COPY", "RUN", "USER"))]
+    assert steps.index(copy) + 1 == steps.index(install) and steps.index(install) + 1 == steps.index(check)
+    assert steps.index("RUN /output/scripts/install-from-bindep && rm -rf /output/wheels") < steps.index(copy)
+    assert steps.index(check) < steps.index("USER 1000")
+    # the build context holds exactly that wheel
+    assert sorted(p.name for p in (context / "_build" / "wheels").iterdir()) == [_wheel_name()]
+
+
+def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(context: Path) -> None:
+    wheel = context / "_build" / "wheels" / _wheel_name()
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        info = f"fleetops-{_project()['version']}.dist-info"
+        metadata = z.read(f"{info}/METADATA").decode()
+        entry_points = z.read(f"{info}/entry_points.txt").decode()
+    assert {
+        "fleetops/cli/auto.py",
+        "fleetops/auto.py",
+        "fleetops/policy.py",
+        "fleetops/policies/default.yml",
+    } <= names
+    # everything under src/fleetops that is not a cache, and nothing else (no lab, no tests)
+    sources = {
+        str(p.relative_to(REPO / "src"))
+        for p in (REPO / "src" / "fleetops").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert {n for n in names if not n.startswith(info)} == sources
+    assert "fleetops = fleetops.cli:main" in entry_points
+    requires = {
+        str(Requirement(line.split(":", 1)[1]))
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    }
+    wanted = {str(Requirement(r)) for r in _project()["dependencies"]}
+    assert {r for r in requires if "extra ==" not in r} == wanted
+
+
+def test_the_wheels_record_is_the_build_cache_key_same_sources_same_record(tmp_path: Path) -> None:
+    """ee/build.sh rebuilds the image only when the hash of its inputs changes; for the wheel that is
+    its RECORD (every file's sha256): the same for the same sources, another for a changed source."""
+    assert ".dist-info/RECORD" in (REPO / "ee" / "build.sh").read_text()
+    copy = tmp_path / "checkout"
+    (copy / "ee").mkdir(parents=True)
+    shutil.copy(REPO / "ee" / "wheel.sh", copy / "ee" / "wheel.sh")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, copy / name)
+    shutil.copytree(
+        REPO / "src" / "fleetops", copy / "src" / "fleetops", ignore=shutil.ignore_patterns("__pycache__")
+    )
+
+    def build(out: str) -> Path:
+        proc = subprocess.run(
+            ["bash", str(copy / "ee" / "wheel.sh"), str(tmp_path / out), sys.executable],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return Path(proc.stdout.strip())
+
+    first, second = build("a"), build("b")
+    assert first.name == second.name == _wheel_name()
+    assert _record(first) == _record(second)
+    policy = copy / "src" / "fleetops" / "policies" / "default.yml"
+    policy.write_text(policy.read_text() + "# changed\n")
+    assert _record(build("c")) != _record(first)
+    # a module deleted from the sources is gone from the next wheel (no stale setuptools build/ reused)
+    (copy / "src" / "fleetops" / "drift.py").unlink()
+    with zipfile.ZipFile(build("d")) as z:
+        assert "fleetops/drift.py" not in z.namelist() and "fleetops/policy.py" in z.namelist()
