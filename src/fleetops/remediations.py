@@ -73,6 +73,8 @@ class Remediation:
             for name, var in (
                 ("--reboot-timeout", "fleetops_reboot_timeout"),
                 ("--drain-timeout", "fleetops_drain_timeout"),
+                ("--stop-timeout", "fleetops_stop_timeout"),
+                ("--start-timeout", "fleetops_start_timeout"),
             )
             if isinstance(extravars.get(var), int) and not isinstance(extravars.get(var), bool)
         ]
@@ -318,6 +320,55 @@ def _unquarantine_prepare(
     return {**_kubectl_vars(p), "fleetops_unquarantine_findings": found}, None
 
 
+# ---------------------------------------------------------------------------------- stop-start
+
+STOP_START_HOST_TIMEOUT_S = 1800  # stop (600) + start (600), with room for ssh and the boot id reads
+
+
+def _stop_start_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    xv: dict[str, Any] = {
+        "fleetops_stop_timeout": p["stop_timeout"],
+        "fleetops_start_timeout": p["start_timeout"],
+    }
+    if p["finding"]:
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", str(p["finding"])):
+            raise UsageError(
+                f"remediate stop-start: --finding {p['finding']!r} is not a check name (e.g. gpu_health)"
+            )
+        xv["fleetops_stop_start_finding"] = p["finding"]
+    return xv
+
+
+def _stop_start_gate(
+    host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    """The boot id changed (the host powered off and on), no scheduled EC2 event is left on the instance
+    (EC2 completes retirement and maintenance events on a stop), and --finding's check no longer warns."""
+    before = (outcome.before or {}).get("boot_id")
+    after = (outcome.after or {}).get("boot_id")
+    if not before or not after:
+        return "gate: could not read the boot id before and after the stop-start"
+    if before == after:
+        return "gate: boot id unchanged: the host did not power off and on"
+    findings = post.get("findings", [])
+    events = [
+        str((f.get("data") or {}).get("code") or f.get("summary"))
+        for f in findings
+        if f.get("check") == "ec2_scheduled_event"
+    ]
+    if events:
+        return f"gate: a scheduled EC2 event is still there after the stop-start: {', '.join(events)}"
+    check = xv.get("fleetops_stop_start_finding")
+    still = [
+        str(f.get("summary"))
+        for f in findings
+        if check and f.get("check") == check and f.get("severity") in ("warning", "critical")
+    ]
+    if still:
+        return f"gate: {check} still found after the stop-start: {'; '.join(still)}"
+    return None
+
+
 REMEDIATIONS: dict[str, Remediation] = {
     r.name: r
     for r in (
@@ -409,6 +460,30 @@ REMEDIATIONS: dict[str, Remediation] = {
             },
             extravars=_quarantine_vars,
             host_timeout=900,  # --evict: the drain (600) with room to spare
+        ),
+        Remediation(
+            name="stop-start",
+            playbook="fleetops.node.stop_start",
+            actions=("fleetops.node.ec2_stop_start",),
+            help="move EC2 instances to other hardware: stop, wait, start, wait, then ssh and a new boot id "
+            "(for scheduled retirement/maintenance events and hardware faults a reboot cannot fix)",
+            params={"stop_timeout": 600, "start_timeout": 600, "finding": None},
+            extravars=_stop_start_vars,
+            gate=_stop_start_gate,
+            probe_vars={"fleetops_probe_only": True},
+            cooldown=10.0,
+            host_timeout=STOP_START_HOST_TIMEOUT_S,
+            max_unhealthy=DEFAULT_REBOOT_MAX_UNHEALTHY,
+        ),
+        Remediation(
+            name="unquarantine",
+            playbook="fleetops.node.unquarantine",
+            actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
+            help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
+            "check: remove our taint, uncordon if we cordoned, drop the annotation",
+            params={"sample_seconds": 10.0, "kubeconfig": None, "kubectl": "kubectl"},
+            extravars=lambda p: {**_kubectl_vars(p), "fleetops_unquarantine_findings": {}},
+            prepare=_unquarantine_prepare,
         ),
         Remediation(
             name="unquarantine",

@@ -304,6 +304,29 @@ def _unquarantine_args(p: argparse.ArgumentParser) -> None:
     _kubectl_args(p)
 
 
+def _stop_start_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stop-timeout",
+        type=whole_seconds(1, 86400),
+        default=600,
+        metavar="S",
+        help="seconds to wait for an instance to be stopped (1..86400; default: 600)",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=whole_seconds(1, 86400),
+        default=600,
+        metavar="S",
+        help="seconds to wait for it to be running again, and then for ssh (1..86400; default: 600)",
+    )
+    p.add_argument(
+        "--finding",
+        metavar="CHECK",
+        help="the check the stop-start should clear (e.g. gpu_health): the gate fails a host whose scan still "
+        "finds it at warning or critical (the boot id and scheduled EC2 events are always checked)",
+    )
+
+
 # remediation -> the options it takes; their argparse dests are the remediation's params
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "disable-unit": _disable_unit_args,
@@ -313,6 +336,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "set-env": _set_env_args,
     "quarantine": _quarantine_args,
     "unquarantine": _unquarantine_args,
+    "stop-start": _stop_start_args,
 }
 
 
