@@ -575,6 +575,7 @@ def _execute(
             observer=observer,
             gate_check=remediation.gate,
             probe_vars=remediation.probe_vars,
+            replaces_host=remediation.replaces_host,
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
             ec2_stop=held.ec2_stop,

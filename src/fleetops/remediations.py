@@ -62,6 +62,9 @@ class Remediation:
     host_timeout: int = DEFAULT_HOST_TIMEOUT_S
     # --max-unhealthy's default (guards.MaxUnhealthy text); None: no capacity floor unless asked
     max_unhealthy: str | None = None
+    # The playbook replaces each host by a new one (replace): the gate judges the playbook's own scan of
+    # the new host (gate.replacement_entry) instead of scanning the old one, which is gone.
+    replaces_host: bool = False
 
     def check_host_timeout(self, seconds: int, extravars: Mapping[str, Any]) -> int:
         """``seconds`` if it is a usable ``--host-timeout`` for this remediation, else UsageError.
@@ -75,6 +78,8 @@ class Remediation:
                 ("--drain-timeout", "fleetops_drain_timeout"),
                 ("--stop-timeout", "fleetops_stop_timeout"),
                 ("--start-timeout", "fleetops_start_timeout"),
+                ("--timeout", "fleetops_replace_timeout"),
+                ("--timeout (ssh)", "fleetops_replace_connect_timeout"),
             )
             if isinstance(extravars.get(var), int) and not isinstance(extravars.get(var), bool)
         ]
@@ -369,6 +374,32 @@ def _stop_start_gate(
     return None
 
 
+# ---------------------------------------------------------------------------------- replace
+
+REPLACE_HOST_TIMEOUT_S = 1800  # the group's replacement (600) + the new instance's ssh (600) + its scan
+
+
+def _replace_vars(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "fleetops_replace_timeout": p["timeout"],
+        "fleetops_replace_connect_timeout": p["timeout"],
+        "fleetops_replace_method": p["method"],
+    }
+
+
+def _replace_gate(
+    host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
+) -> str | None:
+    """The group reported a new instance, and the playbook's scan of it (``post``) finds no warning."""
+    replaced = next((r for r in outcome.task_results() if r.get("new_instances")), None)
+    if replaced is None:
+        return "gate: the Auto Scaling group reported no new instance"
+    warnings = [str(f.get("summary")) for f in post.get("findings", []) if f.get("severity") == "warning"]
+    if warnings:
+        return "gate: the new instance's scan finds: " + "; ".join(warnings)
+    return None
+
+
 REMEDIATIONS: dict[str, Remediation] = {
     r.name: r
     for r in (
@@ -486,14 +517,16 @@ REMEDIATIONS: dict[str, Remediation] = {
             prepare=_unquarantine_prepare,
         ),
         Remediation(
-            name="unquarantine",
-            playbook="fleetops.node.unquarantine",
-            actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
-            help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
-            "check: remove our taint, uncordon if we cordoned, drop the annotation",
-            params={"sample_seconds": 10.0, "kubeconfig": None, "kubectl": "kubectl"},
-            extravars=lambda p: {**_kubectl_vars(p), "fleetops_unquarantine_findings": {}},
-            prepare=_unquarantine_prepare,
+            name="replace",
+            playbook="fleetops.node.replace",
+            actions=("fleetops.node.ec2_asg_replace", "fleetops.node.node_health"),
+            help="have each host's EC2 Auto Scaling group replace its instance (terminate in group keeping the "
+            "desired capacity, or mark it Unhealthy), then reach and scan the new one: it must scan clean",
+            params={"timeout": 600, "method": "terminate"},
+            extravars=_replace_vars,
+            gate=_replace_gate,
+            host_timeout=REPLACE_HOST_TIMEOUT_S,
+            replaces_host=True,
         ),
     )
 }

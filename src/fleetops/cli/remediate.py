@@ -327,6 +327,24 @@ def _stop_start_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _replace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=whole_seconds(1, 86400),
+        default=600,
+        metavar="S",
+        help="seconds to wait for the group to be back at its desired capacity with the new instance InService "
+        "and Healthy, and then for the new instance to answer ssh (1..86400; default: 600)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("terminate", "unhealthy"),
+        default="terminate",
+        help="terminate (default): TerminateInstanceInAutoScalingGroup without lowering the desired capacity; "
+        "unhealthy: SetInstanceHealth Unhealthy, the group replaces it on its next health check",
+    )
+
+
 # remediation -> the options it takes; their argparse dests are the remediation's params
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "disable-unit": _disable_unit_args,
@@ -337,6 +355,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "quarantine": _quarantine_args,
     "unquarantine": _unquarantine_args,
     "stop-start": _stop_start_args,
+    "replace": _replace_args,
 }
 
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from fleetops.ansible.runner import PlaybookRun, TaskResult
 from fleetops.rollout import guards, killswitch
 from fleetops.rollout.audit import audit
-from fleetops.rollout.gate import GateCheck, judge
+from fleetops.rollout.gate import GateCheck, judge, replacement_entry
 from fleetops.rollout.outcome import HostOutcome, host_outcome, notes_of
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_PENDING, HOST_RUNNING, HOST_SKIPPED, Rollout
 
@@ -169,6 +169,9 @@ class Engine:
     scanner: Scanner
     observer: RolloutObserver = field(default_factory=NullObserver)
     gate_check: GateCheck | None = None
+    # the remediation replaces each host (replace): its gate judges the playbook's scan of the new host,
+    # without a baseline (the old host's findings excuse nothing on the new one); the old one is not scanned
+    replaces_host: bool = False
     probe_vars: dict[str, Any] | None = None  # extra vars that make the playbook only probe (resume)
     # extra vars for a second pass over the hosts that passed their gate (reboot: uncordon, post hook)
     post_vars: dict[str, Any] | None = None
@@ -490,9 +493,20 @@ class Engine:
         r.save()
         self._say_notes(outcomes)
         if r.apply and r.gate:
-            after = self._scan(todo)
+            after = self._scan([] if self.replaces_host else todo)
             for host in todo:
-                if outcomes[host].status == "ok":
+                if outcomes[host].status != "ok":
+                    continue
+                if self.replaces_host:
+                    outcomes[host] = judge(
+                        host,
+                        outcomes[host],
+                        None,
+                        replacement_entry(outcomes[host]),
+                        r.extravars,
+                        self.gate_check,
+                    )
+                else:
                     outcomes[host] = self._gate_one(
                         host, outcomes[host], after.get(host, {"status": "missing"})
                     )
