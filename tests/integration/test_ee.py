@@ -18,6 +18,12 @@ running `fleetops remediate reclaim` holds it and the collection's remediate_rec
 through the stream, fails on its lease task naming the CLI's rollout before any host task; an AWX job
 (4343) holds it and `fleetops remediate reclaim --apply` exits 4 naming awx-job-4343, no host run.
 
+The controller package in the EE (no lab needed: run them with -k fleetops_in_the_ee): `fleetops remediate
+auto --help` runs, the package's default policy passes `python -m fleetops.policy --check`, the package
+finds the collection the EE installed; and playbooks/remediate_auto.yml, run as an AWX job through the
+stream, runs the real `fleetops` there: given a policy it refuses, the job fails with exit 2's meaning and
+keeps the CLI's error as its artifacts.
+
 Needs root, the lab (systemd-nspawn) and podman; `make test-ee` installs podman (tools/debian-deps.sh
 --ee) and builds the image first. Podman runs with ee/containers.conf (runc and lowered ulimits: crun
 cannot start a container on these machines).
@@ -499,3 +505,90 @@ def test_cli_rollout_is_refused_while_an_awx_job_in_the_ee_holds_the_ec2_lease(
     # with --apply every host the rollout runs gets an audit line: none was written
     audit = Path(env["FLEETOPS_AUDIT_LOG"])
     assert not audit.exists() or audit.read_text() == "", audit.read_text()
+
+
+# ------------------------------------------------------------------ the controller package (fleetops) in the EE
+
+
+def _in_ee(image: str, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", "run", "--rm", image, "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+
+
+def test_fleetops_in_the_ee_runs_and_its_default_policy_passes_the_check(image: str) -> None:
+    started = time.monotonic()
+    helped = _in_ee(image, "fleetops remediate auto --help")
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: fleetops remediate auto"), helped.stdout
+    for option in ("--policy", "--apply", "--state-dir", "--no-ec2-tags", "--kubectl", "--format"):
+        assert option in helped.stdout, option
+    # the policy the package ships (package data), found where the installed package is
+    policy = _in_ee(
+        image,
+        "set -e; p=$(python3 -c 'import fleetops, pathlib; print(pathlib.Path(fleetops.__file__).parent"
+        ' / "policies" / "default.yml")\'); echo "$p"; python3 -m fleetops.policy --check "$p"',
+    )
+    assert policy.returncode == 0, policy.stdout + policy.stderr
+    path, verdict = policy.stdout.strip().splitlines()
+    assert path.startswith("/usr/") and path.endswith("/fleetops/policies/default.yml"), path
+    assert verdict.startswith(f"{path}: ok (") and "rules)" in verdict, verdict
+    # the installed package (no checkout around it) loads the collection's code from the EE's collections
+    loaded = _in_ee(
+        image,
+        "python3 -c 'from fleetops import paths; from fleetops.ansible import collection; "
+        'print(paths.collection_root(), collection.module_utils("findings").__file__)\'',
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == [
+        "None",
+        "/usr/share/ansible/collections/ansible_collections/fleetops/node/plugins/module_utils/findings.py",
+    ], loaded.stdout
+    print(f"fleetops in the EE: {time.monotonic() - started:.1f} s")
+
+
+def test_remediate_auto_playbook_in_the_ee_runs_the_real_fleetops_and_fails_on_a_bad_policy(
+    image: str, tmp_path: Path
+) -> None:
+    """The project's playbooks/remediate_auto.yml as AWX's "fleetops remediate auto" template runs it (a
+    run job: --apply), through transmit | worker in the EE | process, with a policy the CLI refuses
+    (exit 2, before any inventory is read): the job fails with exit 2's meaning and the CLI's error."""
+    pdd = tmp_path / "job"
+    (pdd / "project" / "playbooks").mkdir(parents=True)
+    shutil.copy(
+        REPO / "playbooks" / "remediate_auto.yml", pdd / "project" / "playbooks" / "remediate_auto.yml"
+    )
+    (pdd / "project" / "bad-policy.yml").write_text("schema: fleetops.policy/v0\nrules: []\n")
+    (pdd / "inventory").mkdir()
+    (pdd / "inventory" / "hosts.yml").write_text(
+        "all:\n  hosts:\n    gpu-1:\n      ansible_host: 192.0.2.1\n"
+    )
+    (pdd / "env").mkdir()
+    (pdd / "env" / "extravars").write_text(
+        yaml.safe_dump({"fleetops_auto_policy": "bad-policy.yml", "awx_job_id": 4444})
+    )
+    out = tmp_path / "processed"
+    proc, seconds = _stream(image, pdd, "playbooks/remediate_auto.yml", out)
+    print(f"remediate_auto.yml in the EE, refused policy: {seconds:.1f} s")
+    status = (out / "artifacts" / "status").read_text().strip()
+    assert status == "failed" and proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = _events(out)
+    ran = [e for e in events if e["event_data"].get("task", "").startswith("Run one pass")
+           and e["event"] == "runner_on_ok"]  # fmt: skip
+    (run,) = ran
+    res = run["event_data"]["res"]
+    # the real CLI ran (argv, no shell), with --apply: a run job
+    assert res["cmd"][4:8] == ["fleetops", "remediate", "auto", "--format"] and res["cmd"][-1] == "--apply"
+    assert res["rc"] == 2 and "fleetops.policy/v1" in res["stderr"], res
+    (failed,) = [e for e in events if e["event"] == "runner_on_failed"]
+    msg = failed["event_data"]["res"]["msg"]
+    assert msg.startswith("fleetops remediate auto exited 2: bad input (the policy or an option)"), msg
+    (stats,) = [e for e in events if e["event"] == "playbook_on_stats"]
+    artifacts = stats["event_data"]["artifact_data"]["fleetops_auto"]
+    assert artifacts["exit_code"] == 2 and any("bad-policy.yml" in line for line in artifacts["error"]), (
+        artifacts
+    )
