@@ -320,7 +320,7 @@ def test_settings_are_typed_and_the_nightly_rrule_parses() -> None:
         assert isinstance(settings[key], int) and settings[key] > 0, key
     assert settings["fleetops_awx_scm_url"] == "" and settings["fleetops_awx_ee_image"] == ""  # required -e
     rule = settings["fleetops_awx_scan_rrule"]
-    # AWX: a DTSTART with a time zone (TZID= or a trailing Z), then one RRULE; no SECONDLY/MINUTELY
+    # AWX: a DTSTART with a time zone (TZID= or a trailing Z), then one RRULE with an INTERVAL; no SECONDLY
     assert re.match(r"^DTSTART;TZID=[\w/+-]+:\d{8}T\d{6} RRULE:", rule), rule
     assert "FREQ=DAILY" in rule and "COUNT" not in rule and "UNTIL" not in rule
     parsed = rrule.rrulestr(rule.replace(" ", "\n"), forceset=True)
@@ -334,8 +334,10 @@ def test_every_playbook_names_its_job_templates_objects_in_settings() -> None:
     text = (AWX / "configure.yml").read_text()
     for ref in set(re.findall(r"\{\{\s*(fleetops_awx_[a-z_]+)", text)):
         assert ref in settings or ref in _load("job_templates.yml"), ref
-    schedule = next(t for t in _load("configure.yml")[0]["tasks"] if "awx.awx.schedule" in t)
-    assert schedule["awx.awx.schedule"]["unified_job_template"] in {jt["name"] for jt in _job_templates()}
+    schedules = [t["awx.awx.schedule"] for t in _load("configure.yml")[0]["tasks"] if "awx.awx.schedule" in t]
+    assert len(schedules) == 2 and len({s["name"] for s in schedules}) == 2
+    for schedule in schedules:
+        assert schedule["unified_job_template"] in {jt["name"] for jt in _job_templates()}
 
 
 def test_inventory_source_uses_our_plugin_with_a_file_it_accepts() -> None:
@@ -447,3 +449,101 @@ def test_remediations_carry_the_aws_credential_for_the_ec2_lease() -> None:
         .render({**settings, "fleetops_awx_aws_credential": "", "item": {"remediation": True}})
     )
     assert rendered == [settings["fleetops_awx_machine_credential"]]
+
+
+# ------------------------------------------------------------------ remediate auto: template and schedule
+
+
+def _auto_template() -> dict[str, Any]:
+    (jt,) = [jt for jt in _job_templates() if jt["playbook"] == "playbooks/remediate_auto.yml"]
+    return jt
+
+
+def _auto_schedule() -> dict[str, Any]:
+    (task,) = [
+        t
+        for t in _load("configure.yml")[0]["tasks"]
+        if "awx.awx.schedule" in t and t["awx.awx.schedule"]["name"] == "fleetops remediate auto"
+    ]
+    return task
+
+
+def test_auto_template_is_a_dry_run_remediation_with_both_credentials_never_sliced() -> None:
+    """The template is created as Check (a dry run: the playbook passes no --apply), asks the job type,
+    runs one job at a time, one slice, with the AWS credential (ladder tags, lease) and the machine one."""
+    settings = _load("settings.yml")
+    jt = _auto_template()
+    assert jt["name"] == "fleetops remediate auto" and jt.get("remediation") is True
+    args = _job_template_args(jt)
+    assert args["job_type"] == "check" and args["ask_job_type_on_launch"] is True
+    assert args["job_slice_count"] == 1 and args["ask_job_slice_count_on_launch"] is False
+    assert args["allow_simultaneous"] is False
+    assert args["credentials"] == [
+        settings["fleetops_awx_machine_credential"],
+        settings["fleetops_awx_aws_credential"],
+    ]
+    assert args["playbook"] == "playbooks/remediate_auto.yml"
+    # the pass must end (SIGTERM, state saved) before AWX kills the job: the playbook's default
+    # fleetops_auto_timeout plus its 60 s grace stays under the template's timeout
+    text = (REPO / jt["playbook"]).read_text()
+    (limit,) = re.findall(r"fleetops_auto_timeout \| default\((\d+)\)", text)
+    assert int(limit) + 60 < args["timeout"] == settings["fleetops_awx_remediate_timeout_s"]
+
+
+def test_auto_survey_asks_the_policy_the_floor_and_the_kubeconfig_and_repeats_no_default() -> None:
+    questions = {q["variable"]: q for q in _auto_template()["survey_spec"]["spec"]}
+    assert set(questions) == {
+        "fleetops_targets",
+        "fleetops_not_after",
+        "fleetops_host_timeout",
+        "fleetops_auto_policy",
+        "fleetops_max_unhealthy",
+        "fleetops_kubeconfig",
+    }
+    for variable, q in questions.items():
+        if variable != "fleetops_targets":
+            assert q["required"] is False and "default" not in q, variable
+
+
+def test_auto_playbooks_default_inventory_is_the_awx_inventory_sources_config() -> None:
+    """Unset, the pass reads the same EC2 config the AWX inventory source imports (one fleet)."""
+    settings = _load("settings.yml")
+    play = yaml.safe_load((REPO / "playbooks" / "remediate_auto.yml").read_text())[0]
+    argv = play["vars"]["fleetops_auto_argv"]
+    assert f"(playbook_dir | dirname) ~ '/{settings['fleetops_awx_inventory_config']}'" in argv, argv
+    assert (REPO / settings["fleetops_awx_inventory_config"]).is_file()
+
+
+def test_auto_inventory_gives_the_fleet_become_as_a_host_variable() -> None:
+    """The job's --become does not reach the CLI's own ansible runs in the EE: the inventory sets it per
+    host (not for the implicit localhost, where the lease and kubectl run unprivileged)."""
+    settings = _load("settings.yml")
+    config = yaml.safe_load((REPO / settings["fleetops_awx_inventory_config"]).read_text())
+    assert config["compose"]["ansible_become"] == "true"  # a Jinja expression: the boolean true
+
+
+def test_auto_schedule_runs_the_auto_template_every_15_minutes_as_run_and_is_created_disabled() -> None:
+    settings = _load("settings.yml")
+    task = _auto_schedule()
+    schedule = task["awx.awx.schedule"]
+    assert schedule["unified_job_template"] == _auto_template()["name"]
+    # a schedule's job type applies because the template asks for it on launch
+    assert schedule["job_type"] == "run" and _job_template_args(_auto_template())["ask_job_type_on_launch"]
+    assert schedule["rrule"] == "{{ fleetops_awx_auto_rrule }}"
+    # disabled by default; enabled only by the setting (rendered as Ansible would, from -e strings too)
+    from jinja2.nativetypes import NativeEnvironment
+
+    env = NativeEnvironment()
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+    enabled = env.from_string(schedule["enabled"])
+    assert settings["fleetops_awx_auto_schedule_enabled"] is False
+    assert enabled.render(settings) is False
+    assert enabled.render({**settings, "fleetops_awx_auto_schedule_enabled": "true"}) is True
+    # the rrule as AWX wants it, and as dateutil (AWX's parser) reads it: every 15 minutes, forever
+    rule = settings["fleetops_awx_auto_rrule"]
+    assert re.match(r"^DTSTART;TZID=[\w/+-]+:\d{8}T\d{6} RRULE:", rule), rule
+    assert "INTERVAL=" in rule and "SECONDLY" not in rule and "COUNT" not in rule and "UNTIL" not in rule
+    parsed = rrule.rrulestr(rule.replace(" ", "\n"), forceset=True)
+    first, second, third = list(parsed[:3])  # type: ignore[index]
+    assert (second - first).total_seconds() == (third - second).total_seconds() == 15 * 60
+    assert first.tzinfo is not None
