@@ -64,6 +64,22 @@ def cmd_power(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fault(args: argparse.Namespace) -> int:
+    """``fault gpu-ecc HOST [--count N]`` / ``fault clear-hw HOST``: per-host stand-in hardware faults."""
+    from fleetops_lab import hardware
+
+    lab = Lab()
+    host_index(args.name)
+    if args.fault == "gpu-ecc":
+        hardware.inject_ecc(lab, args.name, uncorrected=args.count)
+        print(f"{args.name}: its stand-in GPU 0 reports {args.count} more uncorrectable ECC error(s)")
+    else:
+        cleared = hardware.clear_hardware(lab, args.name)
+        said = "fresh stand-in GPU(s), no errors" if cleared else "no stand-in GPU: nothing to clear"
+        print(f"{args.name}: {said}")
+    return 0
+
+
 def _cgroups(text: str) -> list[int]:
     try:
         versions = [int(v) for v in text.split(",")]
@@ -194,6 +210,20 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
     ssh.add_argument("name", metavar="NAME", help="lab-01, lab-02, ...")
     ssh.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD", help="command and arguments")
     ssh.set_defaults(func=cmd_ssh)
+
+    fault = sub.add_parser(
+        "fault",
+        help="inject a per-host hardware fault (a STAND-IN: no GPU here; see fleetops_lab.hardware)",
+        description="Per-host hardware faults: the host's nvidia-smi stand-in reads them from its own disk. "
+        "An EC2 stop of the host's instance clears them (other hardware); a reboot keeps them.",
+    )
+    faults = fault.add_subparsers(dest="fault", metavar="FAULT", required=True)
+    ecc = faults.add_parser("gpu-ecc", help="uncorrectable ECC errors on the host's stand-in GPU 0")
+    ecc.add_argument("name", metavar="HOST", help="lab-01, lab-02, ...")
+    ecc.add_argument("--count", type=int, default=1, metavar="N", help="errors to add (default: 1)")
+    clear = faults.add_parser("clear-hw", help="give the host fresh stand-in hardware (no faults)")
+    clear.add_argument("name", metavar="HOST", help="lab-01, lab-02, ...")
+    fault.set_defaults(func=cmd_fault)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
