@@ -16,15 +16,15 @@ version_added: "0.1.0"
 description:
   - Measures memory cgroups, reclaims, measures again, and reports what was freed.
   - How it reclaims is O(method). C(drop_caches) (the default) is C(sync) then
-    C(echo 1 > /proc/sys/vm/drop_caches): every clean page cache page on the host goes, every workload's
+    C(echo 1 > /proc/sys/vm/drop_caches), so every clean page cache page on the host goes, every workload's
     cached files with it; on cgroup v2 it also writes the root C(memory.reclaim) when O(v2_reclaim_bytes)
     is set.
-  - C(memory_reclaim) (cgroup v2, Linux >= 5.19) is the gentler rung: C(sync), then a write to
+  - C(memory_reclaim) (cgroup v2, Linux >= 5.19) is the gentler rung, C(sync) then a write to
     C(memory.reclaim) of each live cgroup whose own children include dying memory cgroups (found from
     the C(nr_dying_descendants) of each C(cgroup.stat) on the way to them), asking for the page cache
     charged beneath it but to none of its live children (its C(memory.stat) C(file) less theirs). Page
     cache elsewhere on the host stays; the live siblings of the zombies can lose some, as the kernel
-    reclaims across the subtree. A kernel that cannot reclaim the whole amount answers EAGAIN: that
+    reclaims across the subtree. A kernel that cannot reclaim the whole amount answers EAGAIN; that
     target is reported C(partial), not an error.
   - C(both) tries C(memory_reclaim) first and drops the caches only when the count is still at or above
     O(min_zombies) after it has settled.
