@@ -1,0 +1,135 @@
+"""`fleetops remediate stop-start`: its options, its gate, and its playbook's shape (the lease, the probe).
+
+The real run (lab hosts powered off and on through the lab's EC2) is tests/integration/test_stop_start_lab.py;
+the module against moto is tests/unit/plugins/modules/test_ec2_stop_start.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetops.cli.app import build_parser
+from fleetops.cli.remediate import remediation_request
+from fleetops.errors import UsageError
+from fleetops.remediations import REMEDIATIONS
+from fleetops.rollout.outcome import HostOutcome
+from tests.paths import REPO
+from tests.unit.plugins.modules.test_ec2_lease import LEASE_BLOCK
+
+STOP_START = REMEDIATIONS["stop-start"]
+PLAYBOOK = REPO / "playbooks" / "stop_start.yml"
+
+
+def _gate(before: str | None, after: str | None, findings: list[dict[str, Any]], **xv: Any) -> str | None:
+    outcome = HostOutcome(
+        status="ok",
+        changed=True,
+        before={"boot_id": before} if before else None,
+        after={"boot_id": after} if after else None,
+    )
+    assert STOP_START.gate is not None
+    return STOP_START.gate("gpu-1", outcome, None, {"status": "ok", "findings": findings}, xv)
+
+
+def _finding(check: str, severity: str, summary: str = "", **data: Any) -> dict[str, Any]:
+    return {"check": check, "severity": severity, "summary": summary or check, "data": data}
+
+
+def test_the_gate_passes_a_host_that_powered_off_and_on_clean() -> None:
+    info = _finding("gpu_health", "info", "1 GPU, healthy")
+    assert _gate("a", "b", [info], fleetops_stop_start_finding="gpu_health") is None
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "findings", "xv", "reason"),
+    [
+        ("a", "a", [], {}, "gate: boot id unchanged: the host did not power off and on"),
+        ("a", None, [], {}, "gate: could not read the boot id before and after the stop-start"),
+        (
+            "a", "b", [_finding("ec2_scheduled_event", "warning", code="instance-retirement")], {},
+            "gate: a scheduled EC2 event is still there after the stop-start: instance-retirement",
+        ),
+        (
+            "a", "b", [_finding("gpu_health", "critical", "GPU 0: 2 uncorrectable ECC errors")],
+            {"fleetops_stop_start_finding": "gpu_health"},
+            "gate: gpu_health still found after the stop-start: GPU 0: 2 uncorrectable ECC errors",
+        ),
+    ],
+)  # fmt: skip
+def test_the_gate_fails(
+    before: str, after: str | None, findings: list[dict[str, Any]], xv: dict[str, Any], reason: str
+) -> None:
+    assert _gate(before, after, findings, **xv) == reason
+
+
+def test_without_finding_a_warning_of_another_check_is_not_the_gates_business() -> None:
+    assert _gate("a", "b", [_finding("gpu_health", "critical")]) is None
+
+
+def test_cli_options_become_the_playbooks_vars() -> None:
+    args = build_parser().parse_args(
+        ["remediate", "stop-start", "-i", "inv.yml", "--stop-timeout", "90", "--start-timeout", "300",
+         "--finding", "gpu_health"]
+    )  # fmt: skip
+    request = remediation_request(args)
+    params = STOP_START.resolve(request.params)
+    assert STOP_START.extravars(params) == {
+        "fleetops_stop_timeout": 90,
+        "fleetops_start_timeout": 300,
+        "fleetops_stop_start_finding": "gpu_health",
+    }
+    assert STOP_START.extravars(STOP_START.resolve({})) == {
+        "fleetops_stop_timeout": 600,
+        "fleetops_start_timeout": 600,
+    }
+    assert STOP_START.max_unhealthy == REMEDIATIONS["reboot"].max_unhealthy  # the reboot's capacity floor
+    assert STOP_START.probe_vars == {"fleetops_probe_only": True}
+
+
+def test_a_finding_that_is_no_check_name_is_refused() -> None:
+    with pytest.raises(UsageError, match="is not a check name"):
+        STOP_START.extravars(STOP_START.resolve({"finding": "gpu health; rm"}))
+
+
+def test_the_host_timeout_must_cover_the_stop_and_the_start() -> None:
+    xv = STOP_START.extravars(STOP_START.resolve({}))
+    with pytest.raises(
+        UsageError, match=r"--host-timeout 1200 must be more than --stop-timeout 600 \+ --start-timeout 600"
+    ):
+        STOP_START.check_host_timeout(1200, xv)
+    assert STOP_START.check_host_timeout(1201, xv) == 1201
+    assert STOP_START.host_timeout > 1200
+
+
+def test_the_playbook_changes_hosts_under_the_tested_lease() -> None:
+    """The same lease tasks as every remediation playbook (tests/unit/test_playbook_lease.py), its own TTL."""
+    name, block = yaml.safe_load(LEASE_BLOCK)
+    (play,) = yaml.safe_load(PLAYBOOK.read_text())
+    tasks = play["tasks"]
+    assert tasks[0] == {
+        "name": "Start no batch after the deadline",
+        "ansible.builtin.import_tasks": "tasks/not_after.yml",
+    }
+    assert tasks[1] == {"timeout": 60, **name}
+    assert len(tasks) == 3
+    assert tasks[2]["vars"] == block["vars"] and tasks[2]["always"] == [
+        {"timeout": 300, **block["always"][0]}
+    ]
+    take = dict(tasks[2]["block"][0])
+    assert "fleetops_stop_timeout" in take["fleetops.node.ec2_lease"]["ttl"]  # it outlasts a stop-start
+    take["fleetops.node.ec2_lease"] = {
+        **take["fleetops.node.ec2_lease"],
+        "ttl": "{{ fleetops_lease_ttl | default(omit) }}",
+    }
+    assert take == {"timeout": 300, **block["block"][0]}
+    names = [t["name"] for t in tasks[2]["block"]]
+    # refused before anything is read or done; the boot id read before and after the stop-start
+    assert names.index("Refuse a host that is not an EC2 instance") < names.index("Read the boot id before")
+    assert names.index("Read the boot id before") < names.index(
+        "Stop the instance, wait until it is stopped, start it, wait until it runs"
+    )
+    slurps = [t for t in tasks[2]["block"] if "ansible.builtin.slurp" in t]
+    assert [("when" in t) for t in slurps] == [False, True]  # probe-only mode reads the boot id once
