@@ -351,15 +351,21 @@ def run(module, instance, params, result):
     return result
 
 
-ARGUMENT_SPEC = dict(
-    instance_id=dict(type="str", required=True),
-    region=dict(type="str"),
-    stop_timeout=dict(type="int", default=600),
-    start_timeout=dict(type="int", default=600),
-    poll_interval=dict(type="float", default=5.0),
-)
-ARGUMENT_SPEC.update(aws.argument_spec())
-ARGUMENT_SPEC["aws_access_key"]["no_log"] = False  # an access key id is not a secret (the secret key is)
+def argument_spec():
+    """The module's options: its own and module_utils/aws.py's connection options."""
+    spec = dict(
+        instance_id=dict(type="str", required=True),
+        region=dict(type="str"),
+        stop_timeout=dict(type="int", default=600),
+        start_timeout=dict(type="int", default=600),
+        poll_interval=dict(type="float", default=5.0),
+    )
+    spec.update(aws.argument_spec())
+    spec["aws_access_key"]["no_log"] = False  # an access key id is not a secret (the secret key is)
+    return spec
+
+
+ARGUMENT_SPEC = argument_spec()
 
 
 def main():
