@@ -6,10 +6,15 @@ host's (scope host), a zombie or kernel-log fault lands on one host only, and a 
 kernel. Zombies are real (mkdir + page cache + rmdir inside the VM), the Xid line is a real
 record in that VM's /dev/kmsg, the reboot goes through `fleetops remediate reboot --apply`.
 Measured here (TCG, 2 cores): about 60 s from QEMU start to ssh, 35 s for a scan of both VMs.
+
+After the reboot (fresh kernels): the crash-loop incident on one v2 VM (found, culprit named from its
+kernel's nr_dying_descendants growth, fixed by `remediate fix --apply`, back to the baseline), then
+`remediate reclaim --method memory_reclaim` frees zombies while another service's cached files stay.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -20,6 +25,7 @@ import pytest
 
 from fleetops_lab import Lab, host_faults
 from fleetops_lab.errors import LabError
+from fleetops_lab.host_faults import install_crashloop_unit, remove_crashloop_unit
 from tests.helpers import boots, fleetops
 
 pytestmark = [
@@ -64,9 +70,11 @@ def baseline(lab: Lab) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def faulted(lab: Lab, baseline: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """1,500 real zombies made inside lab-01, an Xid 79 line in lab-02's kernel log; one scan."""
+    """1,500 real zombies made inside lab-01, an Xid 79 line in lab-02's kernel log, an ENA reset line in
+    lab-01's; one scan."""
     host_faults.make_zombie_memcgs(lab, "lab-01", ZOMBIES, tag="vmtest")
     host_faults.write_kernel_log(lab, "lab-02", host_faults.XID_79)
+    host_faults.write_kernel_log(lab, "lab-01", host_faults.ENA_RESET)
     try:
         yield _scan(lab, "--zombie-warning", "1000", "--zombie-critical", "100000")
     finally:
@@ -136,6 +144,18 @@ def test_an_xid_in_one_vms_kernel_log_is_critical_on_that_host_only(faulted: dic
     assert all(f["severity"] == "info" for f in _findings(faulted, "lab-01", "gpu_health"))
 
 
+def test_an_ena_reset_line_without_an_ena_nic_is_read_from_that_vms_log_and_ignored(
+    faulted: dict[str, Any],
+) -> None:
+    """A VM's NIC is virtio: an ENA reset line in its kernel log is noise (no finding), counted as ignored."""
+    ena = faulted["hosts"]["lab-01"]["facts"]["ena"]
+    assert ena["interfaces"] == {} and ena["ignored_log_lines"] == 1, ena
+    assert "1 ENA driver line(s) in the kernel log ignored" in ena["reason"], ena
+    assert _findings(faulted, "lab-01", "ena_resets") == []
+    other = faulted["hosts"]["lab-02"]["facts"]["ena"]
+    assert other["ignored_log_lines"] == 0, other  # lab-02's own kernel log has no such line
+
+
 def test_remediate_reboot_gives_each_vm_a_new_kernel_boot(
     lab: Lab, faulted: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -163,3 +183,167 @@ def test_remediate_reboot_gives_each_vm_a_new_kernel_boot(
         "lab-01", "grep nr_dying_descendants /sys/fs/cgroup/cgroup.stat", check=True
     ).stdout.split()
     assert int(zombies[1]) < 1000, zombies
+
+
+def _dying(lab: Lab, host: str) -> int:
+    """The host kernel's dying cgroups (v2: nr_dying_descendants of the root cgroup.stat)."""
+    out = lab.run(host, "grep nr_dying_descendants /sys/fs/cgroup/cgroup.stat", check=True).stdout.split()
+    return int(out[1])
+
+
+# The tolerance of "back to the baseline" after a reclaim: the lab's own ssh/ansible sessions each leave a
+# dying session scope (user.slice) for a while; measured on these VMs, 19 dying at boot, 9 after the fix.
+BASELINE_TOLERANCE = 10
+CRASH_HOST, QUIET_HOST = "lab-02", "lab-01"
+
+
+def test_crash_loop_on_a_v2_vm_found_culprit_named_fixed_back_to_baseline(
+    lab: Lab, faulted: dict[str, Any], tmp_path: Path
+) -> None:
+    """The Pinterest incident on a real cgroup v2 kernel (runs after the reboot: fresh kernels)."""
+    baseline = _dying(lab, CRASH_HOST)
+    install_crashloop_unit(lab, CRASH_HOST, restart_sec=0.5)
+    try:
+        deadline = time.monotonic() + 180
+        while _dying(lab, CRASH_HOST) < baseline + 30 and time.monotonic() < deadline:
+            time.sleep(3)
+        assert _dying(lab, CRASH_HOST) >= baseline + 30, "the crash loop left no zombies"
+        # Under TCG the loop restarts about 15 times a minute (each start takes seconds): the growth level
+        # that names culprits is lowered from 10 to 4 memcgs/min so a slower minute still names it.
+        report = _scan(lab, "--sample-seconds", "10", "-e", "fleetops_zombie_growth_warning_per_min=4")
+        sick = report["hosts"][CRASH_HOST]
+        loops = _findings(report, CRASH_HOST, "crashloop_unit")
+        assert [f["data"]["unit"] for f in loops] == ["ecs.service"], sick["findings"]
+        assert loops[0]["data"]["vendor_unit"] is True and loops[0]["data"]["rate_basis"] == "samples"
+        memcg = sick["facts"]["memcg"]
+        assert memcg["cgroup_version"] == 2 and memcg["scope"] == "host", memcg
+        assert "nr_dying_descendants" in memcg["basis"], memcg  # this 6.1 kernel's v2 counter
+        assert memcg["growth"]["zombies_per_min"] >= 4, memcg["growth"]
+        (zombie,) = _findings(report, CRASH_HOST, "zombie_memcg")
+        assert [c["unit"] for c in zombie["data"]["culprits"]] == ["ecs.service"], zombie
+        assert zombie["data"]["growth_basis"] == "zombies", (
+            zombie
+        )  # the host's own count, not a host-wide total
+        assert "likely culprit: ecs.service" in zombie["summary"]
+        # The other VM's kernel has no loop and no zombies piling up.
+        assert _findings(report, QUIET_HOST, "crashloop_unit") == []
+        assert _findings(report, QUIET_HOST, "zombie_memcg") == [], report["hosts"][QUIET_HOST]["findings"]
+
+        fixed = fleetops(
+            "remediate", "fix", "-i", str(lab.inventory_path()), "-l", CRASH_HOST, "--sample-seconds", "3",
+            "--min-zombies", str(baseline + 10), "--apply", "--format", "json",
+            env={"FLEETOPS_STATE_DIR": str(tmp_path / "state"), "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl")},
+            timeout=900,
+        )  # fmt: skip
+        assert fixed.rc == 0, fixed.stdout[-3000:] + fixed.stderr[-3000:]
+        rollout = fixed.json()
+        assert rollout["plan"]["batches"] == [[CRASH_HOST]], rollout["plan"]
+        assert rollout["summary"]["changed"] == 1, rollout["summary"]
+        assert lab.run(CRASH_HOST, "systemctl is-enabled ecs.service").stdout.strip() == "masked"
+        assert lab.run(CRASH_HOST, "systemctl is-active ecs.service").stdout.strip() == "inactive"
+        after = _dying(lab, CRASH_HOST)
+        assert after <= baseline + BASELINE_TOLERANCE, (baseline, after)
+        print(f"crash loop on {CRASH_HOST}: dying cgroups {baseline} before, {after} after the fix")
+    finally:
+        remove_crashloop_unit(lab, CRASH_HOST)
+
+
+def test_memory_reclaim_frees_zombies_and_leaves_other_cgroups_cache(lab: Lab, tmp_path: Path) -> None:
+    """The gentler rung on a real v2 kernel: memory.reclaim under the zombies' parent, not drop_caches."""
+    host = QUIET_HOST
+    # A service's hot file, read through its own cgroup (caches dropped first so the read charges it there).
+    lab.run(
+        host,
+        "head -c 16M /dev/urandom > /var/tmp/hot && sync && echo 1 > /proc/sys/vm/drop_caches && "
+        "systemd-run --unit fleetops-hot --service-type=exec sh -c 'cat /var/tmp/hot > /dev/null; exec sleep 3600' "
+        "&& sleep 5 && fincore -b -n -o RES /var/tmp/hot",
+        check=True,
+        timeout=120,
+    )
+    cached = int(lab.run(host, "fincore -b -n -o RES /var/tmp/hot", check=True).stdout)
+    assert cached >= 15 << 20, cached
+    baseline = _dying(lab, host)
+    host_faults.make_zombie_memcgs(lab, host, 1200, tag="reclaim")
+    try:
+        assert _dying(lab, host) >= baseline + 1200 * 0.95
+        result = fleetops(
+            "remediate", "reclaim", "-i", str(lab.inventory_path()), "-l", host, "--method", "memory_reclaim",
+            "--min-zombies", "1000", "--apply", "--format", "json",
+            env={"FLEETOPS_STATE_DIR": str(tmp_path / "state"), "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl")},
+            timeout=600,
+        )  # fmt: skip
+        assert result.rc == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.json()["summary"]["changed"] == 1
+        after = _dying(lab, host)
+        assert after <= baseline + BASELINE_TOLERANCE, (baseline, after)
+        # The service's file mostly stays: memory.reclaim wrote only where dying cgroups hang. Its cgroup is a
+        # sibling of system.slice's own dying children (boot's transient units), so the write there takes a
+        # little of it (measured: 5% of 16 MiB); drop_caches takes all of it, as the next step shows.
+        kept = int(lab.run(host, "fincore -b -n -o RES /var/tmp/hot", check=True).stdout)
+        assert kept >= cached * 0.8, (cached, kept)
+        dropped = int(
+            lab.run(
+                host, "sync; echo 1 > /proc/sys/vm/drop_caches; fincore -b -n -o RES /var/tmp/hot", check=True
+            ).stdout
+        )
+        assert dropped <= cached * 0.05, (cached, dropped)
+        print(
+            f"memory_reclaim on {host}: dying {baseline + 1200} -> {after}; the service's cached file "
+            f"{cached} -> {kept} bytes (drop_caches: -> {dropped})"
+        )
+    finally:
+        host_faults.release_zombie_memcgs(lab, host, tag="reclaim")
+        lab.run(host, "systemctl stop fleetops-hot; rm -f /var/tmp/hot", check=False)
+
+
+_INJECT = r"""
+import json, sys
+sys.path.insert(0, "/var/tmp/fleetops-inject")
+import faults
+
+def dying():
+    for line in open("/sys/fs/cgroup/cgroup.stat"):
+        if line.startswith("nr_dying_descendants "):
+            return int(line.split()[1])
+
+hierarchy = faults.memory_hierarchy()
+before = dying()
+batch = faults.create_zombie_memcgs(int(sys.argv[1]), parent="fleetops-inject")
+made = dying()
+batch.release()
+total = faults.wait_memcg_total(batch.baseline_total + 10, timeout=30)
+print(json.dumps({"version": hierarchy.version, "root": str(hierarchy.root), "count": batch.count,
+                  "before": before, "made": made, "after": dying(), "baseline_total": batch.baseline_total,
+                  "total_after": total, "parent": str(batch.cgroup)}))
+"""
+
+
+def test_the_local_zombie_injector_works_on_a_v2_kernel(lab: Lab) -> None:
+    """fleetops_lab.faults (what make demo and the kernel tests use on this machine) inside a VM's v2 kernel.
+
+    The module file and the one it imports (fleetops.errors) are copied in as they are: the VM's Python
+    runs the same code, on cgroup v2 (this machine's kernel is v1).
+    """
+    import fleetops.errors
+    import fleetops_lab.faults
+
+    host, count = "lab-02", 300
+    files = {
+        "faults.py": Path(fleetops_lab.faults.__file__).read_text(),
+        "fleetops/__init__.py": "",
+        "fleetops/errors.py": Path(fleetops.errors.__file__).read_text(),
+    }
+    for rel, text in files.items():
+        lab.run(host, f"mkdir -p /var/tmp/fleetops-inject/fleetops && cat > /var/tmp/fleetops-inject/{rel}",
+                input=text, check=True)  # fmt: skip
+    try:
+        out = lab.run(host, f"python3 - {count}", input=_INJECT, check=True, timeout=180).stdout
+    finally:
+        lab.run(host, "rm -rf /var/tmp/fleetops-inject", check=False)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["version"] == 2 and result["root"] == "/sys/fs/cgroup", result
+    assert result["count"] == count and result["parent"] == "/sys/fs/cgroup/fleetops-inject", result
+    assert result["made"] - result["before"] >= count * 0.95, result  # real zombies in that kernel
+    assert result["total_after"] <= result["baseline_total"] + 10, result  # freed once released
+    assert result["after"] <= result["before"] + 10, result
+    assert lab.run(host, "test -e /sys/fs/cgroup/fleetops-inject").returncode != 0  # its parent removed
