@@ -318,9 +318,16 @@ def test_the_ee_installs_the_fleetops_wheel_as_root_after_everything_else(contex
     final = text[text.index("FROM base AS final") :]
     copy = f"COPY _build/wheels/{_wheel_name()} /tmp/fleetops-wheel/"
     install = f"RUN $PYCMD -m pip install --no-cache-dir /tmp/fleetops-wheel/{_wheel_name()} && rm -rf /tmp/fleetops-wheel"
-    check = "RUN fleetops --help >/dev/null && $PYCMD -m pip check"
+    link = "RUN ln -s /usr/local/bin/ansible-inventory /usr/bin/ansible-inventory"
+    # the build fails unless the CLI runs, pip's dependencies are consistent and the CLI finds ansible-inventory
+    check = (
+        "RUN fleetops --help >/dev/null && $PYCMD -m pip check && $PYCMD -c 'from fleetops.ansible.inventory"
+        " import ansible_inventory_bin as b; assert b().is_file(), b()'"
+    )
     steps = [line for line in final.splitlines() if line.startswith(("COPY", "RUN", "USER"))]
-    assert steps.index(copy) + 1 == steps.index(install) and steps.index(install) + 1 == steps.index(check)
+    assert [steps.index(s) for s in (copy, install, link, check)] == list(
+        range(steps.index(copy), steps.index(copy) + 4)
+    ), steps
     assert steps.index("RUN /output/scripts/install-from-bindep && rm -rf /output/wheels") < steps.index(copy)
     assert steps.index(check) < steps.index("USER 1000")
     # the build context holds exactly that wheel
