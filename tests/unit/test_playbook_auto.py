@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,12 @@ DEFAULT_INVENTORY = str(REPO / "awx" / "inventory" / "fleet.fleet_ec2.yml")
 
 STANDIN = """#!{python}
 # A stand-in for `fleetops` written by tests/unit/test_playbook_auto.py (NOT the real CLI): it records its
-# argv, environment and working directory, prints STANDIN_STDOUT, STANDIN_STDERR, and exits with STANDIN_RC.
-import json, os, sys
+# argv, environment and working directory, sleeps STANDIN_SLEEP s, prints STANDIN_STDOUT, STANDIN_STDERR,
+# and exits with STANDIN_RC.
+import json, os, sys, time
 with open(os.environ["STANDIN_RECORD"], "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}}, f)
+time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
 sys.stdout.write(os.environ.get("STANDIN_STDOUT", ""))
 sys.stderr.write(os.environ.get("STANDIN_STDERR", ""))
 sys.exit(int(os.environ["STANDIN_RC"]))
@@ -95,6 +98,7 @@ def _job(
     stdout: str = "",
     stderr: str = "",
     user: str | None = None,
+    sleep: float = 0,
 ) -> Job:
     standin_dir = tmp_path / "standin"
     standin_dir.mkdir()
@@ -123,6 +127,7 @@ def _job(
             "STANDIN_RC": str(rc),
             "STANDIN_STDOUT": stdout,
             "STANDIN_STDERR": stderr,
+            "STANDIN_SLEEP": str(sleep),
         },
         quiet=True,
         timeout=240,
@@ -218,10 +223,19 @@ def test_a_null_or_empty_knob_passes_nothing_and_a_zero_is_passed(tmp_path: Path
     ]
 
 
-def test_the_pass_runs_under_a_time_limit_that_ends_it_with_sigterm(tmp_path: Path) -> None:
-    job = _job(tmp_path, 0, check=True, extravars={"fleetops_auto_timeout": 1}, stdout=json.dumps(DOCUMENT))
+def test_a_pass_past_its_time_limit_is_stopped_and_fails_the_job(tmp_path: Path) -> None:
+    """coreutils timeout wraps the CLI: SIGTERM after fleetops_auto_timeout (the CLI saves its state and
+    releases its lock and lease), the job fails with 124's meaning."""
+    started = time.monotonic()
+    job = _job(tmp_path, 0, check=True, extravars={"fleetops_auto_timeout": 2}, sleep=120, stdout="{}")
+    assert time.monotonic() - started < 60
     cmd = job.task("Run one pass")["event_data"]["res"]["cmd"]
-    assert cmd[:5] == ["timeout", "--signal=TERM", "--kill-after=60", "1", "fleetops"], cmd
+    assert cmd[:5] == ["timeout", "--signal=TERM", "--kill-after=60", "2", "fleetops"], cmd
+    assert (job.status, job.rc) == ("failed", 2)
+    msg = job.task("Fail the job")["event_data"]["res"]["msg"]
+    assert msg.startswith(
+        "fleetops remediate auto exited 124: the pass took longer than fleetops_auto_timeout"
+    ), msg
 
 
 def test_a_host_that_needs_a_human_fails_the_job_and_names_it(tmp_path: Path) -> None:
