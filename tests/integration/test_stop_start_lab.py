@@ -177,3 +177,13 @@ def test_a_host_without_an_instance_id_is_refused(lab: Lab, env: dict[str, str])
     )
     assert result.json()["hosts"] == {"lab-02": "failed"}
     assert boots(lab, HOSTS) == before
+
+
+def test_terminating_an_instance_powers_its_host_off(lab: Lab) -> None:
+    """Last: lab-02 stays off (the module's lab goes down after it)."""
+    iid = _instance(lab, "lab-02")["InstanceId"]
+    _ec2(lab).terminate_instances(InstanceIds=[iid])  # answered once the host is off
+    (host,) = [h for h in lab.status(probe_ssh=False) if h.name == "lab-02"]
+    assert not host.running
+    others = {h.name: h.running for h in lab.status(probe_ssh=False) if h.name != "lab-02"}
+    assert others == {"lab-01": True, "lab-03": True}
