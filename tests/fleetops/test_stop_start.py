@@ -6,16 +6,20 @@ the module against moto is tests/unit/plugins/modules/test_ec2_stop_start.py.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from fleetops.ansible.runner import RunnerOptions, run_playbook
 from fleetops.cli.app import build_parser
 from fleetops.cli.remediate import remediation_request
 from fleetops.errors import UsageError
 from fleetops.remediations import REMEDIATIONS
-from fleetops.rollout.outcome import HostOutcome
+from fleetops.rollout.engine import BATCH_VARS, LEASE_VAR
+from fleetops.rollout.outcome import HostOutcome, host_outcome
 from tests.paths import REPO
 from tests.unit.plugins.modules.test_ec2_lease import LEASE_BLOCK
 
@@ -133,3 +137,49 @@ def test_the_playbook_changes_hosts_under_the_tested_lease() -> None:
     )
     slurps = [t for t in tasks[2]["block"] if "ansible.builtin.slurp" in t]
     assert [("when" in t) for t in slurps] == [False, True]  # probe-only mode reads the boot id once
+
+
+def _run_locally(tmp_path: Path, extravars: dict[str, Any], check: bool = False) -> HostOutcome:
+    """The playbook as the engine runs it (ansible-runner, the batch vars), on this machine as `here`."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "hosts": {
+                        "here": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                    }
+                }
+            }
+        )
+    )
+    run = run_playbook(
+        RunnerOptions(
+            playbook=str(PLAYBOOK),
+            inventory=[inventory],
+            limit="here",
+            extravars={**BATCH_VARS, LEASE_VAR: False, **extravars},
+            check=check,
+        )
+    )
+    return host_outcome(run.results_for("here"), STOP_START.actions)
+
+
+def test_probe_only_reads_the_boot_id_and_changes_nothing(tmp_path: Path) -> None:
+    """What a resume relies on: the probe reads the boot id ("before") and is an ok outcome, even for a
+    host without an instance id (the refusal is for acting, not for probing)."""
+    outcome = _run_locally(
+        tmp_path, {**STOP_START.extravars(STOP_START.resolve({})), **(STOP_START.probe_vars or {})}
+    )
+    assert outcome.status == "ok" and not outcome.changed, outcome
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert outcome.before == {"boot_id": boot_id} and outcome.after is None
+
+
+def test_a_dry_run_refuses_a_host_without_an_instance_id(tmp_path: Path) -> None:
+    outcome = _run_locally(tmp_path, STOP_START.extravars(STOP_START.resolve({})), check=True)
+    assert outcome.status == "failed"
+    assert outcome.msg == (
+        "here has no ec2_instance_id hostvar: stop-start needs an EC2 instance (a host of the "
+        "fleetops.node.ec2 inventory); the host was not touched"
+    )
