@@ -34,6 +34,14 @@ import json, os, sys, time
 with open(os.environ["STANDIN_RECORD"], "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}}, f)
 time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
+if os.environ.get("STANDIN_NESTED"):  # run ansible through ansible-runner, as the real CLI does
+    import ansible_runner
+    nested = ansible_runner.run(
+        private_data_dir=os.environ["STANDIN_NESTED"], playbook="nested.yml", inventory="localhost,", quiet=True
+    )
+    events = [e.get("event_data", {{}}).get("res", {{}}).get("msg") for e in nested.events if e["event"] == "runner_on_ok"]
+    print(json.dumps({{"status": nested.status, "rc": nested.rc, "msgs": events}}))
+    sys.exit(nested.rc)
 sys.stdout.write(os.environ.get("STANDIN_STDOUT", ""))
 sys.stderr.write(os.environ.get("STANDIN_STDERR", ""))
 sys.exit(int(os.environ["STANDIN_RC"]))
@@ -99,6 +107,7 @@ def _job(
     stderr: str = "",
     user: str | None = None,
     sleep: float = 0,
+    nested: Path | None = None,
 ) -> Job:
     standin_dir = tmp_path / "standin"
     standin_dir.mkdir()
@@ -128,6 +137,7 @@ def _job(
             "STANDIN_STDOUT": stdout,
             "STANDIN_STDERR": stderr,
             "STANDIN_SLEEP": str(sleep),
+            "STANDIN_NESTED": str(nested or ""),
         },
         quiet=True,
         timeout=240,
@@ -221,6 +231,40 @@ def test_a_null_or_empty_knob_passes_nothing_and_a_zero_is_passed(tmp_path: Path
         "--sample-seconds",
         "0",
     ]
+
+
+NESTED = """\
+- name: Nested
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Say hello
+      ansible.builtin.debug:
+        msg: hello from a nested ansible-runner
+"""
+
+
+def test_the_clis_own_ansible_runner_works_inside_the_job(tmp_path: Path) -> None:
+    """The real CLI runs its playbooks through ansible-runner, inside this job, itself run by
+    ansible-runner (AWX): here the stand-in does that with a one-task playbook. Without the playbook's
+    environment for it, the job's awx_display callback would wrap itself and ansible-playbook exit 250."""
+    nested = tmp_path / "nested"
+    (nested / "project").mkdir(parents=True)
+    (nested / "project" / "nested.yml").write_text(NESTED)
+    job = _job(tmp_path, 0, check=True, nested=nested)
+    res = job.task("Run one pass")["event_data"]["res"]
+    assert res["rc"] == 0, res
+    assert json.loads(res["stdout"]) == {
+        "status": "successful",
+        "rc": 0,
+        "msgs": ["hello from a nested ansible-runner"],
+    }
+    assert job.record is not None
+    assert (
+        job.record["env"]["ANSIBLE_STDOUT_CALLBACK"] == "default"
+        and job.record["env"]["ANSIBLE_CALLBACK_PLUGINS"] == ""
+    )
 
 
 def test_a_pass_past_its_time_limit_is_stopped_and_fails_the_job(tmp_path: Path) -> None:
