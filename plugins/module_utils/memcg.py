@@ -744,6 +744,20 @@ def find_dying(hierarchy="/sys/fs/cgroup"):
     return found
 
 
+def pick_targets(targets, zombies, min_zombies):
+    """The fewest of ``targets`` (most dying first, as reclaim_targets orders them) whose zombies, freed,
+    bring ``zombies`` under ``min_zombies``; all of them when that cannot be reached. Parents holding a few
+    dying cgroups beside live services (system.slice's own) are left alone when the big one is enough."""
+    picked = []
+    left = zombies
+    for target in targets:
+        if picked and left < min_zombies:
+            break
+        picked.append(target)
+        left -= target["dying"]
+    return picked
+
+
 def reclaim_targets(hierarchy="/sys/fs/cgroup"):
     """Where a memory.reclaim frees the zombies and little else (cgroup v2).
 

@@ -20,8 +20,9 @@ description:
     cached files with it; on cgroup v2 it also writes the root C(memory.reclaim) when O(v2_reclaim_bytes)
     is set.
   - C(memory_reclaim) (cgroup v2, Linux >= 5.19) is the gentler rung, C(sync) then a write to
-    C(memory.reclaim) of each live cgroup whose own children include dying memory cgroups (found from
-    the C(nr_dying_descendants) of each C(cgroup.stat) on the way to them), asking for the page cache
+    C(memory.reclaim) of the live cgroups whose own children include dying memory cgroups (found from
+    the C(nr_dying_descendants) of each C(cgroup.stat) on the way to them; the fewest, most dying first,
+    that hold enough of them to bring the count under O(min_zombies)), asking for the page cache
     charged beneath it but to none of its live children (its C(memory.stat) C(file) less theirs). Page
     cache elsewhere on the host stays; the live siblings of the zombies can lose some, as the kernel
     reclaims across the subtree. A kernel that cannot reclaim the whole amount answers EAGAIN; that
@@ -229,12 +230,14 @@ def _check_method(module, before, method):
         )
 
 
-def _targets(module, before, bytes_override):
+def _targets(module, before, bytes_override, min_zombies):
     root = before.get("hierarchy") or "/sys/fs/cgroup"
     try:
         targets = memcg.reclaim_targets(root)
     except DetectorError as err:
         module.fail_json(msg="Failed to find the zombie memory cgroups: %s" % err, before=before)
+    if before.get("zombies") is not None:
+        targets = memcg.pick_targets(targets, before["zombies"], min_zombies)
     for target in targets:
         if bytes_override:
             target["bytes"] = bytes_override
@@ -338,7 +341,7 @@ def main():
     )
     targets = []
     if reclaim and method != "drop_caches":
-        root, targets = _targets(module, before, p["v2_reclaim_bytes"])
+        root, targets = _targets(module, before, p["v2_reclaim_bytes"], p["min_zombies"])
     if not reclaim or module.check_mode:
         if reclaim:
             would = [

@@ -72,3 +72,19 @@ def test_reclaim_targets_skips_parents_without_memory_for_children_and_floors_by
 def test_reclaim_targets_without_a_cgroup_stat_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(memcg.MemcgError, match=r"cgroup.stat"):
         memcg.reclaim_targets(str(tmp_path))
+
+
+def test_pick_targets_takes_the_fewest_that_bring_the_count_under_min_zombies() -> None:
+    targets = [
+        {"cgroup": "/fleetops-zombies", "dying": 1000, "bytes": 1},
+        {"cgroup": "/system.slice", "dying": 6, "bytes": 1},
+        {"cgroup": "/user.slice", "dying": 2, "bytes": 1},
+    ]
+    # 1,008 dying, reclaim under 500: the big parent alone; system.slice's services are left alone.
+    assert memcg.pick_targets(targets, 1008, 500) == targets[:1]
+    # under 5: the big one and system.slice (1,008 - 1,006 = 2 < 5)
+    assert memcg.pick_targets(targets, 1008, 5) == targets[:2]
+    # min_zombies 0 (or a count the targets cannot reach): every target
+    assert memcg.pick_targets(targets, 1008, 0) == targets
+    assert memcg.pick_targets(targets, 5000, 100) == targets
+    assert memcg.pick_targets([], 10, 5) == []
