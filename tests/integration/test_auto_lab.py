@@ -1,0 +1,192 @@
+"""`fleetops remediate auto` over a lab fleet with real faults, through the lab's EC2 endpoint.
+
+Four lab hosts, registered as EC2 instances of the lab's moto endpoint (``up(4, ec2=True)``):
+
+- lab-01: a crash-looping unit (real systemd restarts);
+- lab-02: a scheduled EC2 ``system-reboot`` event (the lab's proxy serves it, as AWS would);
+- lab-03: a service running the real UCX 1.19 with its default, leaking setup;
+- lab-04: an uncorrectable-ECC GPU fault. There is no GPU here: the lab host's ``nvidia-smi`` is the
+  lab's stand-in (fleetops_lab.hardware), reading a per-host "hardware" file that an EC2 stop-start
+  (new hardware) clears and a reboot keeps.
+
+kubectl is the stand-in tests/kubectl_standin/kubectl (no Kubernetes API server runs here; it keeps
+nodes in a JSON file and enforces cordon and taints). Everything else is real: the scans, the
+rollouts, the EC2 API calls, the power cycles.
+
+Pass 1 fixes lab-01 and lab-03 in software, stop-starts lab-02 and quarantines lab-04. Pass 2, after
+quarantine's clear time: lab-04 climbs to stop-start, and the policy's budget (1 stop-start an hour,
+spent on lab-02) holds it back, saying so. Pass 3, with the budget raised to 2: lab-04 is stop-started,
+its fault gone on "new hardware". Pass 4: every host clean, the ladders reset; lab-04 is still
+quarantined until `remediate unquarantine`, which removes only our taint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops_lab import Lab
+from fleetops_lab.hardware import inject_ecc, install_gpu
+from fleetops_lab.host_faults import (
+    UCX_UNFIXED_VERSION,
+    ensure_ucx_wheel,
+    install_crashloop_unit,
+    install_worker_service,
+    remove_crashloop_unit,
+    remove_worker_service,
+)
+from tests.helpers import REPO, boots, fleetops
+
+pytestmark = pytest.mark.lab
+CRASH, EVENT, UCX, ECC = "lab-01", "lab-02", "lab-03", "lab-04"
+STANDIN = REPO / "tests" / "kubectl_standin" / "kubectl"
+KEY = "fleetops.io/quarantine"
+FOREIGN = {"key": "example.com/maintenance", "value": "nic", "effect": "NoSchedule"}
+
+POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  stop-start: {{window: 1h, max: {stop_starts}}}
+rules:
+  - name: gpu-fatal
+    match:
+      - check: gpu_health
+        severity: [critical]
+        data: {{gpus.*.ecc_uncorrected_volatile: {{gte: 1}}}}
+    ladder:
+      - {{action: quarantine, clear_after: 1s}}
+      - {{action: stop-start, clear_after: 30m}}
+      - {{action: human, note: the fault survived new hardware}}
+  - name: ec2-event
+    match: [{{check: ec2_scheduled_event}}]
+    ladder:
+      - {{action: stop-start, clear_after: 30m}}
+      - {{action: human}}
+  - name: ucx
+    match: [{{check: ucx_mmap_hooks, data: {{fixable_unit: true}}}}]
+    ladder:
+      - {{action: fix, clear_after: 30m, params: {{ucx_fix: hooks-off, sample_seconds: 2}}}}
+      - {{action: human}}
+  - name: crashloop
+    match: [{{check: crashloop_unit}}]
+    ladder:
+      - {{action: fix, clear_after: 30m, params: {{sample_seconds: 2}}}}
+      - {{action: human}}
+"""
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    ensure_ucx_wheel(UCX_UNFIXED_VERSION)
+    lab = Lab()
+    lab.up(4, ec2=True)
+    try:
+        yield lab
+    finally:
+        remove_crashloop_unit(lab, CRASH)
+        remove_worker_service(lab, UCX, name="ucx-old")
+        lab.down()
+
+
+def _policy(tmp_path: Path, stop_starts: int) -> str:
+    path = tmp_path / f"policy-{stop_starts}.yml"
+    path.write_text(POLICY.format(stop_starts=stop_starts))
+    return str(path)
+
+
+def _pass(lab: Lab, env: dict[str, str], policy: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+    result = fleetops(
+        "remediate", "auto", "-i", str(lab.ec2_inventory_path()), "--policy", policy, "--sample-seconds", "3",
+        "--kubectl", str(STANDIN), "--canary", "0", "--format", "json", *extra, env=env,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.rc, json.loads(result.stdout), result.stderr
+
+
+def _decisions(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["host"]: d for d in doc["decisions"]}
+
+
+def _actions(doc: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
+    return [(a["action"], a["hosts"], a["done"]) for a in doc["actions"]]
+
+
+def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    kube = tmp_path / "kube.json"
+    nodes = {h: {} for h in (CRASH, EVENT, UCX)}
+    nodes[ECC] = {"taints": [FOREIGN]}  # someone else's taint: never ours to remove
+    kube.write_text(json.dumps({"nodes": nodes, "pods": [], "pdbs": []}))
+    env = {**env, "FLEETOPS_KUBECTL_STATE": str(kube)}
+    install_crashloop_unit(lab, CRASH, restart_sec=0.5)
+    install_worker_service(lab, UCX, name="ucx-old", ucx_version=UCX_UNFIXED_VERSION)
+    install_gpu(lab, ECC)
+    inject_ecc(lab, ECC, uncorrected=2)
+    time.sleep(6)  # let the unit crash a few times
+    boots_before = boots(lab, [EVENT, ECC])
+
+    # a dry run decides the same and changes nothing, records nothing
+    rc, dry, err = _pass(lab, env, _policy(tmp_path, 1))
+    d = _decisions(dry)
+    assert (d[CRASH]["action"], d[EVENT]["action"], d[UCX]["action"], d[ECC]["action"]) == (
+        "fix", "stop-start", "fix", "quarantine",
+    ), err  # fmt: skip
+    assert not (Path(env["FLEETOPS_STATE_DIR"]) / "auto" / "ladder.json").exists()
+    node = json.loads(kube.read_text())["nodes"][ECC]  # the stand-in fills in its defaults when it reads
+    assert node["taints"] == [FOREIGN] and not node.get("unschedulable") and not node.get("annotations")
+
+    # pass 1: software fixes, the EC2 event host stop-started, the ECC host quarantined
+    rc, one, err = _pass(lab, env, _policy(tmp_path, 1), "--apply")
+    assert rc == 0, err
+    acted = {(a, tuple(h), tuple(done)) for a, h, done in _actions(one)}
+    assert acted == {
+        ("fix", (CRASH,), (CRASH,)),
+        ("fix", (UCX,), (UCX,)),
+        ("quarantine", (ECC,), (ECC,)),
+        ("stop-start", (EVENT,), (EVENT,)),
+    }, err
+    node = json.loads(kube.read_text())["nodes"][ECC]
+    assert node["unschedulable"] is True
+    assert sorted(t["key"] for t in node["taints"]) == sorted([FOREIGN["key"], KEY])
+    after_one = boots(lab, [EVENT, ECC])
+    assert after_one[EVENT][1] == boots_before[EVENT][1] + 1  # powered off and on, once
+    assert after_one[EVENT][0] != boots_before[EVENT][0]
+    assert after_one[ECC] == boots_before[ECC]  # quarantine does not touch the host
+
+    # pass 2: the ECC host climbs to stop-start; the budget (1 an hour, spent on lab-02) says no
+    rc, two, err = _pass(lab, env, _policy(tmp_path, 1), "--apply")
+    assert rc == 0, err
+    d = _decisions(two)
+    assert d[ECC]["status"] == "budget" and d[ECC]["rung_action"] == "stop-start", d[ECC]
+    assert "stop-start 1/h across the fleet used" in d[ECC]["reason"]
+    assert "budget: stop-start 1/h across the fleet used" in err  # the operator is told
+    assert {d[h]["status"] for h in (CRASH, EVENT, UCX)} == {"clean"}, two
+    assert _actions(two) == []
+
+    # pass 3: the budget raised to 2: stop-start, new hardware, the fault gone, the gate passed
+    rc, three, err = _pass(lab, env, _policy(tmp_path, 2), "--apply")
+    assert rc == 0, err
+    assert _actions(three) == [("stop-start", [ECC], [ECC])], err
+    after_three = boots(lab, [ECC])
+    assert after_three[ECC][1] == boots_before[ECC][1] + 1 and after_three[ECC][0] != boots_before[ECC][0]
+    rc, four, err = _pass(lab, env, _policy(tmp_path, 2), "--apply")
+    assert rc == 0, err
+    d = _decisions(four)
+    assert {x["status"] for x in d.values()} == {"clean"}, four
+    assert "gpu-fatal" in d[ECC]["still_quarantined"]
+    assert json.loads((Path(env["FLEETOPS_STATE_DIR"]) / "auto" / "ladder.json").read_text())["hosts"] == {}
+
+    # the quarantine is released by a person: only our taint and cordon go
+    freed = fleetops(
+        "remediate", "unquarantine", "-i", str(lab.ec2_inventory_path()), "-l", ECC, "--apply",
+        "--kubectl", str(STANDIN), "--sample-seconds", "2", "--canary", "0", env=env,
+    )  # fmt: skip
+    assert freed.rc == 0, freed.stderr
+    node = json.loads(kube.read_text())["nodes"][ECC]
+    assert node["taints"] == [FOREIGN] and node.get("unschedulable") is False
