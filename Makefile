@@ -73,11 +73,12 @@ molecule: $(STAMP)
 # make test also runs the EE (podman) and VM (QEMU) scenarios in tests/integration: their packages too.
 # The unit and package suites run on 2 xdist workers, a whole file per worker (module-scoped fixtures
 # such as a moto_server stay one per file); the lab tests run alone (one lab per machine). Both run
-# even when the first fails, so that one CI run reports every failure.
+# even when the first fails, so that one CI run reports every failure. Each prints its slowest tests
+# (--durations): where CI's time goes, in CI's log.
 test: deps lint sanity
 	@bash tools/debian-deps.sh --ee --vm
-	rc=0; $(BIN)/pytest -q -n 2 --dist loadfile tests/unit tests/fleetops || rc=$$?; \
-	$(BIN)/pytest -q tests/integration || rc=$$?; exit $$rc
+	rc=0; $(BIN)/pytest -q --durations=20 -n 2 --dist loadfile tests/unit tests/fleetops || rc=$$?; \
+	$(BIN)/pytest -q --durations=30 tests/integration || rc=$$?; exit $$rc
 	$(MAKE) --no-print-directory molecule
 
 bench: $(STAMP)
