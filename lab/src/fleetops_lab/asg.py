@@ -245,7 +245,9 @@ def serve(state_dir: Path, url: str) -> Reconciler:
 def _use_address_tag(inventory: Path) -> None:
     """The lab's EC2 inventory reaches a host at its address tag (a bound group instance), else its IP."""
     config = yaml.safe_load(inventory.read_text())
-    config.setdefault("compose", {})["ansible_host"] = ADDRESS_COMPOSE
+    compose = config.setdefault("compose", {})
+    compose["ansible_host"] = ADDRESS_COMPOSE
+    compose["fleetops_replace_address_tag"] = repr(ADDRESS_TAG)  # replace.yml reaches a new instance there
     text = inventory.read_text().split("\n", 1)[0] + "\n" + yaml.safe_dump(config, sort_keys=False)
     atomic_write(inventory, text)
 

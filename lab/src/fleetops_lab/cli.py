@@ -43,6 +43,8 @@ def _table(hosts: Sequence[LabHost]) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    if args.asg is not None or args.asg_members is not None:
+        return _up_asg(args)
     vm = args.count if args.vm == -1 else args.vm
     hosts = Lab().up(
         args.count,
@@ -54,6 +56,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         vm_cgroup=args.vm_cgroup,
     )
     print(_table(hosts))
+    return 0
+
+
+def _up_asg(args: argparse.Namespace) -> int:
+    """``up N --ec2 --asg K [--asg-members M]``: an Auto Scaling group of lab instances (fleetops_lab.asg)."""
+    from fleetops_lab import asg as lab_asg
+
+    if not args.ec2 or args.vm:
+        raise LabError("Failed to start the lab: --asg needs --ec2 (the group is moto's) and no --vm")
+    lab_asg.up(
+        args.count,
+        args.asg or 0,
+        args.asg_members,
+        progress=None if args.quiet else _progress,
+        timeout=args.timeout,
+    )
+    print(_table(Lab().status()))
     return 0
 
 
@@ -156,6 +175,22 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
         action="store_true",
         help="also run a local EC2 endpoint (moto) whose instances are the lab hosts, in two AZs, one with a "
         "scheduled event; 'fleetops-lab inventory --ec2' prints its fleetops.node.ec2 inventory",
+    )
+    up.add_argument(
+        "--asg",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --ec2: the instances form the Auto Scaling group fleetops-lab (moto), and K more lab hosts "
+        "boot as spares, powered off and not instances: each instance the group launches is bound to a spare, "
+        "which powers on; a terminated instance's host powers off (fleetops_lab.asg)",
+    )
+    up.add_argument(
+        "--asg-members",
+        type=int,
+        default=None,
+        metavar="M",
+        help="with --asg: only the first M instances are members of the group (default: all N)",
     )
     up.add_argument(
         "--vm",
