@@ -276,11 +276,11 @@ def test_memory_reclaim_frees_zombies_and_leaves_other_cgroups_cache(lab: Lab, t
         assert result.json()["summary"]["changed"] == 1
         after = _dying(lab, host)
         assert after <= baseline + BASELINE_TOLERANCE, (baseline, after)
-        # The service's file mostly stays: memory.reclaim wrote only where dying cgroups hang. Its cgroup is a
-        # sibling of system.slice's own dying children (boot's transient units), so the write there takes a
-        # little of it (measured: 5% of 16 MiB); drop_caches takes all of it, as the next step shows.
+        # The service's file stays: memory.reclaim wrote only to the zombies' own parent (enough to get under
+        # min_zombies, so not to system.slice, whose few dying children sit beside the service: writing there
+        # took 5% of the file before targets were picked); drop_caches takes all of it, as the next step shows.
         kept = int(lab.run(host, "fincore -b -n -o RES /var/tmp/hot", check=True).stdout)
-        assert kept >= cached * 0.8, (cached, kept)
+        assert kept >= cached * 0.95, (cached, kept)
         dropped = int(
             lab.run(
                 host, "sync; echo 1 > /proc/sys/vm/drop_caches; fincore -b -n -o RES /var/tmp/hot", check=True
