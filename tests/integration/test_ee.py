@@ -22,7 +22,10 @@ The controller package in the EE (no lab needed: run them with -k fleetops_in_th
 auto --help` runs, the package's default policy passes `python -m fleetops.policy --check`, the package
 finds the collection the EE installed; and playbooks/remediate_auto.yml, run as an AWX job through the
 stream, runs the real `fleetops` there: given a policy it refuses, the job fails with exit 2's meaning and
-keeps the CLI's error as its artifacts.
+keeps the CLI's error as its artifacts. With the lab (its two hosts as instances of the lab's EC2
+endpoint), the same template's check job runs a real pass in the EE: the fleet listed through EC2, the
+hosts reached with the job's ssh key, scanned, decided by a project policy that leaves lab-02's
+scheduled EC2 event to a human: the job fails naming lab-02, a dry run that wrote no tag.
 
 Needs root, the lab (systemd-nspawn) and podman; `make test-ee` installs podman (tools/debian-deps.sh
 --ee) and builds the image first. Podman runs with ee/containers.conf (runc and lowered ulimits: crun
@@ -592,3 +595,82 @@ def test_remediate_auto_playbook_in_the_ee_runs_the_real_fleetops_and_fails_on_a
     assert artifacts["exit_code"] == 2 and any("bad-policy.yml" in line for line in artifacts["error"]), (
         artifacts
     )
+
+
+AUTO_POLICY = """\
+schema: fleetops.policy/v1
+description: an EC2 scheduled event needs a human (tests/integration/test_ee.py)
+rules:
+  - name: ec2-event
+    match:
+      - check: ec2_scheduled_event
+    ladder:
+      - {action: human, note: "an EC2 event: look at it"}
+"""
+
+
+def test_remediate_auto_job_in_the_ee_scans_the_lab_fleet_and_names_the_host_that_needs_a_human(
+    image: str, lab: Lab, tmp_path: Path
+) -> None:
+    """The "fleetops remediate auto" template's job, as an execution node runs it (the stream), a check job:
+    the real `fleetops` in the EE lists the fleet through the lab's EC2 endpoint (the project's
+    fleet_ec2 config), reaches the hosts with the job's machine credential (env/ssh_key: the worker's
+    ssh-agent), scans them and decides by the project's policy. lab-02 carries a scheduled EC2 event,
+    which that policy leaves to a human: the job fails naming lab-02, and its artifacts hold the pass
+    (a dry run: no ladder tag written)."""
+    pdd = tmp_path / "job"
+    project = pdd / "project"
+    (project / "playbooks").mkdir(parents=True)
+    shutil.copy(REPO / "playbooks" / "remediate_auto.yml", project / "playbooks" / "remediate_auto.yml")
+    (project / "policy.yml").write_text(AUTO_POLICY)
+    # the lab's EC2 config, its connection variables but the key (the job's credential) and known hosts
+    config = yaml.safe_load(lab.ec2_inventory_path().read_text())
+    for key in ("ansible_ssh_private_key_file", "ansible_ssh_common_args"):
+        config["compose"].pop(key)
+    (project / "lab.fleet_ec2.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (pdd / "inventory").mkdir()
+    (pdd / "inventory" / "hosts.yml").write_text("all:\n  hosts: {}\n")  # AWX's inventory: not this pass's
+    (pdd / "env").mkdir()
+    (pdd / "env" / "ssh_key").write_text(lab.key_path.read_text())
+    (pdd / "env" / "ssh_key").chmod(0o600)
+    # AWX's default job environment does not check host keys (AWX_TASK_ENV ANSIBLE_HOST_KEY_CHECKING)
+    (pdd / "env" / "envvars").write_text(yaml.safe_dump({"ANSIBLE_HOST_KEY_CHECKING": "False"}))
+    (pdd / "env" / "extravars").write_text(
+        yaml.safe_dump(
+            {
+                "fleetops_auto_policy": "policy.yml",
+                "fleetops_auto_inventory": "lab.fleet_ec2.yml",
+                "fleetops_sample_seconds": 0,
+                "awx_job_id": 4545,
+            }
+        )
+    )
+    (pdd / "env" / "cmdline").write_text("--check")
+    _, _, ec2 = _ec2(lab)
+    tags_before = ec2.describe_tags()["Tags"]
+    out = tmp_path / "processed"
+    proc, seconds = _stream(image, pdd, "playbooks/remediate_auto.yml", out)
+    print(f"remediate auto job in the EE over the lab fleet: {seconds:.1f} s")
+    text = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "artifacts" / "status").read_text().strip() == "failed" and proc.returncode == 2, text
+    events = _events(out)
+    (run,) = [
+        e
+        for e in events
+        if e["event"] == "runner_on_ok" and e["event_data"].get("task", "").startswith("Run one pass")
+    ]
+    res = run["event_data"]["res"]
+    assert res["rc"] == 1 and "--apply" not in res["cmd"], res  # a check job: a dry run
+    (failed,) = [e for e in events if e["event"] == "runner_on_failed"]
+    msg = failed["event_data"]["res"]["msg"]
+    assert msg.startswith("fleetops remediate auto exited 1: a host needs a human"), msg
+    assert "Needs a human: lab-02." in msg, msg
+    (stats,) = [e for e in events if e["event"] == "playbook_on_stats"]
+    document = stats["event_data"]["artifact_data"]["fleetops_auto"]
+    assert document["schema"] == "fleetops.auto/v1" and document["apply"] is False
+    decisions = {d["host"]: d for d in document["decisions"]}
+    assert sorted(decisions) == ["lab-01", "lab-02"], decisions
+    assert decisions["lab-02"]["status"] == "human" and decisions["lab-02"]["check"] == "ec2_scheduled_event"
+    assert decisions["lab-01"]["status"] != "human" and document["actions"] == []
+    # a dry run writes no tag
+    assert ec2.describe_tags()["Tags"] == tags_before
