@@ -22,7 +22,7 @@ def dying():
         for line in handle:
             if line.startswith("nr_dying_descendants "):
                 return int(line.split()[1])
-    raise SystemExit("no nr_dying_descendants in %s/cgroup.stat (not cgroup v2?)" % ROOT)
+    raise SystemExit(f"no nr_dying_descendants in {ROOT}/cgroup.stat (not cgroup v2?)")
 
 
 def enable_memory(cgroup):
@@ -35,10 +35,13 @@ def enable_memory(cgroup):
 
 def main():
     count, parent, pin = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if not os.path.exists(ROOT + "/cgroup.controllers"):
+        raise SystemExit(f"{ROOT} is not a cgroup v2 hierarchy (no cgroup.controllers)")
     with open(ROOT + "/cgroup.controllers") as handle:
         if "memory" not in handle.read().split():
-            raise SystemExit("the memory controller is not available in %s (cgroup v1 host?)" % ROOT)
-    own = [line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if line.startswith("0::")][0]
+            raise SystemExit(f"the memory controller is not available in {ROOT} (cgroup v1 host?)")
+    with open("/proc/self/cgroup") as handle:
+        own = next(line.split(":", 2)[2].strip() for line in handle if line.startswith("0::"))
     home = ROOT + own + "/cgroup.procs"
     parent_dir = ROOT + "/" + parent
     os.makedirs(parent_dir, exist_ok=True)
@@ -50,7 +53,7 @@ def main():
     fd = os.open(pin, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         for i in range(count):
-            cgroup = "%s/z%d" % (parent_dir, i)
+            cgroup = f"{parent_dir}/z{i}"
             os.mkdir(cgroup)
             with open(cgroup + "/cgroup.procs", "wb") as handle:
                 handle.write(pid)
