@@ -31,6 +31,8 @@ from typing import Any
 import pytest
 
 from fleetops_lab import Lab
+from fleetops_lab.ec2 import REGION, running
+from fleetops_lab.ec2sim import client
 from fleetops_lab.hardware import inject_ecc, install_gpu
 from fleetops_lab.host_faults import (
     UCX_UNFIXED_VERSION,
@@ -108,6 +110,20 @@ def _pass(lab: Lab, env: dict[str, str], policy: str, *extra: str) -> tuple[int,
     return result.rc, json.loads(result.stdout), result.stderr
 
 
+def _ladder_tags(lab: Lab) -> dict[str, str]:
+    """{Name: fleetops.io/ladder} as EC2 itself holds them (the lab's endpoint)."""
+    url = running(lab.state_dir)
+    assert url is not None
+    ec2 = client(url, REGION)
+    out = {}
+    for res in ec2.describe_instances()["Reservations"]:
+        for inst in res["Instances"]:
+            tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+            if "fleetops.io/ladder" in tags:
+                out[tags["Name"]] = tags["fleetops.io/ladder"]
+    return out
+
+
 def _decisions(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {d["host"]: d for d in doc["decisions"]}
 
@@ -158,9 +174,16 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert after_one[EVENT][1] == boots_before[EVENT][1] + 1  # powered off and on, once
     assert after_one[EVENT][0] != boots_before[EVENT][0]
     assert after_one[ECC] == boots_before[ECC]  # quarantine does not touch the host
+    tags = _ladder_tags(lab)  # each host's ladder travels in its instance's tag too
+    assert sorted(tags) == [CRASH, EVENT, UCX, ECC], tags
+    assert tags[ECC].startswith("gpu-fatal=0:quarantine:") and tags[EVENT].startswith(
+        "ec2-event=0:stop-start:"
+    )
 
-    # pass 2: the ECC host climbs to stop-start; the budget (1 an hour, spent on lab-02) says no
-    rc, two, err = _pass(lab, env, _policy(tmp_path, 1), "--apply")
+    # pass 2, from another controller (an empty state directory, as an AWX job in a fresh container):
+    # the tags say where each ladder stands, so the ECC host climbs to stop-start; the budget (1 an
+    # hour), spent on lab-02 by the first controller as its tag records, says no
+    rc, two, err = _pass(lab, env, _policy(tmp_path, 1), "--apply", "--state-dir", str(tmp_path / "other"))
     assert rc == 0, err
     d = _decisions(two)
     assert d[ECC]["status"] == "budget" and d[ECC]["rung_action"] == "stop-start", d[ECC]
@@ -168,6 +191,7 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert "budget: stop-start 1/h across the fleet used" in err  # the operator is told
     assert {d[h]["status"] for h in (CRASH, EVENT, UCX)} == {"clean"}, two
     assert _actions(two) == []
+    assert sorted(_ladder_tags(lab)) == [ECC]  # the cleared ladders' tags are deleted
 
     # pass 3: the budget raised to 2: stop-start, new hardware, the fault gone, the gate passed
     rc, three, err = _pass(lab, env, _policy(tmp_path, 2), "--apply")
@@ -181,6 +205,7 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert {x["status"] for x in d.values()} == {"clean"}, four
     assert "gpu-fatal" in d[ECC]["still_quarantined"]
     assert json.loads((Path(env["FLEETOPS_STATE_DIR"]) / "auto" / "ladder.json").read_text())["hosts"] == {}
+    assert _ladder_tags(lab) == {}
 
     # the quarantine is released by a person: only our taint and cordon go
     freed = fleetops(
