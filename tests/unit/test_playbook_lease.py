@@ -19,17 +19,33 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetops.remediations import REMEDIATIONS
 from tests.paths import REPO
 from tests.unit.plugins.modules.test_ec2_lease import LEASE_BLOCK
 
 BIN = Path(sys.executable).parent
-PLAYBOOKS = sorted([*REPO.glob("playbooks/remediate_*.yml"), REPO / "playbooks" / "rolling_reboot.yml"])
+# Every playbook the rollout engine runs that changes hosts (the registry's; quarantine and unquarantine
+# change Kubernetes nodes through kubectl on the controller, not the hosts). remediate_auto.yml is not
+# here: it runs `fleetops remediate auto` on the controller, whose rollouts run these playbooks.
+KUBE_ONLY = frozenset({"quarantine", "unquarantine"})
+PLAYBOOKS = sorted(
+    {
+        REPO / "playbooks" / f"{r.playbook.rsplit('.', 1)[1]}.yml"
+        for r in REMEDIATIONS.values()
+        if r.name not in KUBE_ONLY
+    }
+)
 MODULE = "fleetops.node.ec2_lease"
 KNOBS = ("fleetops_lease", "fleetops_lease_rollout", "fleetops_lease_ttl")
 REBOOT_TTL = (
     "{{ fleetops_lease_ttl | default((fleetops_reboot_timeout | default(600) | int)"
     " + (fleetops_drain_timeout | default(600) | int) + 600) }}"
 )
+STOP_START_TTL = (  # a stop and a start
+    "{{ fleetops_lease_ttl | default((fleetops_stop_timeout | default(600) | int)"
+    " + (fleetops_start_timeout | default(600) | int) + 600) }}"
+)
+LONG_TTL = {"rolling_reboot.yml": REBOOT_TTL, "stop_start.yml": STOP_START_TTL}
 
 
 def _tested() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -71,8 +87,8 @@ def test_every_change_runs_under_the_lease(path: Path) -> None:
         assert block["always"] == [release], f"{path.name}: the release is not the tested one"
         got_take = dict(block["block"][0])
         want_take = dict(take)
-        if path.name == "rolling_reboot.yml":  # its lease must outlast a reboot + a drain
-            assert got_take[MODULE]["ttl"] == REBOOT_TTL
+        if path.name in LONG_TTL:  # its lease must outlast what one host's change waits for
+            assert got_take[MODULE]["ttl"] == LONG_TTL[path.name]
             got_take[MODULE] = {**got_take[MODULE], "ttl": want_take[MODULE]["ttl"]}
         assert got_take == want_take, f"{path.name}: the take is not the tested one"
         changes = block["block"][1:]

@@ -18,11 +18,22 @@ from pathlib import Path
 
 import yaml
 
+from fleetops.remediations import REMEDIATIONS as REGISTRY
 from fleetops.rollout.engine import BATCH_VARS
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-REMEDIATIONS = sorted([*REPO.glob("playbooks/remediate_*.yml"), REPO / "playbooks" / "rolling_reboot.yml"])
+# Every playbook the rollout engine runs that changes hosts (the registry's; quarantine and unquarantine
+# change Kubernetes nodes through kubectl on the controller, not the hosts). remediate_auto.yml is not
+# here: it runs `fleetops remediate auto` on the controller, whose rollouts run these playbooks.
+KUBE_ONLY = frozenset({"quarantine", "unquarantine"})
+REMEDIATIONS = sorted(
+    {
+        REPO / "playbooks" / f"{r.playbook.rsplit('.', 1)[1]}.yml"
+        for r in REGISTRY.values()
+        if r.name not in KUBE_ONLY
+    }
+)
 
 
 def test_every_remediation_playbook_defaults_to_one_host_and_stops_at_a_failure() -> None:
