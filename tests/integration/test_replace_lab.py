@@ -1,8 +1,8 @@
 """`fleetops remediate replace` on an Auto Scaling group of lab hosts (fleetops_lab.asg, moto's Auto Scaling).
 
 Three lab hosts are EC2 instances of the lab's moto endpoint: lab-01 and lab-02 form the group
-fleetops-lab (desired capacity 2), lab-03 is in no group; lab-04 is a spare lab host, powered off and no
-instance. Replacing lab-01 terminates its instance in the group; moto launches a replacement, which the
+fleetops-lab (desired capacity 2), lab-03 is in no group; lab-04 and lab-05 are spare lab hosts, powered
+off and no instances. Replacing lab-01 terminates its instance in the group; moto launches a replacement, which the
 lab's reconciler binds to lab-04 (powered on fresh) while lab-01 powers off. The rollout's gate is the
 playbook's own scan of the new instance over ssh. Through the lab's EC2 inventory, the real CLI, real
 ansible-playbook, real ssh.
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.lab
 def lab() -> Iterator[Lab]:
     lab = Lab()
     try:
-        assert lab_asg.up(3, 1, members=2) == (["lab-01", "lab-02"], ["lab-04"])
+        assert lab_asg.up(3, 2, members=2) == (["lab-01", "lab-02"], ["lab-04", "lab-05"])
         yield lab
     finally:
         lab.down()
@@ -153,3 +153,46 @@ def test_replace_dry_run_refusal_and_apply(lab: Lab, env: dict[str, str], tmp_pa
     scan_after = fleetops("scan", "-i", inventory, "--format", "json", "-q", env=env, timeout=300)
     hosts = scan_after.json()["hosts"]
     assert sorted(hosts) == ["lab-02", "lab-03", "lab-04"] and hosts["lab-04"]["status"] == "ok", hosts
+
+
+def _replace(
+    lab: Lab, env: dict[str, str], host: str, state: Path, *args: str
+) -> tuple[int, dict[str, Any], str]:
+    inventory = str(lab.ec2_inventory_path())
+    result = fleetops(
+        "remediate", "replace", "--apply", "-l", host, "-i", inventory, "--state", str(state), *args,
+        env=env, timeout=600,
+    )  # fmt: skip
+    return result.rc, json.loads(state.read_text())["results"][host], result.stdout + result.stderr
+
+
+def test_unhealthy_is_replaced_and_without_a_spare_the_host_fails(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    """After the first test: the group is lab-02 and lab-04; lab-05 is the last spare."""
+    names = _by_name(lab)
+    assert sorted(names) == ["lab-02", "lab-03", "lab-04"] and _power(lab)["lab-05"] == (False, False)
+    rc, outcome, out = _replace(
+        lab, env, "lab-02", tmp_path / "sick.json", "--method", "unhealthy", "--timeout", "120"
+    )
+    assert rc == 0 and outcome["status"] == "ok" and not outcome.get("gate"), out
+    (new,) = outcome["result"]["tasks"][0]["new_instances"]
+    assert new["name"] == "lab-05" and outcome["result"]["tasks"][0]["method"] == "unhealthy"
+    assert _instances(lab)[names["lab-02"]]["state"] == "terminated"
+    assert sorted(i["InstanceId"] for i in _group(lab)["Instances"]) == sorted(
+        [names["lab-04"], new["instance_id"]]
+    )
+    power = _power(lab)
+    assert power["lab-02"] == (False, False) and power["lab-05"] == (True, True)
+
+    # No spare left: the group launches an instance no lab host backs; the host fails at the timeout.
+    rc, outcome, out = _replace(lab, env, "lab-04", tmp_path / "none.json", "--timeout", "10")
+    assert rc == 3 and outcome["status"] == "failed", out
+    assert "is not back at its desired capacity 2 within 10 s" in outcome["msg"], outcome["msg"]
+    assert f"lacks the tag(s) {lab_asg.ADDRESS_TAG}" in outcome["msg"]
+    (unbound,) = [
+        i["InstanceId"] for i in _group(lab)["Instances"] if i["InstanceId"] not in _by_name(lab).values()
+    ]
+    log = (lab.state_dir / "ec2.log").read_text()
+    assert f"lab asg: no spare lab host left: {unbound} stays unbound" in log
+    assert _power(lab)["lab-04"] == (False, False)

@@ -17,7 +17,8 @@ module makes those instances lab hosts:
   moto 5.2 only records the status. The reconciler does what AWS does: it terminates such an instance
   in its group without lowering the desired capacity (the group then launches a replacement).
 
-Spares are booted fresh by ``up`` and never had a fault injected: a bound spare is a fresh host.
+A spare is powered on fresh: its stand-in hardware faults (``fleetops_lab.hardware``) are cleared first.
+A spare is used once: a host whose instance was terminated stays off.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class Reconciler:
             for i in instances
             if _tags(i).get("fleetops") == "lab" and i["State"]["Name"] not in ("shutting-down", "terminated")
         }
+        # a spare is used once: a host whose instance was terminated stays off (its tags keep its name)
+        used = {_tags(i).get("Name") for i in instances if _tags(i).get("fleetops") == "lab"}
         for inst in instances:
             tags, iid, state = _tags(inst), inst["InstanceId"], inst["State"]["Name"]
             if state in ("shutting-down", "terminated"):
@@ -192,7 +195,7 @@ class Reconciler:
                 continue
             if iid not in members or state != "running" or tags.get("Name"):
                 continue
-            free = [h for h in spares if h not in live and h not in self.failed]
+            free = [h for h in spares if h not in used and h not in self.failed]
             if not free:
                 if iid not in self.told:
                     self.told.add(iid)
@@ -217,6 +220,7 @@ class Reconciler:
                 ],
             )
             live.add(host)
+            used.add(host)
             self.say(f"lab asg: {iid} is {host} ({spares[host]})")
 
 
@@ -224,11 +228,13 @@ def lab_power(state_dir: Path) -> Power:
     """``Lab.power`` of the lab in ``state_dir``, for the reconciler in the lab's EC2 process."""
 
     def power(host: str, on: bool) -> None:
+        from fleetops_lab import hardware
         from fleetops_lab.core import Lab
 
-        Lab(state_dir=state_dir).power(
-            host, on, progress=lambda line: print(line, file=sys.stderr, flush=True)
-        )
+        lab = Lab(state_dir=state_dir)
+        if on and not lab.is_vm(host):
+            hardware.clear_hardware(lab, host)  # a fresh host: no stand-in hardware fault injected before
+        lab.power(host, on, progress=lambda line: print(line, file=sys.stderr, flush=True))
 
     return power
 
