@@ -142,7 +142,8 @@ class Reconciler:
             try:
                 self.step()
             except Exception as exc:  # the lab's EC2 must keep running; the log says why
-                self.say(f"lab asg: reconcile failed: {type(exc).__name__}: {exc}")
+                if not self._stop.is_set():  # not moto going down with the lab's EC2
+                    self.say(f"lab asg: reconcile failed: {type(exc).__name__}: {exc}")
             self._stop.wait(INTERVAL_S)
 
     # ---- one pass --------------------------------------------------------------------------
