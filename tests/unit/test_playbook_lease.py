@@ -45,7 +45,11 @@ STOP_START_TTL = (  # a stop and a start
     "{{ fleetops_lease_ttl | default((fleetops_stop_timeout | default(600) | int)"
     " + (fleetops_start_timeout | default(600) | int) + 600) }}"
 )
-LONG_TTL = {"rolling_reboot.yml": REBOOT_TTL, "stop_start.yml": STOP_START_TTL}
+REPLACE_TTL = (  # the group back at capacity, then the new host's ssh
+    "{{ fleetops_lease_ttl | default((fleetops_replace_timeout | default(600) | int)"
+    " + (fleetops_replace_connect_timeout | default(600) | int) + 600) }}"
+)
+LONG_TTL = {"rolling_reboot.yml": REBOOT_TTL, "stop_start.yml": STOP_START_TTL, "replace.yml": REPLACE_TTL}
 
 
 def _tested() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -136,8 +136,13 @@ def test_reclaim_memcg_defaults_are_the_scans_warning_level() -> None:
 
 
 # Knobs whose fallback is computed from other knobs, not a copy of the module's default: the reboot's
-# lease must outlast one batch (its reboot and drain timeouts plus a margin).
-COMPUTED = {("rolling_reboot.yml", "fleetops.node.ec2_lease", "ttl")}
+# lease must outlast one batch (its reboot and drain timeouts plus a margin), and so must stop-start's and
+# replace's.
+COMPUTED = {
+    ("rolling_reboot.yml", "fleetops.node.ec2_lease", "ttl"),
+    ("stop_start.yml", "fleetops.node.ec2_lease", "ttl"),  # a stop and a start
+    ("replace.yml", "fleetops.node.ec2_lease", "ttl"),  # the group's replacement and the new host's ssh
+}
 
 
 def _tasks(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
