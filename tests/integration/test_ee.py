@@ -609,20 +609,14 @@ rules:
 """
 
 
-def test_remediate_auto_job_in_the_ee_scans_the_lab_fleet_and_names_the_host_that_needs_a_human(
-    image: str, lab: Lab, tmp_path: Path
-) -> None:
-    """The "fleetops remediate auto" template's job, as an execution node runs it (the stream), a check job:
-    the real `fleetops` in the EE lists the fleet through the lab's EC2 endpoint (the project's
-    fleet_ec2 config), reaches the hosts with the job's machine credential (env/ssh_key: the worker's
-    ssh-agent), scans them and decides by the project's policy. lab-02 carries a scheduled EC2 event,
-    which that policy leaves to a human: the job fails naming lab-02, and its artifacts hold the pass
-    (a dry run: no ladder tag written)."""
-    pdd = tmp_path / "job"
+def _auto_job(lab: Lab, pdd: Path, policy: str, check: bool) -> Path:
+    """A "fleetops remediate auto" job's private data dir: the project (the playbook, `policy` as
+    policy.yml, the lab's EC2 config without the key and known hosts), the job's ssh key, and a check or
+    run job's command line."""
     project = pdd / "project"
     (project / "playbooks").mkdir(parents=True)
     shutil.copy(REPO / "playbooks" / "remediate_auto.yml", project / "playbooks" / "remediate_auto.yml")
-    (project / "policy.yml").write_text(AUTO_POLICY)
+    (project / "policy.yml").write_text(policy)
     # the lab's EC2 config, its connection variables but the key (the job's credential) and known hosts
     config = yaml.safe_load(lab.ec2_inventory_path().read_text())
     for key in ("ansible_ssh_private_key_file", "ansible_ssh_common_args"):
@@ -645,7 +639,34 @@ def test_remediate_auto_job_in_the_ee_scans_the_lab_fleet_and_names_the_host_tha
             }
         )
     )
-    (pdd / "env" / "cmdline").write_text("--check")
+    if check:
+        (pdd / "env" / "cmdline").write_text("--check")
+    return pdd
+
+
+def _pass(events: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job's "Run one pass" result and the pass's document from its artifacts."""
+    (run,) = [
+        e
+        for e in events
+        if e["event"] == "runner_on_ok" and e["event_data"].get("task", "").startswith("Run one pass")
+    ]
+    (stats,) = [e for e in events if e["event"] == "playbook_on_stats"]
+    document: dict[str, Any] = stats["event_data"]["artifact_data"]["fleetops_auto"]
+    res: dict[str, Any] = run["event_data"]["res"]
+    return res, document
+
+
+def test_remediate_auto_job_in_the_ee_scans_the_lab_fleet_and_names_the_host_that_needs_a_human(
+    image: str, lab: Lab, tmp_path: Path
+) -> None:
+    """The "fleetops remediate auto" template's job, as an execution node runs it (the stream), a check job:
+    the real `fleetops` in the EE lists the fleet through the lab's EC2 endpoint (the project's
+    fleet_ec2 config), reaches the hosts with the job's machine credential (env/ssh_key: the worker's
+    ssh-agent), scans them and decides by the project's policy. lab-02 carries a scheduled EC2 event,
+    which that policy leaves to a human: the job fails naming lab-02, and its artifacts hold the pass
+    (a dry run: no ladder tag written)."""
+    pdd = _auto_job(lab, tmp_path / "job", AUTO_POLICY, check=True)
     _, _, ec2 = _ec2(lab)
     tags_before = ec2.describe_tags()["Tags"]
     out = tmp_path / "processed"
@@ -674,3 +695,70 @@ def test_remediate_auto_job_in_the_ee_scans_the_lab_fleet_and_names_the_host_tha
     assert decisions["lab-01"]["status"] != "human" and document["actions"] == []
     # a dry run writes no tag
     assert ec2.describe_tags()["Tags"] == tags_before
+
+
+LADDER_POLICY = """\
+schema: fleetops.policy/v1
+description: two reclaims for an EC2 event, at most one an hour (tests/integration/test_ee.py)
+budgets:
+  reclaim: {window: 1h, max: 1}
+rules:
+  - name: ec2-event
+    match:
+      - check: ec2_scheduled_event
+    ladder:
+      - {action: reclaim, clear_after: 1s}
+      - {action: reclaim, clear_after: 1h}
+      - {action: human, note: "an EC2 event: look at it"}
+"""
+
+
+def test_remediate_auto_jobs_in_fresh_ees_carry_the_ladder_and_the_budget_in_the_ec2_tag(
+    image: str, lab: Lab, tmp_path: Path
+) -> None:
+    """Two run jobs of the "fleetops remediate auto" template, each in a fresh EE container (an empty
+    state directory), over the lab fleet. Job 1 takes lab-02's first rung (reclaim, a real rollout on
+    lab-02) and records it in the instance's fleetops.io/ladder tag. Job 2 knows it only from that tag:
+    lab-02 climbs to the second rung, and the policy's budget (1 reclaim an hour), spent by job 1 and
+    counted from the tag, holds it back, saying so."""
+    _, _, ec2 = _ec2(lab)
+    ids = {t["Value"]: t["ResourceId"] for t in ec2.describe_tags()["Tags"] if t["Key"] == "Name"}
+
+    def ladder_tags() -> dict[str, str]:
+        tags = ec2.describe_tags(Filters=[{"Name": "key", "Values": ["fleetops.io/ladder"]}])["Tags"]
+        names = {v: k for k, v in ids.items()}
+        return {names[t["ResourceId"]]: t["Value"] for t in tags}
+
+    def drop_ladder_tags() -> None:
+        for name in ladder_tags():
+            ec2.delete_tags(Resources=[ids[name]], Tags=[{"Key": "fleetops.io/ladder"}])
+
+    drop_ladder_tags()
+    try:
+        first = _auto_job(lab, tmp_path / "job1", LADDER_POLICY, check=False)
+        proc, seconds = _stream(image, first, "playbooks/remediate_auto.yml", tmp_path / "out1")
+        print(f"remediate auto job 1 (acts): {seconds:.1f} s")
+        res, doc = _pass(_events(tmp_path / "out1"))
+        text = res.get("stderr", "")[-3000:] + proc.stdout[-2000:]
+        assert "--apply" in res["cmd"] and doc["apply"] is True, text
+        decisions = {d["host"]: d for d in doc["decisions"]}
+        assert (decisions["lab-02"]["status"], decisions["lab-02"]["action"]) == ("act", "reclaim"), decisions
+        assert [(a["action"], a["hosts"]) for a in doc["actions"]] == [("reclaim", ["lab-02"])], doc[
+            "actions"
+        ]
+        assert "lab-02" in doc["actions"][0]["attempted"], doc["actions"]
+        tags = ladder_tags()
+        assert set(tags) == {"lab-02"}, tags  # the ladder travels with the instance
+        time.sleep(2)  # past the first rung's clear_after
+        second = _auto_job(lab, tmp_path / "job2", LADDER_POLICY, check=False)
+        proc, seconds = _stream(image, second, "playbooks/remediate_auto.yml", tmp_path / "out2")
+        print(f"remediate auto job 2 (held by the budget): {seconds:.1f} s")
+        res, doc = _pass(_events(tmp_path / "out2"))
+        assert (tmp_path / "out2" / "artifacts" / "status").read_text().strip() == "successful", res
+        assert res["rc"] == 0, res
+        decision = {d["host"]: d for d in doc["decisions"]}["lab-02"]
+        assert decision["status"] == "budget" and decision["rung"] == 1, decision
+        assert "reclaim" in decision["reason"], decision
+        assert doc["actions"] == [], doc["actions"]
+    finally:
+        drop_ladder_tags()
