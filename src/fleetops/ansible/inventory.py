@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +39,14 @@ class InventoryHost:
 
 
 def ansible_inventory_bin() -> Path:
-    """The ``ansible-inventory`` of this interpreter's environment (the venv's)."""
-    return Path(sys.executable).parent / "ansible-inventory"
+    """The ``ansible-inventory`` of this interpreter's environment: beside the interpreter (a venv),
+    else in its scripts directory (pip into a system Python: /usr/local/bin), else on PATH."""
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        candidate = folder / "ansible-inventory"
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("ansible-inventory")
+    return Path(found) if found else Path(sys.executable).parent / "ansible-inventory"
 
 
 def load_hosts(

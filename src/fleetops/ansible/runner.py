@@ -132,6 +132,12 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_NOCOWS": "1",
     }
+    if os.environ.get("ORIGINAL_STDOUT_CALLBACK"):
+        # run from inside an ansible-runner job (AWX runs `fleetops remediate auto` this way): its
+        # awx_display callback and callback path must not leak into our own runner, which would wrap
+        # that callback in itself (ansible-playbook exits 250); use the job's original callback
+        env["ANSIBLE_STDOUT_CALLBACK"] = os.environ["ORIGINAL_STDOUT_CALLBACK"]
+        env["ANSIBLE_CALLBACK_PLUGINS"] = ""
     root = paths.collection_root()
     if root is not None:
         env.setdefault("ANSIBLE_CONFIG", os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")))
