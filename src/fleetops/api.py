@@ -658,7 +658,10 @@ def auto(
     )
     if request.exclude:
         left_out = set(request.exclude)
-        report = {**report, "hosts": {h: e for h, e in (report.get("hosts") or {}).items() if h not in left_out}}
+        report = {
+            **report,
+            "hosts": {h: e for h, e in (report.get("hosts") or {}).items() if h not in left_out},
+        }
         hosts = [h for h in hosts if h.name not in left_out]
         obs.message(f"left out (--exclude): {' '.join(sorted(left_out))}", "dim")
     connection = connection_for(inventories) if request.ec2_tags else None
