@@ -21,7 +21,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and lab, molecule (root)"
-	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 6 min)"
+	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
@@ -62,7 +62,7 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-# VM lab hosts (QEMU, own kernels; TCG where KVM does not boot): about 6 min with 2 cores (root).
+# VM lab hosts (QEMU, own kernels; TCG where KVM does not boot): about 9 min on 2 idle cores (root).
 test-vm: $(STAMP)
 	@bash tools/debian-deps.sh --vm
 	$(BIN)/pytest -q tests/integration/test_vm_lab.py
