@@ -369,8 +369,8 @@ facts:
     ena:
       description:
         - Facts of C(ena_resets). C(interfaces) keyed by ENA interface (empty, with C(reason), on a host without
-          one; there C(ignored_log_lines) counts the ENA driver lines in the kernel log, never judged: no ENA
-          device, no resets), each with C(pci), C(counters) (the device-wide C(ethtool -S) counters the driver has),
+          one; there C(ignored_log_lines) counts the ENA driver lines in the kernel log, never judged (no ENA
+          device, no resets)), each with C(pci), C(counters) (the device-wide C(ethtool -S) counters the driver has),
           C(resets), C(resets_basis), C(log) (kernel-log reset lines by kind) and, with two samples, C(increase).
         - C(kernel_log) (C(source) kmsg, journal or null, C(error), C(read_ms)); C(recent) (the last reset lines);
           C(window_seconds) with two samples.
