@@ -53,55 +53,12 @@ options:
     description: Seconds between two reads of the instance's state while waiting (above 0, at most 60).
     type: float
     default: 5.0
-  endpoint_url:
-    description:
-      - Use this EC2 endpoint instead of AWS's, for example a local emulator (moto). Default the
-        environment variable C(AWS_ENDPOINT_URL_EC2), else C(AWS_ENDPOINT_URL).
-    type: str
-    aliases: [aws_endpoint_url, ec2_url]
-  aws_profile:
-    description: The named profile (shared credentials/config files) to use. Mutually exclusive with O(aws_access_key).
-    type: str
-    aliases: [profile, boto_profile]
-  aws_access_key:
-    description: The AWS access key ID. Requires O(aws_secret_key). Default boto3's own chain (environment, profile, role).
-    type: str
-    aliases: [access_key, aws_access_key_id, ec2_access_key]
-  aws_secret_key:
-    description: The AWS secret access key. Requires O(aws_access_key).
-    type: str
-    aliases: [secret_key, aws_secret_access_key, ec2_secret_key]
-  aws_session_token:
-    description: The AWS session token, for temporary credentials.
-    type: str
-    aliases: [session_token, aws_security_token, security_token]
-  max_attempts:
-    description: Attempts of one API call (throttling, HTTP 5xx and connection errors are retried).
-    type: int
-    default: 8
-  initial_backoff:
-    description: Seconds of the first wait between attempts (jittered, doubling).
-    type: float
-    default: 0.5
-  max_backoff:
-    description: The longest wait between attempts, in seconds.
-    type: float
-    default: 20.0
-  connect_timeout:
-    description: Seconds to wait for a connection.
-    type: float
-    default: 10.0
-  read_timeout:
-    description: Seconds to wait for an answer once connected.
-    type: float
-    default: 60.0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - fleetops.node.aws
 notes:
-  - The connection options (O(endpoint_url), credentials, retries, timeouts) and their environment
-    variables are the C(fleetops.node.ec2) inventory plugin's; C(fleetops remediate stop-start) hands
-    ansible-playbook its inventory's connection in the environment; AWX's Amazon Web Services credential
-    sets C(AWS_ACCESS_KEY_ID) and C(AWS_SECRET_ACCESS_KEY), which boto3 reads.
+  - C(fleetops remediate stop-start) hands ansible-playbook its inventory's EC2 connection in the
+    environment.
   - "IAM: C(ec2:DescribeInstances), C(ec2:StopInstances) and C(ec2:StartInstances) on the instance."
   - An instance's instance-store volumes (if any besides its EBS root) lose their data on a stop.
 attributes:
@@ -111,9 +68,6 @@ attributes:
     support: none
   platform:
     platforms: posix
-requirements:
-  - boto3
-  - tenacity
 seealso:
   - name: Stop and start Amazon EC2 instances
     description: What a stop and start does, and that the instance moves to new hardware.
