@@ -32,7 +32,7 @@ EPILOG = (
 
 def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
     """Add ``remediate auto`` beside the remediations (``sub``: remediate's sub-commands)."""
-    from fleetops.cli.remediate import _host_timeout, _max_unhealthy, _not_after
+    from fleetops.cli.remediate import _host_timeout, _kubectl_args, _max_unhealthy, _not_after
 
     p = sub.add_parser("auto", help=HELP, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument(
@@ -69,12 +69,7 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
                    help="each action's capacity floor (default: the action's)")  # fmt: skip
     p.add_argument("--not-after", type=_not_after, default=None, metavar="TIME",
                    help="no batch of any action starts at or after TIME (ISO 8601 or 90m, 2h)")  # fmt: skip
-    p.add_argument(
-        "--kubeconfig", metavar="FILE", help="kubeconfig for quarantine's kubectl (default: kubectl's own)"
-    )
-    p.add_argument(
-        "--kubectl", default=None, metavar="PATH", help="kubectl for quarantine (default: kubectl)"
-    )
+    _kubectl_args(p)  # quarantine's and unquarantine's kubectl
     add_format_arg(p)
     p.set_defaults(func=cmd_auto, resume=None)
 
