@@ -667,9 +667,9 @@ def auto(
     connection = connection_for(inventories) if request.ec2_tags else None
     tags: dict[str, auto_mod.TagTarget] = {}
     if connection is not None:
+        hostvars = {h.name: h.hostvars for h in hosts}
         for host, target in lease_targets(hosts).items():
-            hv = next(h.hostvars for h in hosts if h.name == host)
-            value = (hv.get("ec2_tags") or {}).get(TAG_KEY)
+            value = (hostvars[host].get("ec2_tags") or {}).get(TAG_KEY)
             tags[host] = auto_mod.TagTarget(
                 target["instance"], target["region"], str(value) if value else None
             )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from fleetops.exitcodes import ExitCode
 from fleetops.policy import (
     HUMAN,
     MAX_WINDOW_S,
+    NO_GROUP,
     TAG_KEY,
     BudgetLedger,
     Decision,
@@ -230,7 +232,7 @@ def merge_tags(
                 for e in ledger.entries
             )
             if not seen:
-                ledger.record(rec.action, host, group_of(host) or "-", rec.last_tried, controller="tag")
+                ledger.record(rec.action, host, group_of(host) or NO_GROUP, rec.last_tried, controller="tag")
 
 
 @dataclass(frozen=True)
@@ -304,9 +306,7 @@ def run_pass(
     def group_of(host: str) -> str | None:
         return inputs.group_of.get(host)
 
-    sizes: dict[str, int] = {}
-    for host in inputs.group_of:
-        sizes[group_of(host) or "-"] = sizes.get(group_of(host) or "-", 0) + 1
+    sizes = Counter(group_of(h) or NO_GROUP for h in inputs.group_of)  # the whole selection's groups
     with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
         ladder = LadderState.load(ladder_path)
         ledger = BudgetLedger.load(ledger_path)
@@ -314,7 +314,6 @@ def run_pass(
         merge_tags(
             ladder, ledger, {h: t.value for h, t in inputs.tags.items() if t.value}, group_of, now, warn
         )
-        before = {h: ladder.tag_value(h) for h in inputs.tags}
         result.decisions = decide(inputs.policy, inputs.scan_report, ladder, ledger, now, group_of, sizes)
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
@@ -351,9 +350,8 @@ def run_pass(
                 ledger.save(ledger_path, clock())
                 if inputs.connection is not None and inputs.tags:
                     after = {h: ladder.tag_value(h) for h in inputs.tags}
-                    new = {h: v for h, v in after.items() if v != before.get(h) or v != inputs.tags[h].value}
                     try:
-                        result.tag_writes = write_tags(inputs.connection, inputs.tags, new)
+                        result.tag_writes = write_tags(inputs.connection, inputs.tags, after)
                     except FleetopsError as exc:
                         warn(f"{exc}; the state directory has the ladders")
     return result
