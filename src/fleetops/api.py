@@ -35,11 +35,11 @@ from fleetops.ansible.inventory import (
     load_hosts,
     load_targets,
 )
-from fleetops.errors import UsageError
+from fleetops.errors import Signalled, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.planner import MaxParallel, Plan
 from fleetops.planner import plan as plan_batches
-from fleetops.policy import TAG_KEY, default_policy_path, load_policy
+from fleetops.policy import TAG_KEY, Policy, default_policy_path, load_policy
 from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
@@ -642,6 +642,34 @@ class AutoResult:
         return json.dumps(self.document, indent=2, default=str)
 
 
+@contextlib.contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``Signalled`` (exit 143 / 129) instead of killing the process, so a
+    ``remediate auto`` pass stopped outside a rollout (its scan, between two actions) still saves
+    what it attempted. Only the first is raised; later ones are ignored while the state is saved.
+    Inside a rollout, ``_ctrl_c``'s handlers take over (and give these back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    fired = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal fired
+        if fired:
+            return
+        fired = True
+        raise Signalled(signum, ExitCode.TERMINATED if signum == signal.SIGTERM else ExitCode.HANGUP)
+
+    for signum in previous:
+        signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
 def auto(
     request: AutoRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
 ) -> AutoResult:
@@ -651,6 +679,13 @@ def auto(
     policy_path = request.policy if request.policy is not None else default_policy_path()
     policy = load_policy(policy_path)
     auto_mod.check_policy_actions(policy, str(policy_path))
+    with _signals_unwind() if handle_signals else contextlib.nullcontext():
+        return _auto(request, obs, policy, policy_path, handle_signals)
+
+
+def _auto(
+    request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_path: Path, handle_signals: bool
+) -> AutoResult:
     inventories = paths.resolve_inventories(request.inventory)
     hosts = _targets(inventories, request.limit, request.group_by)
     report = run_scan(

@@ -17,7 +17,12 @@ The pure part is :mod:`fleetops.policy` (``decide``, ``commit``); this module ru
    for free); hosts the scan showed clean have their ladders reset; and each EC2 host's ladder tag is
    rewritten (deleted when it has none left). A dry run records nothing.
 
-Exit: 3 when a host could not be scanned or an action's rollout did not finish every host; 1 when a
+Ctrl-C (stop after the batch), SIGTERM or SIGHUP during an action ends that rollout as
+``fleetops remediate`` would (state saved for ``--resume``); the pass then starts no further action,
+records what was attempted (hosts caught mid-batch included) and exits 130 / 143 / 129. A SIGTERM
+or SIGHUP outside a rollout (the scan, between actions) unwinds the same way (``api.auto``).
+
+Exit: 130 / 143 / 129 when a signal stopped the pass; 3 when a host could not be scanned or an action's rollout did not finish every host; 1 when a
 host needs a human (the ladder reached ``human`` or ran out); else 0 (acting, waiting, blocked by a
 budget, clean).
 """
@@ -61,6 +66,8 @@ PASS_LOCK_TIMEOUT_S = 2.0  # another pass holds the state: fail at once rather t
 # the order a pass runs its actions in: cheap and local first, capacity-taking last
 ACTION_ORDER = ("fix", "disable-unit", "set-env", "reclaim", "quarantine", "reboot", "stop-start", "replace")
 REASON_MAX = 200  # the quarantine reason kept in the node's annotation
+# A rollout ended by Ctrl-C, SIGTERM or SIGHUP: the pass starts no further action and exits with it.
+SIGNAL_CODES = frozenset({ExitCode.INTERRUPTED, ExitCode.TERMINATED, ExitCode.HANGUP})
 
 Say = Callable[[str, str], None]  # (text, style)
 
@@ -100,6 +107,9 @@ class PassResult:
 
     @property
     def exit_code(self) -> ExitCode:
+        signalled = next((r.exit_code for r in self.runs if r.exit_code in SIGNAL_CODES), None)
+        if signalled is not None:
+            return signalled
         if any(d.status == "not_scanned" for d in self.decisions) or any(
             r.exit_code != ExitCode.OK for r in self.runs
         ):
@@ -336,6 +346,12 @@ def run_pass(
                     say(f"{action}: {exc}", "error")
                 result.runs.append(run)
                 attempted.update((h, action) for h in run.attempted)
+                if run.exit_code in SIGNAL_CODES:  # Ctrl-C or SIGTERM stopped that rollout: stop the pass
+                    say(
+                        f"{action}: {run.exit_code.name.lower()}; the pass starts no further action",
+                        "warning",
+                    )
+                    break
         finally:
             if inputs.apply:
                 commit(

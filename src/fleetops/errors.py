@@ -13,3 +13,14 @@ class UsageError(FleetopsError):
     """Bad command line, configuration or input file: exit 2."""
 
     exit_code = 2
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP outside a rollout's own handler (e.g. between the actions of a
+    ``remediate auto`` pass): unwinds like Ctrl-C, so ``finally`` blocks save state, and ends
+    the command with ``exit_code`` (143 / 129)."""
+
+    def __init__(self, signum: int, exit_code: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = exit_code

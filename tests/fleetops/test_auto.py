@@ -8,6 +8,10 @@ by tests/integration/test_auto_lab.py); the policy, its state files and their lo
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -236,6 +240,81 @@ def test_an_interrupted_pass_still_records_what_it_attempted(tmp_path: Path) -> 
     ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
     assert ladder.get("lab-01", "crashloop") is not None
     assert ladder.get("lab-03", "gpu-fatal") is None
+
+
+def test_a_rollout_stopped_by_a_signal_ends_the_pass_and_its_caught_hosts_climb(tmp_path: Path) -> None:
+    """SIGTERM mid-batch: the engine saves the rollout with the batch's hosts ``running`` and
+    exits 143; the pass must not start the next action, and the caught hosts count as attempted."""
+
+    class Terminated(Runner):
+        def __call__(self, action: str, hosts: Sequence[str], params: Mapping[str, Any]) -> auto.ActionRun:
+            self.calls.append((action, list(hosts), dict(params)))
+            return auto.ActionRun(action, tuple(hosts), params, attempted=frozenset(hosts),
+                                  exit_code=ExitCode.TERMINATED)  # fmt: skip
+
+    runner = Terminated()
+    scan = report(**{"lab-01": [CRASHLOOP], "lab-03": [ecc()]})
+    result, lines = run(tmp_path, scan, runner, T0)
+    assert [c[0] for c in runner.calls] == ["fix"]  # quarantine never started
+    assert result.exit_code == ExitCode.TERMINATED
+    assert any("the pass starts no further action" in line for line in lines)
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-01", "crashloop") is not None
+    assert ladder.get("lab-03", "gpu-fatal") is None
+
+
+_SIGTERM_PASS = """
+import sys, time
+from pathlib import Path
+from fleetops import api, auto
+from fleetops.cli.errors import run_main
+from fleetops.exitcodes import ExitCode
+from fleetops.policy import default_policy_path, load_policy
+
+tmp = Path(sys.argv[1])
+
+def run_action(action, hosts, params):
+    if action == "quarantine":  # the second action: still planning when the signal comes
+        (tmp / "ready").write_text("")
+        time.sleep(60)
+    return auto.ActionRun(action, tuple(hosts), params, attempted=frozenset(hosts), done=frozenset(hosts))
+
+def main():
+    scan = {"hosts": {"lab-01": {"status": "ok", "findings": [%(crash)r]},
+                      "lab-03": {"status": "ok", "findings": [%(ecc)r]}}}
+    inputs = auto.PassInputs(policy=load_policy(default_policy_path()), policy_source="default",
+                             scan_report=scan, group_of={"lab-01": "a", "lab-03": "a"},
+                             state_dir=tmp / "auto", apply=True)
+    with api._signals_unwind():
+        auto.run_pass(inputs, run_action, lambda text, style: print(text, flush=True))
+    return 0
+
+sys.exit(run_main("fleetops", main))
+"""
+
+
+def test_sigterm_between_actions_of_a_real_process_saves_the_pass_and_exits_143(tmp_path: Path) -> None:
+    """A real process and a real SIGTERM (what AWX sends a cancelled job), outside any rollout:
+    the pass unwinds, the first action's host is recorded, the signalled one is not, exit 143."""
+    script = _SIGTERM_PASS % {"crash": CRASHLOOP, "ecc": ecc()}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the pass never reached its second action"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == ExitCode.TERMINATED, (out, err)
+    assert "terminated (SIGTERM); the state is saved" in err
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-01", "crashloop") is not None
+    assert ladder.get("lab-03", "gpu-fatal") is None
+    assert not list((tmp_path / "auto").glob("*.tmp*"))  # no torn write left behind
 
 
 def test_a_second_pass_at_the_same_time_is_refused_with_exit_4(tmp_path: Path) -> None:
