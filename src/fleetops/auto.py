@@ -289,6 +289,26 @@ def _state_locks(directory: Path) -> Iterator[tuple[Path, Path]]:
         raise PassLockedError(f"another 'fleetops remediate auto' pass is running: {exc}") from None
 
 
+def _load_state(ladder_path: Path, ledger_path: Path) -> tuple[LadderState, BudgetLedger]:
+    """Both state files; an unreadable one stops the pass before anything is decided or changed
+    (exit 2), saying what moving it aside would cost."""
+    try:
+        ladder = LadderState.load(ladder_path)
+    except DocumentError as exc:
+        raise DocumentError(
+            exc.source, f"{exc.problem}; nothing was done. Moving it aside restarts every ladder from what "
+            f"the EC2 hosts' {TAG_KEY} tags still record (the others from their first rung)", exc.field,
+        ) from None  # fmt: skip
+    try:
+        ledger = BudgetLedger.load(ledger_path)
+    except DocumentError as exc:
+        raise DocumentError(
+            exc.source, f"{exc.problem}; nothing was done. Moving it aside forgets the budgets spent, except "
+            f"the latest rung each EC2 host's {TAG_KEY} tag records", exc.field,
+        ) from None  # fmt: skip
+    return ladder, ledger
+
+
 @dataclass
 class PassInputs:
     policy: Policy
@@ -318,8 +338,7 @@ def run_pass(
 
     sizes = Counter(group_of(h) or NO_GROUP for h in inputs.group_of)  # the whole selection's groups
     with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
-        ladder = LadderState.load(ladder_path)
-        ledger = BudgetLedger.load(ledger_path)
+        ladder, ledger = _load_state(ladder_path, ledger_path)
         now = clock()
         merge_tags(
             ladder, ledger, {h: t.value for h, t in inputs.tags.items() if t.value}, group_of, now, warn

@@ -23,6 +23,7 @@ from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import LadderState, default_policy_path, file_lock, load_policy, parse_policy
 from fleetops.remediations import REMEDIATIONS
+from fleetops.schemas import DocumentError
 
 H = 3600.0
 T0 = 1_800_000_000.0
@@ -315,6 +316,25 @@ def test_sigterm_between_actions_of_a_real_process_saves_the_pass_and_exits_143(
     assert ladder.get("lab-01", "crashloop") is not None
     assert ladder.get("lab-03", "gpu-fatal") is None
     assert not list((tmp_path / "auto").glob("*.tmp*"))  # no torn write left behind
+
+
+@pytest.mark.parametrize("name", [auto.LADDER_FILE, auto.LEDGER_FILE])
+def test_a_truncated_state_file_stops_the_pass_before_anything_runs(tmp_path: Path, name: str) -> None:
+    """A state file cut short (a full disk, a copy gone wrong): exit 2 naming it, no action run,
+    neither file rewritten, and the message says what moving it aside would cost."""
+    run(tmp_path, report(**{"lab-03": [ecc()]}), Runner(), T0)
+    state = tmp_path / "auto"
+    path = state / name
+    path.write_text(path.read_text()[:40])
+    before = {f.name: f.read_bytes() for f in state.glob("*.json")}
+    runner = Runner()
+    with pytest.raises(DocumentError, match="not valid JSON") as err:
+        run(tmp_path, report(**{"lab-01": [CRASHLOOP], "lab-03": [ecc()]}), runner, T0 + 2 * H)
+    assert err.value.exit_code == ExitCode.USAGE
+    assert err.value.source == str(path)
+    assert "nothing was done. Moving it aside" in str(err.value)
+    assert runner.calls == []
+    assert {f.name: f.read_bytes() for f in state.glob("*.json")} == before
 
 
 def test_a_second_pass_at_the_same_time_is_refused_with_exit_4(tmp_path: Path) -> None:
