@@ -166,7 +166,9 @@ def _reclaim_vars(p: Mapping[str, Any]) -> dict[str, Any]:
 def _fix_vars(p: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "fleetops_protected": list(p["protected"]),
-        **_set_only(min_zombies=p["min_zombies"], reboot_threshold=p["reboot_threshold"]),
+        **_set_only(
+            min_zombies=p["min_zombies"], reboot_threshold=p["reboot_threshold"], reclaim_method=p["method"]
+        ),
     }
 
 
@@ -432,6 +434,7 @@ REMEDIATIONS: dict[str, Remediation] = {
                 "protected": (),
                 "reboot_threshold": None,
                 "min_zombies": None,
+                "method": None,  # the reclaim's (None: the module's, drop_caches)
                 "ucx_fix": None,
             },
             extravars=_fix_vars,

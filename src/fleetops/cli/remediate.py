@@ -123,13 +123,18 @@ def _reclaim_args(p: argparse.ArgumentParser) -> None:
         help="zombies left after the reclaim that mark a host as needing a reboot "
         f"(>= 0; default: the module's, {warning})",
     )
+    _reclaim_method_arg(p)
+
+
+def _reclaim_method_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--method",
         choices=("drop_caches", "memory_reclaim", "both"),
         default=None,
-        help="drop_caches (default, the module's): every clean page cache page on the host; memory_reclaim "
-        "(cgroup v2, Linux >= 5.19): memory.reclaim of the cgroups the zombies hang under, what they pin and "
-        "little else; both: memory_reclaim, then drop_caches where zombies remain (README: memory.reclaim)",
+        help="how to reclaim: drop_caches (default, the module's): every clean page cache page on the host; "
+        "memory_reclaim (cgroup v2, Linux >= 5.19): memory.reclaim of the cgroups the zombies hang under, what "
+        "they pin and little else; both: memory_reclaim, then drop_caches where zombies remain (README: "
+        "memory.reclaim)",
     )
 
 
@@ -164,6 +169,7 @@ def _fix_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"see reclaim (>= 0; default: the module's, {warning})",
     )
+    _reclaim_method_arg(p)
     _set_env_ucx_fix_arg(p)
 
 
