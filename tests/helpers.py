@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -81,3 +83,37 @@ def boots(lab: Any, hosts: Sequence[str]) -> dict[str, tuple[str, int]]:
         text = lab.run(host, BOOTS_CMD, check=True).stdout.split()
         out[host] = (text[0], int(text[1]))
     return out
+
+
+def kill_tree(root: int) -> list[int]:
+    """SIGKILL ``root`` and every process descended from it, as a controller machine dying would:
+    ansible-runner puts ansible-playbook in a session of its own, so a kill of the CLI's process group
+    alone leaves the batch running. All are stopped first (no fork escapes), then killed. The pids."""
+
+    def children() -> dict[int, list[int]]:
+        tree: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            tree.setdefault(ppid, []).append(int(entry))
+        return tree
+
+    found: list[int] = []
+    for _ in range(3):  # a child forked while we walked is caught on the next round
+        tree, todo = children(), [root]
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.append(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            todo.extend(tree.get(pid, []))
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return found

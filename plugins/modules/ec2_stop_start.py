@@ -30,7 +30,7 @@ description:
     plugin.
   - In check mode it only describes the instance and reports what it would do.
   - Always changes an instance it acts on; a stop-start is an action, not a state, and running it again
-    moves the instance again.
+    moves the instance again (O(finish=true) only completes one already under way).
 options:
   instance_id:
     description: The instance, e.g. the C(ec2_instance_id) hostvar the C(fleetops.node.ec2) inventory sets.
@@ -53,6 +53,16 @@ options:
     description: Seconds between two reads of the instance's state while waiting (above 0, at most 60).
     type: float
     default: 5.0
+  finish:
+    description:
+      - Only finish a stop-start that a killed run left half done, never begin one. An instance found
+        C(stopping) is waited for and started, one found C(stopped) is started; one C(running) or
+        C(pending) is left alone (not changed).
+      - The C(fleetops.node.stop_start) playbook uses it when C(fleetops remediate --resume) probes a host
+        caught mid-batch, so a controller killed between the stop and the start does not leave the
+        instance stopped.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - fleetops.node.aws
@@ -273,6 +283,11 @@ def run(module, instance, params, result):
             % (instance.id, before["root_device_type"] or "unknown")
         )
     actions = plan(before["state"])
+    if params["finish"] and before["state"] in ("running", "pending"):
+        result.update(
+            actions=[], msg="instance %s is %s: no stop-start to finish" % (instance.id, before["state"])
+        )
+        return result
     if not actions:
         raise StopStartError(
             "Failed to stop-start instance %s: it is %s, not running, stopping or stopped"
@@ -313,6 +328,7 @@ def argument_spec():
         stop_timeout=dict(type="int", default=600),
         start_timeout=dict(type="int", default=600),
         poll_interval=dict(type="float", default=5.0),
+        finish=dict(type="bool", default=False),
     )
     spec.update(aws.argument_spec())
     spec["aws_access_key"]["no_log"] = False  # an access key id is not a secret (the secret key is)

@@ -12,6 +12,8 @@ Run under `flock /tmp/fleetops-lab.lock`; three nspawn hosts.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,8 +24,9 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab, hardware
-from fleetops_lab.ec2sim import EVENT_TAG, client
-from tests.helpers import boots, fleetops
+from fleetops_lab.ec2sim import EVENT_TAG, STOP_SECONDS_TAG, client
+from tests.helpers import FLEETOPS, boots, fleetops, kill_tree
+from tests.paths import REPO
 
 pytestmark = pytest.mark.lab
 
@@ -177,6 +180,58 @@ def test_a_host_without_an_instance_id_is_refused(lab: Lab, env: dict[str, str])
     )
     assert result.json()["hosts"] == {"lab-02": "failed"}
     assert boots(lab, HOSTS) == before
+
+
+def test_a_controller_killed_between_the_stop_and_the_start_is_finished_by_resume(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL (a dying controller) once the instance is stopped: it stays stopped, powered off; the
+    resume's probe starts it (never stops it again), sees the new boot id, and judges it by the gate:
+    done, exactly one power cycle."""
+    host, state = "lab-01", tmp_path / "killed.json"
+    iid = _instance(lab, host)["InstanceId"]
+    # EC2 takes a while to stop an instance (moto: no time): 20 s "stopping", the window the controller dies in
+    _ec2(lab).create_tags(Resources=[iid], Tags=[{"Key": STOP_SECONDS_TAG, "Value": "20"}])
+    lab.run(host, "journalctl --flush", check=True)
+    before = boots(lab, HOSTS)
+    inventory = lab.ec2_inventory_path()
+    argv = [str(FLEETOPS), "remediate", "stop-start", "-i", str(inventory), "-l", host, "--apply",
+            "--cooldown", "0", "--lease-settle", "0.5", "--stop-timeout", "60", "--start-timeout", "120",
+            "--state", str(state)]  # fmt: skip
+    first = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        seen = ""
+        while time.monotonic() < deadline and first.poll() is None:
+            seen = _instance(lab, host)["State"]["Name"]
+            if seen == "stopping":
+                break
+            time.sleep(0.2)
+        # The controller dies mid-stop: the CLI and ansible-playbook with it (ansible-runner runs it in a
+        # session of its own: a process-group kill would spare it, and it would finish the stop-start).
+        kill_tree(first.pid)
+    finally:
+        first.wait(timeout=30)
+    assert seen == "stopping", (seen, first.stderr.read() if first.stderr else "")
+    (status,) = [h for h in lab.status(probe_ssh=False) if h.name == host]
+    assert not status.running  # really powered off
+    deadline = time.monotonic() + 60
+    while _instance(lab, host)["State"]["Name"] == "stopping" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _instance(lab, host)["State"]["Name"] == "stopped"  # and nobody starts it: the controller is dead
+    assert json.loads(state.read_text())["hosts"] == {host: "running"}
+
+    resumed = fleetops("remediate", "--resume", str(state), "--format", "json", env=env, timeout=600)
+    assert resumed.rc == 0, resumed.stdout + resumed.stderr
+    assert resumed.json()["status"] == "done" and resumed.json()["hosts"] == {host: "done"}
+    assert "already rebooted (boot id changed): not rebooting again" in resumed.stderr, resumed.stderr
+    assert _instance(lab, host)["State"]["Name"] == "running"
+    after = boots(lab, HOSTS)
+    assert after[host][0] != before[host][0] and after[host][1] == before[host][1] + 1  # one power cycle
+    for other in HOSTS:
+        if other != host:
+            assert after[other] == before[other], other
 
 
 def test_terminating_an_instance_powers_its_host_off(lab: Lab) -> None:

@@ -14,6 +14,8 @@
   started EBS instance leaves the hardware the event was about;
 * report ``rootDeviceType`` ``instance-store`` in ``DescribeInstances`` answers for instances tagged
   ``fleetops:root-device=instance-store`` (moto makes every instance EBS-backed);
+* report an instance tagged ``fleetops:stop-seconds=N`` ``stopping`` in ``DescribeInstances`` answers
+  for N seconds after its ``StopInstances`` (moto says ``stopped`` at once; EC2 takes a while);
 * tell a ``power_hook`` about ``StopInstances`` / ``TerminateInstances`` (before moto answers:
   the caller sees the answer only once the hook returned) and ``StartInstances`` (after moto
   answered), per instance with its tags: the lab ties its hosts' power to their instances this way
@@ -47,6 +49,9 @@ from typing import Any
 
 EVENT_TAG = "fleetops:event"
 ROOT_DEVICE_TAG = "fleetops:root-device"
+# An instance tagged fleetops:stop-seconds=N is reported "stopping" for N seconds after a StopInstances
+# (moto stops at once; EC2 takes tens of seconds): the window a controller can die in mid stop-start.
+STOP_SECONDS_TAG = "fleetops:stop-seconds"
 # (phase "stop" | "terminate" | "start", instance id, its tags) -> None; see Ec2Proxy
 PowerHook = Callable[[str, str, dict[str, str]], None]
 _POWER_PHASES = {"StopInstances": "stop", "TerminateInstances": "terminate", "StartInstances": "start"}
@@ -289,6 +294,7 @@ class Ec2Proxy:
         self._throttle_left = throttle_first
         self._throttle_actions = frozenset(throttle_actions) if throttle_actions else None
         self._deny_actions = frozenset(deny_actions or ())
+        self._stopping_until: dict[str, float] = {}  # instance -> when it is reported stopped
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -383,6 +389,7 @@ class Ec2Proxy:
             status, headers, payload = self._forward(req.command, req.path, req.headers.items(), body)
             if status == 200 and phase == "stop":
                 self._complete_events(authorization, tags)
+                self._slow_stops(tags)
         except OSError as e:
             self._reply(
                 req, 502, [("Content-Type", "text/plain")], f"ec2proxy: upstream failed: {e}".encode()
@@ -393,7 +400,7 @@ class Ec2Proxy:
         if action == "DescribeInstanceStatus" and status == 200 and self.inject_events:
             payload = self._add_events(payload, authorization)
         if action == "DescribeInstances" and status == 200:
-            payload = self._root_devices(payload)
+            payload = self._rewrite_instances(payload)
         self._reply(req, status, headers, payload)
 
     def _power(self, phase: str, tags: dict[str, dict[str, str]]) -> None:
@@ -446,22 +453,39 @@ class Ec2Proxy:
                     found[item_id][kv["key"]] = kv.get("value", "")
         return found
 
-    def _root_devices(self, payload: bytes) -> bytes:
-        """rootDeviceType as the ``fleetops:root-device`` tag says (moto: always ebs)."""
-        if ROOT_DEVICE_TAG.encode() not in payload:
+    def _slow_stops(self, tags: dict[str, dict[str, str]]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for iid, instance_tags in tags.items():
+                with contextlib.suppress(KeyError, ValueError):
+                    self._stopping_until[iid] = now + float(instance_tags[STOP_SECONDS_TAG])
+
+    def _rewrite_instances(self, payload: bytes) -> bytes:
+        """rootDeviceType as the ``fleetops:root-device`` tag says (moto: always ebs); ``stopping`` for
+        an instance whose ``fleetops:stop-seconds`` have not passed since its stop (moto: stopped)."""
+        with self._lock:
+            now = time.monotonic()
+            stopping = {iid for iid, until in self._stopping_until.items() if until > now}
+        if ROOT_DEVICE_TAG.encode() not in payload and not any(i.encode() in payload for i in stopping):
             return payload
         root = ET.fromstring(payload)
         match = re.match(r"\{(.*)\}", root.tag)
         ET.register_namespace("", match.group(1) if match else "")
         for inst in root.iter():
-            tagset = next((c for c in inst if _local(c.tag) == "tagSet"), None)
-            device = next((c for c in inst if _local(c.tag) == "rootDeviceType"), None)
-            if tagset is None or device is None:
-                continue
-            for tag in tagset:
-                kv = {_local(c.tag): c.text or "" for c in tag}
-                if kv.get("key") == ROOT_DEVICE_TAG and kv.get("value"):
-                    device.text = kv["value"]
+            children = {_local(c.tag): c for c in inst}
+            tagset, device = children.get("tagSet"), children.get("rootDeviceType")
+            if tagset is not None and device is not None:
+                for tag in tagset:
+                    kv = {_local(c.tag): c.text or "" for c in tag}
+                    if kv.get("key") == ROOT_DEVICE_TAG and kv.get("value"):
+                        device.text = kv["value"]
+            iid, state = children.get("instanceId"), children.get("instanceState")
+            if iid is not None and state is not None and iid.text in stopping:
+                fields = {_local(c.tag): c for c in state}
+                if fields.get("name") is not None and fields["name"].text == "stopped":
+                    fields["name"].text = "stopping"
+                    if fields.get("code") is not None:
+                        fields["code"].text = "64"
         out: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
         return out
 

@@ -20,7 +20,15 @@ import pytest
 import yaml
 from ansible_collections.fleetops.node.plugins.modules import ec2_stop_start
 
-from fleetops_lab.ec2sim import EVENT_TAG, ROOT_DEVICE_TAG, Ec2Proxy, MotoServer, client, register_ami
+from fleetops_lab.ec2sim import (
+    EVENT_TAG,
+    ROOT_DEVICE_TAG,
+    STOP_SECONDS_TAG,
+    Ec2Proxy,
+    MotoServer,
+    client,
+    register_ami,
+)
 from tests.helpers import run_module
 from tests.paths import REPO
 
@@ -124,6 +132,46 @@ def test_a_stopped_instance_is_only_started(ec2: Endpoint, tmp_path: Path) -> No
     assert rc == 0, result
     assert result["before"]["state"] == "stopped"
     assert result["actions"] == ["wait stopped", "start", "wait running"]
+    assert ec2.proxy.calls["StopInstances"] == 0 and ec2.proxy.calls["StartInstances"] == 1
+    assert ec2.state(iid) == "running"
+
+
+def test_finish_starts_an_instance_a_killed_run_left_stopped(ec2: Endpoint, tmp_path: Path) -> None:
+    """finish=true (a resume's probe): a stopped instance is started, never stopped again."""
+    iid = ec2.launch()
+    client(ec2.moto_url, REGION).stop_instances(InstanceIds=[iid])
+    rc, result = ec2.run(tmp_path, iid, finish=True)
+    assert rc == 0, result
+    assert result["changed"] is True and result["before"]["state"] == "stopped"
+    assert result["actions"] == ["wait stopped", "start", "wait running"]
+    assert ec2.proxy.calls["StopInstances"] == 0 and ec2.proxy.calls["StartInstances"] == 1
+    assert ec2.state(iid) == "running"
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_finish_leaves_a_running_instance_alone(ec2: Endpoint, tmp_path: Path, check: bool) -> None:
+    iid = ec2.launch()
+    rc, result = ec2.run(tmp_path, iid, *(["--check"] if check else []), finish=True)
+    assert rc == 0, result
+    assert result["changed"] is False and result["actions"] == [], result
+    assert result["msg"] == f"instance {iid} is running: no stop-start to finish"
+    assert ec2.proxy.calls["StopInstances"] == 0 and ec2.proxy.calls["StartInstances"] == 0
+    assert ec2.hooked == [] and ec2.state(iid) == "running"
+
+
+def test_finish_waits_out_a_slow_stop_then_starts(ec2: Endpoint, tmp_path: Path) -> None:
+    """The proxy reports an instance tagged fleetops:stop-seconds=N "stopping" for N s after its stop
+    (EC2 is slow, moto is not): finish waits until it is stopped, then starts it."""
+    iid = ec2.launch(**{STOP_SECONDS_TAG: "5"})  # well past the module's start-up
+    proxied = client(ec2.proxy.url, REGION)
+    proxied.stop_instances(InstanceIds=[iid])
+    seen = proxied.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]
+    assert seen == {"Code": 64, "Name": "stopping"} and ec2.state(iid) == "stopped"  # moto: at once
+    rc, result = ec2.run(tmp_path, iid, finish=True)
+    assert rc == 0, result
+    assert result["before"]["state"] == "stopping"
+    assert result["actions"] == ["wait stopped", "start", "wait running"]
+    assert ec2.proxy.calls["DescribeInstances"] >= 4  # polled while it was stopping, then once running
     assert ec2.proxy.calls["StopInstances"] == 0 and ec2.proxy.calls["StartInstances"] == 1
     assert ec2.state(iid) == "running"
 
