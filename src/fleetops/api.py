@@ -31,7 +31,6 @@ from fleetops.ansible import facts
 from fleetops.ansible.inventory import (
     DEFAULT_GROUP_VARS,
     InventoryHost,
-    load_groups,
     load_hosts,
     load_targets,
 )
@@ -44,7 +43,7 @@ from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
-from fleetops.rollout.batch import InventoryScanner, PlaybookBatchRunner
+from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, Engine, NullObserver, RolloutObserver
 from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S, connection_for, lease_targets
@@ -54,6 +53,7 @@ from fleetops.rollout.preflight import preflight
 from fleetops.rollout.state import (
     HOST_DONE,
     HOST_FAILED,
+    HOST_PENDING,
     HOST_RUNNING,
     HOST_SKIPPED,
     Rollout,
@@ -553,6 +553,27 @@ def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
         signal.signal(signal.SIGHUP, previous_hup)
 
 
+def _leave_out_gone(rollout: Rollout, present: frozenset[str], observer: RolloutObserver) -> None:
+    """Hosts a resume would still act on (pending, caught mid-batch, failed) that the inventory no
+    longer lists are left out (skipped, never exit 0): no limit can reach them, and a host missing from
+    a limit is not an error ansible reports. Done hosts stay done (a replaced instance is gone)."""
+    gone = [
+        h for h, s in rollout.hosts.items()
+        if s in (HOST_PENDING, HOST_RUNNING, HOST_FAILED) and h not in present
+    ]  # fmt: skip
+    for host in gone:
+        rollout.hosts[host] = HOST_SKIPPED
+        previous = rollout.results.get(host)
+        rollout.results[host] = HostOutcome(
+            status="skipped",
+            before=previous.before if previous is not None else None,
+            msg=f"resume: {NOT_IN_INVENTORY}: left out, not touched",
+        )
+        observer.message(f"resume: {host} is {NOT_IN_INVENTORY}: left out, not touched", "warning")
+    if gone:
+        rollout.save()
+
+
 def _execute(
     rollout: Rollout,
     remediation: Remediation,
@@ -560,9 +581,12 @@ def _execute(
     break_lock: bool | str,
     handle_signals: bool,
 ) -> Rollout:
-    targets = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
     inventory = [Path(p) for p in rollout.inventory]
-    groups = load_groups(inventory)  # a resume's hosts are checked again: groups may have come since
+    # A resume's hosts are checked again: groups may have come since, hosts may have gone.
+    listing = load_targets(inventory)
+    groups, present = listing.groups, frozenset(h.name for h in listing.hosts)
+    _leave_out_gone(rollout, present, observer)
+    targets = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
     guards.check_target_names(targets, groups)
     if rollout.apply:
         ensure_audit_writable()  # never change a host unaudited (AuditError, exit 3, nothing changed)
@@ -571,7 +595,7 @@ def _execute(
             rollout=rollout,
             actions=remediation.actions,
             runner=PlaybookBatchRunner(remediation.playbook, inventory),
-            scanner=InventoryScanner(inventory, groups),
+            scanner=InventoryScanner(inventory, groups, present),
             observer=observer,
             gate_check=remediation.gate,
             probe_vars=remediation.probe_vars,

@@ -1043,3 +1043,34 @@ def test_resume_probes_in_doubt_and_failed_reboots_and_never_reboots_twice(
     assert result.hosts["b"] == "done" and result.results["b"].after == {"boot_id": "b2"}
     assert result.hosts["d"] == "failed" and "not answering on resume" in str(result.results["d"].msg)
     assert rollout_exit_code(result) == 3  # d is not done
+
+
+def test_a_resume_leaves_out_hosts_gone_from_the_inventory_and_keeps_done_ones(tmp_path: Path) -> None:
+    """Pending, caught (running) and failed hosts the inventory no longer lists are skipped with the
+    reason (their earlier "before" kept); a done host that is gone (a replaced instance) stays done."""
+    from fleetops.api import _leave_out_gone
+    from fleetops.rollout.engine import NullObserver
+
+    r = _rollout(tmp_path, [["a", "b"], ["c", "d", "e"]])
+    r.hosts.update(a="done", b="running", c="failed", d="pending", e="pending")
+    r.results["b"] = HostOutcome(status="running", before={"boot_id": "x"})
+    _leave_out_gone(r, frozenset({"e"}), NullObserver())
+    assert r.hosts == {"a": "done", "b": "skipped", "c": "skipped", "d": "skipped", "e": "pending"}
+    assert r.results["b"].before == {"boot_id": "x"}
+    assert r.results["d"].msg == (
+        "resume: not in the inventory now (stopped or terminated, or left out by an inventory filter): "
+        "left out, not touched"
+    )
+    assert Rollout.load(tmp_path / "state.json").hosts == r.hosts  # saved before anything runs
+
+
+def test_the_gate_scanner_never_asks_ansible_for_a_host_the_inventory_lacks(tmp_path: Path) -> None:
+    """Only gone hosts: "missing" at once, no ansible run (the inventory file does not even exist: a
+    scan would fail on it); a limit of only such hosts would make ansible-playbook fail the scan."""
+    from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner
+
+    scanner = InventoryScanner([tmp_path / "absent.yml"], frozenset({"all"}), frozenset({"kept"}))
+    assert scanner(["gone-1", "gone-2"]) == {
+        h: {"status": "missing", "msg": NOT_IN_INVENTORY, "findings": [], "facts": {}}
+        for h in ("gone-1", "gone-2")
+    }

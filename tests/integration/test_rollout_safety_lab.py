@@ -124,3 +124,50 @@ def test_sigterm_mid_batch_aborts_at_once_and_resume_reboots_each_host_once(
     for host in HOSTS:
         assert after[host][1] == before[host][1] + 1, (host, before[host], after[host])  # exactly once
         assert after[host][0] != before[host][0], host
+
+
+def test_a_host_gone_from_the_inventory_is_left_out_of_the_resume(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A rollout stopped by SIGTERM; before the resume a host it has not done leaves the inventory (a
+    terminated instance, an inventory filter). The resume leaves that host out, skipped with the
+    reason, and finishes the others: exit 3, never 0; no ansible run is asked for a host it lacks."""
+    inv, state = tmp_path / "inv.yml", tmp_path / "reclaim.json"
+    inv.write_text(lab.inventory_path().read_text())
+    proc = subprocess.Popen(
+        [str(FLEETOPS), "remediate", "reclaim", "-i", str(inv), "--apply", "--min-zombies", "999999999",
+         "--max-parallel", "1", "--per-group-max", "none", "--canary", "0", "--cooldown", "20",
+         "--state", str(state), "--format", "json"],
+        cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if state.exists() and "running" in json.loads(state.read_text())["hosts"].values():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the rollout never started a batch")
+        proc.send_signal(signal.SIGTERM)  # in batch 1 or the 20 s cooldown after it: the others pending
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    hosts = json.loads(state.read_text())["hosts"]
+    pending = sorted(h for h, s in hosts.items() if s == "pending")
+    assert len(pending) == 2, hosts
+    gone, kept = pending
+    inventory = yaml.safe_load(inv.read_text())
+    for body in inventory["all"]["children"].values():
+        (body.get("hosts") or {}).pop(gone, None)
+    inv.write_text(yaml.safe_dump(inventory))
+
+    resumed = fleetops("remediate", "--resume", str(state), "--format", "json", env=env, timeout=600)
+    assert resumed.rc == 3, resumed.stdout + resumed.stderr
+    report = resumed.json()
+    assert report["hosts"][gone] == "skipped" and report["hosts"][kept] == "done", report["hosts"]
+    assert all(s in ("done", "skipped") for s in report["hosts"].values()), report["hosts"]
+    assert f"resume: {gone} is not in the inventory now" in resumed.stderr, resumed.stderr
+    assert "Could not match supplied host pattern" not in resumed.stderr

@@ -62,6 +62,9 @@ class PlaybookBatchRunner:
         )
 
 
+NOT_IN_INVENTORY = "not in the inventory now (stopped or terminated, or left out by an inventory filter)"
+
+
 @dataclass(frozen=True)
 class InventoryScanner:
     """The gate's scan: one node_health call per host of ``hosts``, through the rollout's inventory.
@@ -71,10 +74,21 @@ class InventoryScanner:
 
     inventory: Sequence[Path]
     groups: Collection[str] = field(default_factory=frozenset)
+    # The inventory's hosts when the rollout (re)started (None: not known). A host not among them is
+    # "missing" without asking ansible: a limit naming only such hosts matches nothing, and
+    # ansible-playbook fails the whole scan.
+    present: Collection[str] | None = None
 
     def __call__(self, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
         guards.require_targets(hosts, "the gate's rescan")
-        guards.check_target_names(hosts, self.groups)
-        report = run_scan(ScanOptions(inventory=list(self.inventory), limit=",".join(hosts)))
-        hosts_out: dict[str, dict[str, Any]] = report["hosts"]
-        return hosts_out
+        out: dict[str, dict[str, Any]] = {
+            h: {"status": "missing", "msg": NOT_IN_INVENTORY, "findings": [], "facts": {}}
+            for h in hosts
+            if self.present is not None and h not in self.present
+        }
+        scan = [h for h in hosts if h not in out]
+        if scan:
+            guards.check_target_names(scan, self.groups)
+            report = run_scan(ScanOptions(inventory=list(self.inventory), limit=",".join(scan)))
+            out.update(report["hosts"])
+        return out
