@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,3 +118,17 @@ def kill_tree(root: int) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return found
+
+
+def wait_for_a_batch(state: Path, timeout: float = 120) -> None:
+    """Until the rollout saved in ``state`` has a host ``running`` (inside a batch); fails the test after
+    ``timeout`` seconds."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if "running" in json.loads(state.read_text())["hosts"].values():
+                return
+        time.sleep(0.1)
+    pytest.fail("the rollout never started a batch")

@@ -289,24 +289,27 @@ def _state_locks(directory: Path) -> Iterator[tuple[Path, Path]]:
         raise PassLockedError(f"another 'fleetops remediate auto' pass is running: {exc}") from None
 
 
+# What moving an unreadable state file aside would cost, said with the error.
+_ASIDE = {
+    LADDER_FILE: f"restarts every ladder from what the EC2 hosts' {TAG_KEY} tags still record (the others "
+    "from their first rung)",
+    LEDGER_FILE: f"forgets the budgets spent, except the latest rung each EC2 host's {TAG_KEY} tag records",
+}
+
+
 def _load_state(ladder_path: Path, ledger_path: Path) -> tuple[LadderState, BudgetLedger]:
     """Both state files; an unreadable one stops the pass before anything is decided or changed
     (exit 2), saying what moving it aside would cost."""
+    path = ladder_path
     try:
-        ladder = LadderState.load(ladder_path)
+        ladder = LadderState.load(path)
+        path = ledger_path
+        return ladder, BudgetLedger.load(path)
     except DocumentError as exc:
+        cost = _ASIDE.get(path.name, "")
         raise DocumentError(
-            exc.source, f"{exc.problem}; nothing was done. Moving it aside restarts every ladder from what "
-            f"the EC2 hosts' {TAG_KEY} tags still record (the others from their first rung)", exc.field,
-        ) from None  # fmt: skip
-    try:
-        ledger = BudgetLedger.load(ledger_path)
-    except DocumentError as exc:
-        raise DocumentError(
-            exc.source, f"{exc.problem}; nothing was done. Moving it aside forgets the budgets spent, except "
-            f"the latest rung each EC2 host's {TAG_KEY} tag records", exc.field,
-        ) from None  # fmt: skip
-    return ladder, ledger
+            exc.source, f"{exc.problem}; nothing was done. Moving it aside {cost}", exc.field
+        ) from None
 
 
 @dataclass

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, REPO, boots, fleetops
+from tests.helpers import FLEETOPS, REPO, boots, fleetops, wait_for_a_batch
 
 pytestmark = pytest.mark.lab
 HOSTS = [f"lab-{i:02d}" for i in range(1, 7)]
@@ -146,13 +146,7 @@ def test_lock_refuses_a_second_rollout_and_a_killed_rollout_resumes_without_doub
     )  # fmt: skip
     try:
         # wait until it holds the locks and is inside a batch
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if state.exists() and "running" in json.loads(state.read_text())["hosts"].values():
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the first rollout never started a batch")
+        wait_for_a_batch(state)
         second = _reboot(lab, env, "--canary", "1")
         assert second.rc == 4, second.stderr
         assert "held by a running rollout" in second.stderr  # its holder is alive: never taken

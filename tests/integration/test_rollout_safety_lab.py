@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, REPO, boots, fleetops
+from tests.helpers import FLEETOPS, REPO, boots, fleetops, wait_for_a_batch
 
 pytestmark = pytest.mark.lab
 HOSTS = ["lab-01", "lab-02", "lab-03"]
@@ -92,13 +92,7 @@ def test_sigterm_mid_batch_aborts_at_once_and_resume_reboots_each_host_once(
         cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if state.exists() and "running" in json.loads(state.read_text())["hosts"].values():
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the rollout never started a batch")
+        wait_for_a_batch(state)
         time.sleep(0.5)  # inside batch 1's ansible run
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # to fleetops only, as systemd or a CI runner would
@@ -141,13 +135,7 @@ def test_a_host_gone_from_the_inventory_is_left_out_of_the_resume(
         cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if state.exists() and "running" in json.loads(state.read_text())["hosts"].values():
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the rollout never started a batch")
+        wait_for_a_batch(state)
         proc.send_signal(signal.SIGTERM)  # in batch 1 or the 20 s cooldown after it: the others pending
         _out, err = proc.communicate(timeout=60)
     finally:
