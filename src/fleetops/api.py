@@ -35,7 +35,7 @@ from fleetops.ansible.inventory import (
     load_targets,
 )
 from fleetops.errors import Signalled, UsageError
-from fleetops.exitcodes import ExitCode
+from fleetops.exitcodes import ExitCode, signal_exit_code
 from fleetops.planner import MaxParallel, Plan
 from fleetops.planner import plan as plan_batches
 from fleetops.policy import TAG_KEY, Policy, default_policy_path, load_policy
@@ -378,12 +378,7 @@ def rollout_exit_code(rollout: Rollout) -> ExitCode:
     unverified (still in doubt) host, or a stopped rollout, is FAILED; an interrupted one INTERRUPTED,
     or TERMINATED / HANGUP when a signal aborted it."""
     if rollout.status == "interrupted":
-        signum = (rollout.stopped or {}).get("signal")
-        if signum == signal.SIGTERM:
-            return ExitCode.TERMINATED
-        if signum == signal.SIGHUP:
-            return ExitCode.HANGUP
-        return ExitCode.INTERRUPTED
+        return signal_exit_code((rollout.stopped or {}).get("signal"))
     s = rollout.summary()
     return (
         ExitCode.FAILED
@@ -513,12 +508,6 @@ def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
     SIGTERM and SIGHUP abort at once, as a second Ctrl-C does (exit 143 / 129): the batch's ansible
     run is cancelled, its hosts stay ``running`` for a resume to probe, the state is saved and the
     lock and lease released."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    previous_term = signal.getsignal(signal.SIGTERM)
-    previous_hup = signal.getsignal(signal.SIGHUP)
     aborting = False
 
     def terminate(signum: int, frame: object) -> None:
@@ -542,15 +531,25 @@ def _ctrl_c(engine: Engine, observer: RolloutObserver) -> Iterator[None]:
         engine.request_stop()
         observer.message(STOP_MESSAGE, "warning")
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGHUP, terminate)
+    with _signal_handlers({signal.SIGINT: handler, signal.SIGTERM: terminate, signal.SIGHUP: terminate}):
+        yield
+
+
+@contextlib.contextmanager
+def _signal_handlers(handlers: Mapping[int, Callable[[int, Any], None]]) -> Iterator[None]:
+    """Install ``handlers`` (signal -> handler) for the block and give the previous ones back after; in
+    a thread other than the main one (where Python refuses handlers) install nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in handlers}
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_term)
-        signal.signal(signal.SIGHUP, previous_hup)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _leave_out_gone(rollout: Rollout, present: frozenset[str], observer: RolloutObserver) -> None:
@@ -672,10 +671,6 @@ def _signals_unwind() -> Iterator[None]:
     ``remediate auto`` pass stopped outside a rollout (its scan, between two actions) still saves
     what it attempted. Only the first is raised; later ones are ignored while the state is saved.
     Inside a rollout, ``_ctrl_c``'s handlers take over (and give these back after)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
     fired = False
 
     def handler(signum: int, frame: object) -> None:
@@ -683,15 +678,10 @@ def _signals_unwind() -> Iterator[None]:
         if fired:
             return
         fired = True
-        raise Signalled(signum, ExitCode.TERMINATED if signum == signal.SIGTERM else ExitCode.HANGUP)
+        raise Signalled(signum)
 
-    for signum in previous:
-        signal.signal(signum, handler)
-    try:
+    with _signal_handlers({signal.SIGTERM: handler, signal.SIGHUP: handler}):
         yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
 
 
 def auto(

@@ -22,9 +22,9 @@ Ctrl-C (stop after the batch), SIGTERM or SIGHUP during an action ends that roll
 records what was attempted (hosts caught mid-batch included) and exits 130 / 143 / 129. A SIGTERM
 or SIGHUP outside a rollout (the scan, between actions) unwinds the same way (``api.auto``).
 
-Exit: 130 / 143 / 129 when a signal stopped the pass; 3 when a host could not be scanned or an action's rollout did not finish every host; 1 when a
-host needs a human (the ladder reached ``human`` or ran out); else 0 (acting, waiting, blocked by a
-budget, clean).
+Exit: 130 / 143 / 129 when a signal stopped the pass; 3 when a host could not be scanned or an
+action's rollout did not finish every host; 1 when a host needs a human (the ladder reached ``human``
+or ran out); else 0 (acting, waiting, blocked by a budget, clean).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fleetops.exitcodes import signal_exit_code
+
 
 class FleetopsError(Exception):
     """A user-facing error: bad input, missing file, a lab or runner failure."""
@@ -20,7 +22,10 @@ class Signalled(KeyboardInterrupt):
     ``remediate auto`` pass): unwinds like Ctrl-C, so ``finally`` blocks save state, and ends
     the command with ``exit_code`` (143 / 129)."""
 
-    def __init__(self, signum: int, exit_code: int) -> None:
+    def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-        self.exit_code = exit_code
+
+    @property
+    def exit_code(self) -> int:
+        return int(signal_exit_code(self.signum))

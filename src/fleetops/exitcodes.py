@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from enum import IntEnum
 
 
@@ -14,3 +15,13 @@ class ExitCode(IntEnum):
     HANGUP = 129  # SIGHUP: a rollout aborted at once (state saved, lock released)
     INTERRUPTED = 130  # Ctrl-C / SIGINT
     TERMINATED = 143  # SIGTERM: a rollout aborted at once (state saved, lock released)
+
+
+def signal_exit_code(signum: int | None) -> ExitCode:
+    """The exit code of a command a signal stopped: TERMINATED (SIGTERM), HANGUP (SIGHUP), else
+    INTERRUPTED (SIGINT, or no signal recorded: a Ctrl-C that let the batch finish)."""
+    if signum == signal.SIGTERM:
+        return ExitCode.TERMINATED
+    if signum == signal.SIGHUP:
+        return ExitCode.HANGUP
+    return ExitCode.INTERRUPTED
