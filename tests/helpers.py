@@ -132,3 +132,17 @@ def wait_for_a_batch(state: Path, timeout: float = 120) -> None:
                 return
         time.sleep(0.1)
     pytest.fail("the rollout never started a batch")
+
+
+def ansible_doc(name: str, plugin_type: str = "module") -> dict[str, Any]:
+    """The ``doc`` of this collection's plugin ``name`` as ``ansible-doc --json`` renders it (doc
+    fragments merged in), with no ANSIBLE_* setting of the caller's environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-doc")), "-t", plugin_type, "--json", name],
+        cwd=REPO, env={**env, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_NOCOLOR": "1"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)[name]["doc"]
+    return doc

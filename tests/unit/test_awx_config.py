@@ -37,6 +37,8 @@ import pytest
 import yaml
 from dateutil import rrule
 
+from tests.helpers import ansible_doc
+
 REPO = Path(__file__).resolve().parents[2]
 AWX = REPO / "awx"
 BIN = Path(sys.executable).parent
@@ -345,15 +347,7 @@ def test_inventory_source_uses_our_plugin_with_a_file_it_accepts() -> None:
     config_path = REPO / settings["fleetops_awx_inventory_config"]
     config = yaml.safe_load(config_path.read_text())
     assert config["plugin"] == "fleetops.node.ec2"
-    doc = subprocess.run(
-        [str(BIN / "ansible-doc"), "-t", "inventory", "--json", "fleetops.node.ec2"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-        check=True,
-    )
-    options = json.loads(doc.stdout)["fleetops.node.ec2"]["doc"]["options"]  # fragments merged in
+    options = ansible_doc("fleetops.node.ec2", "inventory")["options"]  # fragments merged in
     assert set(config) <= set(options), sorted(set(config) - set(options))
     from ansible_collections.fleetops.node.plugins.inventory.ec2 import InventoryModule
 

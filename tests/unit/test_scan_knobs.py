@@ -23,6 +23,7 @@ import yaml
 from ansible_collections.fleetops.node.plugins.modules import node_health
 
 from fleetops.ansible.runner import RunnerOptions, run_playbook
+from tests.helpers import ansible_doc
 from tests.paths import REPO
 
 BIN = Path(sys.executable).parent
@@ -123,13 +124,7 @@ def test_module_docs_repeat_the_argument_specs_defaults() -> None:
 def test_reclaim_memcg_defaults_are_the_scans_warning_level() -> None:
     from ansible_collections.fleetops.node.plugins.module_utils import memcg
 
-    proc = subprocess.run(
-        [str(BIN / "ansible-doc"), "--json", "fleetops.node.reclaim_memcg"],
-        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
-        capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    options = json.loads(proc.stdout)["fleetops.node.reclaim_memcg"]["doc"]["options"]
+    options = ansible_doc("fleetops.node.reclaim_memcg")["options"]
     level = memcg.DEFAULT_THRESHOLDS["zombie_warning"]
     assert level == node_health.ARGUMENT_SPEC["zombie_warning"]["default"]
     assert options["min_zombies"]["default"] == options["reboot_threshold"]["default"] == level

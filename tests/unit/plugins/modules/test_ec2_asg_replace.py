@@ -10,9 +10,6 @@ does, beside the module, and another shows that without it nothing replaces the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +19,7 @@ import pytest
 
 from fleetops_lab import asg as lab_asg
 from fleetops_lab.ec2sim import MotoServer, client, register_ami
-from tests.helpers import run_module
-from tests.paths import REPO
+from tests.helpers import ansible_doc, run_module
 
 REGION = "us-east-1"
 MODULE = "fleetops.node.ec2_asg_replace"
@@ -260,17 +256,7 @@ def test_docs_name_every_option_with_the_argument_specs_type_default_and_choices
     from ansible_collections.fleetops.node.plugins.modules import ec2_asg_replace
 
     # as ansible-doc renders them: the connection options come from the doc fragment fleetops.node.aws
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-doc"), "--json", "fleetops.node.ec2_asg_replace"],
-        cwd=REPO,
-        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    options = json.loads(proc.stdout)["fleetops.node.ec2_asg_replace"]["doc"]["options"]
+    options = ansible_doc("fleetops.node.ec2_asg_replace")["options"]
     spec = ec2_asg_replace.argument_spec()
     assert set(options) == set(spec)
     for name, entry in spec.items():

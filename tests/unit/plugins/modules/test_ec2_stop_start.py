@@ -8,9 +8,6 @@ runs as Ansible runs it (``ansible localhost -m``, tests.helpers.run_module).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +26,7 @@ from fleetops_lab.ec2sim import (
     client,
     register_ami,
 )
-from tests.helpers import run_module
-from tests.paths import REPO
+from tests.helpers import ansible_doc, run_module
 
 REGION = "us-east-1"
 MODULE = "fleetops.node.ec2_stop_start"
@@ -283,17 +279,7 @@ def test_a_stop_completes_the_scheduled_event(ec2: Endpoint, tmp_path: Path) -> 
 def test_the_docs_state_the_argument_spec() -> None:
     doc = yaml.safe_load(ec2_stop_start.DOCUMENTATION)
     assert doc["attributes"]["check_mode"]["support"] == "full"
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-doc"), "--json", MODULE],
-        cwd=REPO,
-        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rendered = json.loads(proc.stdout)[MODULE]["doc"]
+    rendered = ansible_doc(MODULE)
     assert set(rendered["options"]) == set(ec2_stop_start.ARGUMENT_SPEC)
     for name, spec in ec2_stop_start.ARGUMENT_SPEC.items():
         option = rendered["options"][name]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +11,7 @@ import pytest
 from ansible_collections.fleetops.node.plugins.module_utils import memcg
 from ansible_collections.fleetops.node.plugins.modules import node_health
 
-from tests.helpers import run_module
-from tests.paths import REPO
+from tests.helpers import ansible_doc, run_module
 
 ANSIBLE = Path(sys.executable).with_name("ansible")
 PY39 = Path.home() / ".pyenv/versions/3.9.18/bin/python3"
@@ -225,17 +222,7 @@ def test_module_runs_on_python_3_9(tmp_path: Path) -> None:
 
 def test_ansible_doc_renders_every_option_with_the_argument_specs_default() -> None:
     """The docs repeat each default as text; they must say what the argument_spec (the one definition) says."""
-    proc = subprocess.run(
-        [str(ANSIBLE.parent / "ansible-doc"), "--json", "fleetops.node.node_health"],
-        cwd=REPO,
-        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout)["fleetops.node.node_health"]["doc"]
+    doc = ansible_doc("fleetops.node.node_health")
     assert set(doc["options"]) == set(node_health.ARGUMENT_SPEC)
     for name, spec in node_health.ARGUMENT_SPEC.items():
         option = doc["options"][name]
