@@ -665,23 +665,43 @@ class AutoResult:
         return json.dumps(self.document, indent=2, default=str)
 
 
-@contextlib.contextmanager
-def _signals_unwind() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise ``Signalled`` (exit 143 / 129) instead of killing the process, so a
-    ``remediate auto`` pass stopped outside a rollout (its scan, between two actions) still saves
-    what it attempted. Only the first is raised; later ones are ignored while the state is saved.
+class _PassSignals:
+    """SIGTERM and SIGHUP during a ``remediate auto`` pass (``handler``): they raise ``Signalled``
+    (exit 143 / 129) instead of killing the process, so a pass stopped outside a rollout (its scan,
+    between two actions) still saves what it attempted. Only the first is raised; later ones are
+    ignored while the state is saved. Inside ``held()`` (the commit) a signal waits until the block is
+    done, then is raised: the ladder, the ledger and the tags are written together or not at all.
     Inside a rollout, ``_ctrl_c``'s handlers take over (and give these back after)."""
-    fired = False
 
-    def handler(signum: int, frame: object) -> None:
-        nonlocal fired
-        if fired:
+    def __init__(self) -> None:
+        self.fired = False
+        self.holding = False
+        self.pending: int | None = None
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self.fired:
             return
-        fired = True
+        if self.holding:
+            self.pending = self.pending or signum
+            return
+        self.fired = True
         raise Signalled(signum)
 
-    with _signal_handlers({signal.SIGTERM: handler, signal.SIGHUP: handler}):
-        yield
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending is not None and not self.fired:
+            self.fired = True
+            raise Signalled(self.pending)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_PassSignals]:
+        with _signal_handlers({signal.SIGTERM: self.handler, signal.SIGHUP: self.handler}):
+            yield self
 
 
 def auto(
@@ -693,12 +713,18 @@ def auto(
     policy_path = request.policy if request.policy is not None else default_policy_path()
     policy = load_policy(policy_path)
     auto_mod.check_policy_actions(policy, str(policy_path))
-    with _signals_unwind() if handle_signals else contextlib.nullcontext():
-        return _auto(request, obs, policy, policy_path, handle_signals)
+    signals = _PassSignals()
+    with signals.installed() if handle_signals else contextlib.nullcontext():
+        return _auto(request, obs, policy, policy_path, handle_signals, signals)
 
 
 def _auto(
-    request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_path: Path, handle_signals: bool
+    request: AutoRequest,
+    obs: RolloutObserver,
+    policy: Policy,
+    policy_path: Path,
+    handle_signals: bool,
+    signals: _PassSignals,
 ) -> AutoResult:
     inventories = paths.resolve_inventories(request.inventory)
     hosts = _targets(inventories, request.limit, request.group_by)
@@ -774,6 +800,7 @@ def _auto(
         ),
         run_action,
         obs.message,
+        shield=signals.held,
     )
     return AutoResult(result, result.document(), result.exit_code)
 

@@ -326,9 +326,15 @@ class PassInputs:
 
 
 def run_pass(
-    inputs: PassInputs, run_action: RunAction, say: Say, clock: Callable[[], float] = time.time
+    inputs: PassInputs,
+    run_action: RunAction,
+    say: Say,
+    clock: Callable[[], float] = time.time,
+    shield: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> PassResult:
-    """Decide and act once (see the module's docstring); ``say`` gets one line per host, then each action."""
+    """Decide and act once (see the module's docstring); ``say`` gets one line per host, then each action.
+    ``shield``: what the commit runs under (``api.auto``: signals held until the ladder, the ledger and
+    the tags are all written, so a SIGTERM never leaves a rung recorded without its budget spent)."""
     check_policy_actions(inputs.policy, inputs.policy_source)
     result = PassResult([], [], inputs.apply, inputs.policy_source)
 
@@ -376,20 +382,21 @@ def run_pass(
                     break
         finally:
             if inputs.apply:
-                commit(
-                    result.decisions,
-                    ladder,
-                    ledger,
-                    clock(),
-                    taken=lambda d: (d.host, d.action or "") in attempted or d.action == HUMAN,
-                    controller=controller_id(),
-                )
-                ladder.save(ladder_path)
-                ledger.save(ledger_path, clock())
-                if inputs.connection is not None and inputs.tags:
-                    after = {h: ladder.tag_value(h) for h in inputs.tags}
-                    try:
-                        result.tag_writes = write_tags(inputs.connection, inputs.tags, after)
-                    except FleetopsError as exc:
-                        warn(f"{exc}; the state directory has the ladders")
+                with shield():
+                    commit(
+                        result.decisions,
+                        ladder,
+                        ledger,
+                        clock(),
+                        taken=lambda d: (d.host, d.action or "") in attempted or d.action == HUMAN,
+                        controller=controller_id(),
+                    )
+                    ladder.save(ladder_path)
+                    ledger.save(ledger_path, clock())
+                    if inputs.connection is not None and inputs.tags:
+                        after = {h: ladder.tag_value(h) for h in inputs.tags}
+                        try:
+                            result.tag_writes = write_tags(inputs.connection, inputs.tags, after)
+                        except FleetopsError as exc:
+                            warn(f"{exc}; the state directory has the ladders")
     return result

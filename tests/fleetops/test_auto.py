@@ -7,12 +7,14 @@ by tests/integration/test_auto_lab.py); the policy, its state files and their lo
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,8 +288,8 @@ def main():
     inputs = auto.PassInputs(policy=load_policy(default_policy_path()), policy_source="default",
                              scan_report=scan, group_of={"lab-01": "a", "lab-03": "a"},
                              state_dir=tmp / "auto", apply=True)
-    with api._signals_unwind():
-        auto.run_pass(inputs, run_action, lambda text, style: print(text, flush=True))
+    with api._PassSignals().installed() as signals:
+        auto.run_pass(inputs, run_action, lambda text, style: print(text, flush=True), shield=signals.held)
     return 0
 
 sys.exit(run_main("fleetops", main))
@@ -316,6 +318,44 @@ def test_sigterm_between_actions_of_a_real_process_saves_the_pass_and_exits_143(
     assert ladder.get("lab-01", "crashloop") is not None
     assert ladder.get("lab-03", "gpu-fatal") is None
     assert not list((tmp_path / "auto").glob("*.tmp*"))  # no torn write left behind
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_sigterm_as_the_pass_saves_waits_until_ladder_and_ledger_are_both_written(
+    tmp_path: Path, held: bool
+) -> None:
+    """A real SIGTERM to this process just as the commit starts: held, the pass writes both files (the
+    rung and the budget it spent), then raises Signalled (exit 143). Not held (the control), it
+    unwinds before either is written."""
+    from fleetops import api
+    from fleetops.errors import Signalled
+
+    signals = api._PassSignals()
+
+    @contextlib.contextmanager
+    def shield() -> Iterator[None]:
+        with signals.held() if held else contextlib.nullcontext():
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered here, in the main thread
+            yield
+
+    with signals.installed(), pytest.raises(Signalled) as err:
+        lines: list[str] = []
+        inputs = auto.PassInputs(
+            policy=load_policy(default_policy_path()), policy_source="default",
+            scan_report=report(**{"lab-03": [ecc()]}), group_of={"lab-03": "az-a"},
+            state_dir=tmp_path / "auto", apply=True,
+        )  # fmt: skip
+        auto.run_pass(
+            inputs, Runner(), lambda text, style: lines.append(text), clock=lambda: T0, shield=shield
+        )
+    assert err.value.exit_code == ExitCode.TERMINATED
+    state = tmp_path / "auto"
+    if held:
+        assert LadderState.load(state / auto.LADDER_FILE).get("lab-03", "gpu-fatal") is not None
+        ledger = json.loads((state / auto.LEDGER_FILE).read_text())
+        assert [e["action"] for e in ledger["entries"]] == ["quarantine"]
+    else:
+        assert not (state / auto.LADDER_FILE).exists() and not (state / auto.LEDGER_FILE).exists()
 
 
 @pytest.mark.parametrize("name", [auto.LADDER_FILE, auto.LEDGER_FILE])
