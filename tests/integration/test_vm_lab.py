@@ -318,23 +318,43 @@ print(json.dumps({"version": hierarchy.version, "root": str(hierarchy.root), "co
 """
 
 
+def _fleetops_closure(path: Path) -> dict[str, str]:
+    """The fleetops modules ``path`` imports, and theirs, as {relative path: source} (read with ast,
+    so a module that gains an import is copied with it)."""
+    import ast
+    import importlib.util
+
+    files: dict[str, str] = {"fleetops/__init__.py": ""}
+    todo, seen = [path], set()
+    while todo:
+        source = todo.pop().read_text()
+        for node in ast.walk(ast.parse(source)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if name.startswith("fleetops.") and name not in seen:
+                    seen.add(name)
+                    spec = importlib.util.find_spec(name)
+                    assert spec is not None and spec.origin is not None, name
+                    files[name.replace(".", "/") + ".py"] = Path(spec.origin).read_text()
+                    todo.append(Path(spec.origin))
+    return files
+
+
 def test_the_local_zombie_injector_works_on_a_v2_kernel(lab: Lab) -> None:
     """fleetops_lab.faults (what make demo and the kernel tests use on this machine) inside a VM's v2 kernel.
 
-    The module file and the one it imports (fleetops.errors) are copied in as they are: the VM's Python
-    runs the same code, on cgroup v2 (this machine's kernel is v1).
+    The module file and the fleetops modules it imports (fleetops.errors and what that imports) are
+    copied in as they are: the VM's Python runs the same code, on cgroup v2 (this machine's kernel is v1).
     """
-    import fleetops.errors
     import fleetops_lab.faults
 
     host, count = "lab-02", 300
-    files = {
-        "faults.py": Path(fleetops_lab.faults.__file__).read_text(),
-        "fleetops/__init__.py": "",
-        "fleetops/errors.py": Path(fleetops.errors.__file__).read_text(),
-    }
+    faults_py = Path(fleetops_lab.faults.__file__)
+    files = {"faults.py": faults_py.read_text(), **_fleetops_closure(faults_py)}
+    assert "fleetops/errors.py" in files and "fleetops/exitcodes.py" in files, sorted(files)
     for rel, text in files.items():
-        lab.run(host, f"mkdir -p /var/tmp/fleetops-inject/fleetops && cat > /var/tmp/fleetops-inject/{rel}",
+        lab.run(host, f"mkdir -p $(dirname /var/tmp/fleetops-inject/{rel}) && cat > /var/tmp/fleetops-inject/{rel}",
                 input=text, check=True)  # fmt: skip
     try:
         out = lab.run(host, f"python3 - {count}", input=_INJECT, check=True, timeout=180).stdout
