@@ -38,7 +38,7 @@ from fleetops.errors import Signalled, UsageError
 from fleetops.exitcodes import ExitCode, signal_exit_code
 from fleetops.planner import MaxParallel, Plan
 from fleetops.planner import plan as plan_batches
-from fleetops.policy import TAG_KEY, Policy, default_policy_path, load_policy
+from fleetops.policy import SPENT_TAG_KEY, TAG_KEY, Policy, default_policy_path, load_policy
 from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
@@ -649,7 +649,7 @@ class AutoRequest:
     host_timeout: int | None = None
     max_unhealthy: guards.MaxUnhealthy | str | None = None
     not_after: datetime | None = None
-    ec2_tags: bool = True  # keep each EC2 host's ladder in its fleetops.io/ladder tag too
+    ec2_tags: bool = True  # keep each EC2 host's ladder and budgets spent in its fleetops.io tags too
     # per action, parameters the operator sets for every pass (quarantine: kubectl, kubeconfig)
     action_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     break_lock: bool | str = False
@@ -744,9 +744,13 @@ def _auto(
     if connection is not None:
         hostvars = {h.name: h.hostvars for h in hosts}
         for host, target in lease_targets(hosts).items():
-            value = (hostvars[host].get("ec2_tags") or {}).get(TAG_KEY)
+            shown = hostvars[host].get("ec2_tags") or {}
+            value, spent = shown.get(TAG_KEY), shown.get(SPENT_TAG_KEY)
             tags[host] = auto_mod.TagTarget(
-                target["instance"], target["region"], str(value) if value else None
+                target["instance"],
+                target["region"],
+                str(value) if value else None,
+                str(spent) if spent else None,
             )
 
     def run_action(action: str, names: Sequence[str], params: Mapping[str, Any]) -> auto_mod.ActionRun:

@@ -7,15 +7,17 @@ The pure part is :mod:`fleetops.policy` (``decide``, ``commit``); this module ru
 2. the hosts are scanned (one ``node_health`` call per host);
 3. under the ladder lock, then the ledger lock (the state directory's ``ladder.json`` and
    ``ledger.json``; another pass holding them makes this one exit 4 at once), each EC2 host's
-   ``fleetops.io/ladder`` tag is merged in, and its most recent rungs are counted against the budgets
-   too (so a controller with another state directory, an AWX job in a fresh container, spends the
-   same budgets); then ``decide``;
+   ``fleetops.io/ladder`` tag is merged in, and the actions its ``fleetops.io/spent`` tag records (and
+   the ladder tag's latest rungs) are counted against the budgets too, so a controller with another
+   state directory, an AWX job in a fresh container, spends the same budgets; then ``decide``;
 4. one rollout per action (and per parameter set), through ``run_action``: the same engine, lock,
    lease, gates and audit as ``fleetops remediate <action>``, with the pass's caps;
 5. with ``apply``, ``commit``: the ladders of every host an action was *attempted* on (done, failed,
    timed out, in doubt) climb and the budgets are spent (a failing action is not retried every pass
-   for free); hosts the scan showed clean have their ladders reset; and each EC2 host's ladder tag is
-   rewritten (deleted when it has none left). A dry run records nothing.
+   for free); hosts the scan showed clean have their ladders reset; and each EC2 host's two tags are
+   rewritten: the ladder tag (deleted when it has no ladder left) and the spent tag (every budgeted
+   action on it still inside its budget's window: it outlives a ladder its action cleared). A dry
+   run records nothing.
 
 Ctrl-C (stop after the batch), SIGTERM or SIGHUP during an action ends that rollout as
 ``fleetops remediate`` would (state saved for ``--resume``); the pass then starts no further action,
@@ -44,6 +46,7 @@ from fleetops.policy import (
     HUMAN,
     MAX_WINDOW_S,
     NO_GROUP,
+    SPENT_TAG_KEY,
     TAG_KEY,
     BudgetLedger,
     Decision,
@@ -102,7 +105,10 @@ class PassResult:
     runs: list[ActionRun]
     apply: bool
     policy: str
-    tag_writes: dict[str, str | None] = field(default_factory=dict)  # host -> new tag value (None: deleted)
+    tag_writes: dict[str, str | None] = field(default_factory=dict)  # host -> new ladder tag (None: deleted)
+    spent_writes: dict[str, str | None] = field(default_factory=dict)  # host -> new spent tag (None: deleted)
+    # with apply, every EC2 host's two tags as this pass leaves them (written or already so)
+    tags_after: dict[str, dict[str, str | None]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -138,6 +144,7 @@ class PassResult:
                 for r in self.runs
             ],
             "ladder_tags": dict(self.tag_writes),
+            "spent_tags": dict(self.spent_writes),
             "warnings": list(self.warnings),
             "exit_code": int(self.exit_code),
         }
@@ -224,10 +231,17 @@ def merge_tags(
     group_of: Callable[[str], str | None],
     now: float,
     warn: Callable[[str], None],
+    spent: Mapping[str, str] | None = None,
 ) -> None:
     """Merge each host's ``TAG_KEY`` value into ``ladder`` and count its rungs (tried within the
-    ledger's longest window, not already in the ledger) against the budgets. A malformed tag is left
-    out with a warning: one instance's bad tag must not stop the pass for the fleet."""
+    ledger's longest window, not already in the ledger) against the budgets; count the actions each
+    host's ``SPENT_TAG_KEY`` value (``spent``) records too. A malformed tag is left out with a
+    warning: one instance's bad tag must not stop the pass for the fleet."""
+    for host, value in sorted((spent or {}).items()):
+        try:
+            ledger.merge_tag(host, group_of(host) or NO_GROUP, value, f"{host}: tag {SPENT_TAG_KEY}", now)
+        except DocumentError as exc:
+            warn(f"{exc}: ignored")
     for host, value in sorted(tags.items()):
         try:
             ladder.merge_tag(host, value, source=f"{host}: tag {TAG_KEY}")
@@ -249,16 +263,23 @@ def merge_tags(
 class TagTarget:
     instance: str
     region: str
-    value: str | None  # the tag's value the inventory showed (None: no tag)
+    value: str | None  # the ladder tag's value the inventory showed (None: no tag)
+    spent: str | None = None  # the spent tag's value the inventory showed (None: no tag)
+
+    def shown(self, key: str) -> str | None:
+        return self.spent if key == SPENT_TAG_KEY else self.value
 
 
 def write_tags(
-    connection: Ec2Connection, targets: Mapping[str, TagTarget], new: Mapping[str, str | None]
+    connection: Ec2Connection,
+    targets: Mapping[str, TagTarget],
+    new: Mapping[str, str | None],
+    key: str = TAG_KEY,
 ) -> dict[str, str | None]:
-    """Write (or delete) each host's ladder tag whose value changed; returns what was written."""
+    """Write (or delete) each host's tag ``key`` whose value changed; returns what was written."""
     lease_utils = module_utils("lease")
     aws = module_utils("aws")
-    changed = {h: v for h, v in new.items() if h in targets and targets[h].value != v}
+    changed = {h: v for h, v in new.items() if h in targets and targets[h].shown(key) != v}
     if not changed:
         return {}
     regions = {targets[h].instance: targets[h].region for h in changed}
@@ -266,13 +287,14 @@ def write_tags(
     try:
         for host, value in sorted(changed.items()):
             t = targets[host]
+            old = t.shown(key)
             if value is None:
-                if t.value is not None:
-                    tags.delete([t.instance], TAG_KEY, t.value)
+                if old is not None:
+                    tags.delete([t.instance], key, old)
             else:
-                tags.write([t.instance], TAG_KEY, value)
+                tags.write([t.instance], key, value)
     except aws.AwsError as exc:
-        raise FleetopsError(f"Failed to write the ladder tags ({TAG_KEY}): {exc}") from None
+        raise FleetopsError(f"Failed to write the tags {key}: {exc}") from None
     return changed
 
 
@@ -293,7 +315,7 @@ def _state_locks(directory: Path) -> Iterator[tuple[Path, Path]]:
 _ASIDE = {
     LADDER_FILE: f"restarts every ladder from what the EC2 hosts' {TAG_KEY} tags still record (the others "
     "from their first rung)",
-    LEDGER_FILE: f"forgets the budgets spent, except the latest rung each EC2 host's {TAG_KEY} tag records",
+    LEDGER_FILE: f"forgets the budgets spent, except what each EC2 host's {SPENT_TAG_KEY} tag records",
 }
 
 
@@ -350,7 +372,13 @@ def run_pass(
         ladder, ledger = _load_state(ladder_path, ledger_path)
         now = clock()
         merge_tags(
-            ladder, ledger, {h: t.value for h, t in inputs.tags.items() if t.value}, group_of, now, warn
+            ladder,
+            ledger,
+            {h: t.value for h, t in inputs.tags.items() if t.value},
+            group_of,
+            now,
+            warn,
+            spent={h: t.spent for h, t in inputs.tags.items() if t.spent},
         )
         result.decisions = decide(inputs.policy, inputs.scan_report, ladder, ledger, now, group_of, sizes)
         for d in result.decisions:
@@ -393,10 +421,25 @@ def run_pass(
                     )
                     ladder.save(ladder_path)
                     ledger.save(ledger_path, clock())
+                    windows = {a: float(b.window_s) for a, b in inputs.policy.budgets.items()}
+                    then = clock()
+                    result.tags_after = {
+                        h: {TAG_KEY: ladder.tag_value(h), SPENT_TAG_KEY: ledger.tag_value(h, windows, then)}
+                        for h in inputs.tags
+                    }
                     if inputs.connection is not None and inputs.tags:
-                        after = {h: ladder.tag_value(h) for h in inputs.tags}
                         try:
-                            result.tag_writes = write_tags(inputs.connection, inputs.tags, after)
+                            result.tag_writes = write_tags(
+                                inputs.connection,
+                                inputs.tags,
+                                {h: t[TAG_KEY] for h, t in result.tags_after.items()},
+                            )
+                            result.spent_writes = write_tags(
+                                inputs.connection,
+                                inputs.tags,
+                                {h: t[SPENT_TAG_KEY] for h, t in result.tags_after.items()},
+                                SPENT_TAG_KEY,
+                            )
                         except FleetopsError as exc:
-                            warn(f"{exc}; the state directory has the ladders")
+                            warn(f"{exc}; the state directory has the ladders and the budgets spent")
     return result

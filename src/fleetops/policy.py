@@ -64,7 +64,11 @@ of ``remediate auto`` (take the locks in this order, ladder first)::
 On EC2 a host's ladders also travel in the tag ``TAG_KEY`` (``LadderState.tag_value`` after each
 pass, ``merge_tag`` before the next: the record tried last wins), so a controller with another state
 directory climbs from where the first left off. A ladder that quarantined a host and then cleared
-says so (``Decision.still_quarantined``): the taint stays until someone releases it.
+says so (``Decision.still_quarantined``): the taint stays until someone releases it. The budgets
+spent travel in a tag of their own, ``SPENT_TAG_KEY`` (``BudgetLedger.tag_value`` / ``merge_tag``):
+every budgeted action taken on the host within its budget's window, whether or not its ladder is
+still open. A fault that a stop-start cleared resets the ladder (and deletes its tag), but that
+stop-start still counts against the budget on every controller until its window has passed.
 """
 
 from __future__ import annotations
@@ -141,6 +145,8 @@ LOCK_TIMEOUT_S = 30.0
 RULE_NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 TAG_KEY = "fleetops.io/ladder"  # the EC2 tag that carries a host's ladders (LadderState.tag_value)
 TAG_MAX = 256  # EC2's limit on a tag value
+SPENT_TAG_KEY = "fleetops.io/spent"  # the budgeted actions taken on a host (BudgetLedger.tag_value)
+CLOCK_SKEW_S = 300  # a spent tag's entry this far ahead of this controller's clock still counts (as now)
 
 _DURATION = re.compile(r"^(?:[0-9]+[smhd])+$")
 _DURATION_PART = re.compile(r"([0-9]+)([smhd])")
@@ -633,6 +639,13 @@ def _dump(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
+def _check_tag_length(value: str, source: str) -> None:
+    """DocumentError unless ``value`` fits an EC2 tag value (TAG_MAX characters): a longer one came
+    from no EC2 tag (a hand-written inventory's ``ec2_tags``), and is not parsed at all."""
+    if len(value) > TAG_MAX:
+        raise DocumentError(source, f"{len(value)} characters: longer than an EC2 tag value ({TAG_MAX})")
+
+
 @dataclass
 class RungRecord:
     """Where one ladder of one host stands: the rung last tried, and when."""
@@ -699,6 +712,7 @@ class LadderState:
     def merge_tag(self, host: str, value: str, source: str) -> None:
         """Take in the ladders a host's tag holds (``tag_value``'s format): per rule, the record
         tried last wins. DocumentError (one line, naming ``source``) when the value is not of it."""
+        _check_tag_length(value, source)
         merged: dict[str, RungRecord] = {}
         for i, part in enumerate(value.split(";") if value else []):
             rule, eq, rest = part.partition("=")
@@ -823,6 +837,57 @@ class BudgetLedger:
     def allows(self, action: str, group: str, group_size: int, now: float, budget: Budget | None) -> bool:
         """True when ``budget`` lets one more ``action`` happen in ``group`` at ``now``."""
         return self.blocked(action, group, group_size, now, budget) is None
+
+    def tag_value(self, host: str, windows: Mapping[str, float], now: float) -> str | None:
+        """The actions taken on ``host`` that a budget still counts (``windows``: action -> its
+        budget's window, seconds) as the value of the EC2 tag ``SPENT_TAG_KEY``: ``action:epoch``
+        joined by ``;``, the most recent first, at most TAG_MAX characters (the oldest left out).
+        None: nothing to carry (delete the tag). It outlives the host's ladder: a stop-start that
+        cleared the fault resets the ladder, but spent the budget for the whole window."""
+        seen: set[tuple[str, int]] = set()
+        parts: list[str] = []
+        for e in sorted(self.entries, key=lambda e: (-e.at, e.action)):
+            window = windows.get(e.action)
+            key = (e.action, int(e.at))
+            if e.host != host or window is None or not now - window < e.at <= now or key in seen:
+                continue
+            seen.add(key)
+            part = f"{e.action}:{int(e.at)}"
+            if len(";".join([*parts, part])) > TAG_MAX:
+                break
+            parts.append(part)
+        return ";".join(parts) or None
+
+    def merge_tag(self, host: str, group: str, value: str, source: str, now: float) -> int:
+        """Count the actions a host's ``SPENT_TAG_KEY`` tag holds (``tag_value``'s format) that the
+        ledger does not have yet (the same action on the same host within a second), in ``group``;
+        returns how many were added. An entry up to CLOCK_SKEW_S ahead of ``now`` (another
+        controller's clock) counts as taken now; one further ahead, or older than any window, is
+        left out. DocumentError (one line, naming ``source``) when the value is not of the format:
+        then nothing of it is counted."""
+        _check_tag_length(value, source)
+        parsed: list[tuple[str, float]] = []
+        for i, part in enumerate(value.split(";") if value else []):
+            name, colon, epoch = part.partition(":")
+            if (
+                not colon
+                or name not in ACTIONS
+                or name == HUMAN
+                or not epoch.isdigit()
+                or int(epoch) > MAX_EPOCH
+            ):
+                raise DocumentError(source, f"entry {i + 1} is not action:epoch: {part[:60]!r}")
+            parsed.append((name, float(epoch)))
+        added = 0
+        for action, at in parsed:
+            if at > now + CLOCK_SKEW_S or now - at > MAX_WINDOW_S:
+                continue
+            at = min(at, now)
+            if any(e.host == host and e.action == action and abs(e.at - at) < 1.0 for e in self.entries):
+                continue
+            self.record(action, host, group, at, controller="tag")
+            added += 1
+        return added
 
     def prune(self, now: float, keep: float = MAX_WINDOW_S) -> None:
         """Forget entries older than any budget window."""

@@ -23,7 +23,15 @@ import pytest
 from fleetops import auto
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.policy import LadderState, default_policy_path, file_lock, load_policy, parse_policy
+from fleetops.policy import (
+    SPENT_TAG_KEY,
+    TAG_KEY,
+    LadderState,
+    default_policy_path,
+    file_lock,
+    load_policy,
+    parse_policy,
+)
 from fleetops.remediations import REMEDIATIONS
 from fleetops.schemas import DocumentError
 
@@ -394,6 +402,14 @@ def test_exit_codes_say_a_human_is_needed_or_a_host_was_not_scanned(tmp_path: Pa
     assert result.exit_code == ExitCode.FAILED
 
 
+def _gpu_policy(*rungs: str) -> str:
+    """A policy of one rule, gpu-fatal (any gpu_health finding), with these rungs; one stop-start an hour."""
+    return (
+        "schema: fleetops.policy/v1\nbudgets:\n  stop-start: {window: 1h, max: 1}\nrules:\n  - name: gpu-fatal\n"
+        "    match: [{check: gpu_health}]\n    ladder:\n" + "".join(f"      - {r}\n" for r in rungs)
+    )
+
+
 def test_another_controllers_ladder_tag_makes_this_pass_climb_and_spend_the_same_budget(
     tmp_path: Path,
 ) -> None:
@@ -402,18 +418,11 @@ def test_another_controllers_ladder_tag_makes_this_pass_climb_and_spend_the_same
     other.record("lab-03", "gpu-fatal", "gpu_health", 1, "stop-start", T0 + 16 * 60)
     value = other.tag_value("lab-03")
     assert value is not None
-    policy = """
-schema: fleetops.policy/v1
-budgets:
-  stop-start: {window: 1h, max: 1}
-rules:
-  - name: gpu-fatal
-    match: [{check: gpu_health}]
-    ladder:
-      - {action: quarantine, clear_after: 15m}
-      - {action: stop-start, clear_after: 45m}
-      - {action: replace, clear_after: 2h}
-"""
+    policy = _gpu_policy(
+        "{action: quarantine, clear_after: 15m}",
+        "{action: stop-start, clear_after: 45m}",
+        "{action: replace, clear_after: 2h}",
+    )
     tags = {
         "lab-03": auto.TagTarget("i-3", "us-east-1", value),
         "lab-04": auto.TagTarget("i-4", "us-east-1", "not=a:valid:tag"),
@@ -435,6 +444,63 @@ rules:
         tmp_path, report(**{"lab-03": [ecc()]}), runner, T0 + 62 * 60, policy_text=policy, tags=tags
     )
     assert (runner.calls[-1][0], runner.calls[-1][1]) == ("replace", ["lab-03"])
+
+
+def _ec2(after: auto.PassResult | None, hosts: Sequence[str]) -> dict[str, auto.TagTarget]:
+    """Each host's instance and its two tags as the previous pass left them (none before the first)."""
+    shown = after.tags_after if after is not None else {}
+    return {
+        h: auto.TagTarget(
+            f"i-{h}", "us-east-1", shown.get(h, {}).get(TAG_KEY), shown.get(h, {}).get(SPENT_TAG_KEY)
+        )
+        for h in hosts
+    }
+
+
+def test_a_budget_spent_by_an_action_that_cleared_its_fault_holds_on_controllers_with_fresh_state(
+    tmp_path: Path,
+) -> None:
+    """AWX runs every pass in a new container (an empty state directory): the EC2 tags are all it has.
+    A stop-start that cleared its fault resets the host's ladder and deletes its ladder tag, but the
+    stop-start still counts against the 1/h budget, through the spent tag, until its hour is over."""
+    policy = _gpu_policy("{action: stop-start, clear_after: 45m}", "{action: human}")
+    hosts = ["lab-03", "lab-05"]
+    runner = Runner()
+    first, _ = run(tmp_path / "a", report(**{"lab-03": [ecc()], "lab-05": []}), runner, T0,
+                   policy_text=policy, tags=_ec2(None, hosts))  # fmt: skip
+    assert [(c[0], c[1]) for c in runner.calls] == [("stop-start", ["lab-03"])]
+    assert first.tags_after["lab-03"][SPENT_TAG_KEY] == f"stop-start:{int(T0)}"
+    # 15 min later, another job: new hardware cleared lab-03's fault; its ladder resets, its ladder tag goes
+    second, _ = run(tmp_path / "b", report(**{"lab-03": [], "lab-05": []}), runner, T0 + 15 * 60,
+                    policy_text=policy, tags=_ec2(first, hosts))  # fmt: skip
+    assert second.decisions[0].reset == ("gpu-fatal",)
+    assert second.tags_after["lab-03"] == {TAG_KEY: None, SPENT_TAG_KEY: f"stop-start:{int(T0)}"}
+    # 30 min after the stop-start, a third job finds lab-05's GPU failing: the hour's stop-start is spent
+    third, _ = run(tmp_path / "c", report(**{"lab-03": [], "lab-05": [ecc()]}), runner, T0 + 30 * 60,
+                   policy_text=policy, tags=_ec2(second, hosts))  # fmt: skip
+    d = {d.host: d for d in third.decisions}["lab-05"]
+    assert d.status == "budget" and d.rung_action == "stop-start", d
+    assert "1/h" in d.reason, d.reason
+    assert len(runner.calls) == 1
+    # past the hour, the next job stop-starts it; lab-03's spent tag has nothing left to carry
+    fourth, _ = run(tmp_path / "d", report(**{"lab-03": [], "lab-05": [ecc()]}), runner, T0 + 61 * 60,
+                    policy_text=policy, tags=_ec2(third, hosts))  # fmt: skip
+    assert [(c[0], c[1]) for c in runner.calls][1:] == [("stop-start", ["lab-05"])]
+    assert fourth.tags_after["lab-03"] == {TAG_KEY: None, SPENT_TAG_KEY: None}
+    assert fourth.tags_after["lab-05"][SPENT_TAG_KEY] == f"stop-start:{int(T0 + 61 * 60)}"
+    # a dry run computes no tags (it records nothing)
+    dry, _ = run(tmp_path / "e", report(**{"lab-05": [ecc()]}), Runner(), T0 + 62 * 60, apply=False,
+                 policy_text=policy, tags=_ec2(fourth, hosts))  # fmt: skip
+    assert dry.tags_after == {}
+
+
+def test_a_malformed_spent_tag_is_a_warning_and_counts_nothing(tmp_path: Path) -> None:
+    tags = {"lab-05": auto.TagTarget("i-5", "us-east-1", None, "stop-start:soon")}
+    policy = _gpu_policy("{action: stop-start, clear_after: 1h}")
+    runner = Runner()
+    result, _ = run(tmp_path, report(**{"lab-05": [ecc()]}), runner, T0, policy_text=policy, tags=tags)
+    assert any("tag fleetops.io/spent" in w and "ignored" in w for w in result.warnings), result.warnings
+    assert [(c[0], c[1]) for c in runner.calls] == [("stop-start", ["lab-05"])]
 
 
 def test_batches_group_hosts_by_action_and_params_in_a_fixed_order(tmp_path: Path) -> None:

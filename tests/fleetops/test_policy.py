@@ -731,6 +731,61 @@ def test_the_ec2_tag_carries_a_hosts_ladders_to_another_controller() -> None:
             P.LadderState().merge_tag("a-1", bad, "tag of i-0abc")
 
 
+def test_the_spent_tag_carries_the_budgeted_actions_of_their_windows_to_another_controller() -> None:
+    mine = P.BudgetLedger()
+    mine.record("stop-start", "a-1", "az-a", T0 - 2 * HOUR)  # outside its 1h window: not carried
+    mine.record("stop-start", "a-1", "az-a", T0 - 600)
+    mine.record("quarantine", "a-1", "az-a", T0 - 900)
+    mine.record("fix", "a-1", "az-a", T0 - 60)  # no budget for fix: not carried
+    mine.record("stop-start", "b-1", "az-a", T0 - 60)  # another host
+    windows = {"stop-start": HOUR, "quarantine": HOUR, "replace": 24 * HOUR}
+    value = mine.tag_value("a-1", windows, T0)
+    assert value == f"stop-start:{int(T0 - 600)};quarantine:{int(T0 - 900)}"  # newest first
+    assert mine.tag_value("c-1", windows, T0) is None  # nothing to carry: delete the tag
+    assert mine.tag_value("a-1", windows, T0 + HOUR) is None  # every window has passed
+
+    other = P.BudgetLedger()  # an AWX job's fresh state directory
+    other.record("quarantine", "a-1", "az-a", T0 - 900 + 0.4)  # this controller has that one already
+    assert value is not None
+    assert other.merge_tag("a-1", "az-a", value, "a-1: tag fleetops.io/spent", T0) == 1
+    assert [(e.action, e.at, e.controller) for e in other.taken("stop-start", T0 - HOUR, T0)] == [
+        ("stop-start", T0 - 600, "tag")
+    ]
+    assert len(other.taken("quarantine", T0 - HOUR, T0)) == 1  # not counted twice
+    assert other.merge_tag("a-1", "az-a", value, "again", T0) == 0  # a second read adds nothing
+    budget = P.Budget(window="1h", max=1)
+    assert other.blocked("stop-start", "az-b", 4, T0, budget) is not None  # the budget is spent
+
+    # Another controller's clock a little ahead counts as now; far ahead, or past every window: left out.
+    skewed = P.BudgetLedger()
+    value = f"reboot:{int(T0 + 120)};replace:{int(T0 + 3600)};reboot:{int(T0 - 8 * 86400)}"
+    assert skewed.merge_tag("a-1", "az-a", value, "s", T0) == 1
+    assert [e.at for e in skewed.entries] == [T0]
+
+    many = P.BudgetLedger()
+    for i in range(20):
+        many.record("reboot", "h", "az-a", T0 - i)
+    tag = many.tag_value("h", {"reboot": HOUR}, T0)
+    assert tag is not None and len(tag) <= P.TAG_MAX and tag.startswith(f"reboot:{int(T0)};")  # newest kept
+    assert tag.count(";") + 1 == (P.TAG_MAX + 1) // len(f"reboot:{int(T0)};")
+
+    for bad in ("stop-start", "human:1800000000", "reimage:1800000000", "reboot:18e8", "reboot:-5", ":1"):
+        with pytest.raises(DocumentError, match=r"^tag of i-0abc: entry 1 is not action:epoch: "):
+            P.BudgetLedger().merge_tag("a-1", "az-a", bad, "tag of i-0abc", T0)
+    for merge in (
+        lambda v: P.BudgetLedger().merge_tag("a-1", "az-a", v, "tag of i-0abc", T0),
+        lambda v: P.LadderState().merge_tag("a-1", v, "tag of i-0abc"),
+    ):  # a value no EC2 tag can hold (a hand-written inventory's ec2_tags) is refused before it is parsed
+        with pytest.raises(
+            DocumentError, match=r"^tag of i-0abc: 257 characters: longer than an EC2 tag value"
+        ):
+            merge(("reboot:1800000000;" * 15)[:257])
+    half = P.BudgetLedger()
+    with pytest.raises(DocumentError, match="entry 2"):
+        half.merge_tag("a-1", "az-a", f"reboot:{int(T0)};nonsense", "tag of i-0abc", T0)
+    assert half.entries == []  # a malformed tag counts nothing of itself
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     entries=st.lists(

@@ -15,7 +15,9 @@ rollouts, the EC2 API calls, the power cycles.
 
 Pass 1 fixes lab-01 and lab-03 in software, stop-starts lab-02 and quarantines lab-04. Pass 2, after
 quarantine's clear time: lab-04 climbs to stop-start, and the policy's budget (1 stop-start an hour,
-spent on lab-02) holds it back, saying so. Pass 3, with the budget raised to 2: lab-04 is stop-started,
+spent on lab-02) holds it back, saying so; lab-02's ladder is reset and its ladder tag deleted, and a
+third controller with an empty state directory is still held back by lab-02's fleetops.io/spent tag
+(the budget outlives the ladder). Pass 3, with the budget raised to 2: lab-04 is stop-started,
 its fault gone on "new hardware". Pass 4: every host clean, the ladders reset; lab-04 is still
 quarantined until `remediate unquarantine`, which removes only our taint.
 """
@@ -23,6 +25,7 @@ quarantined until `remediate unquarantine`, which removes only our taint.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +51,7 @@ pytestmark = pytest.mark.lab
 CRASH, EVENT, UCX, ECC = "lab-01", "lab-02", "lab-03", "lab-04"
 STANDIN = REPO / "tests" / "kubectl_standin" / "kubectl"
 KEY = "fleetops.io/quarantine"
+SPENT = "fleetops.io/spent"
 FOREIGN = {"key": "example.com/maintenance", "value": "nic", "effect": "NoSchedule"}
 
 POLICY = """
@@ -110,8 +114,8 @@ def _pass(lab: Lab, env: dict[str, str], policy: str, *extra: str) -> tuple[int,
     return result.rc, json.loads(result.stdout), result.stderr
 
 
-def _ladder_tags(lab: Lab) -> dict[str, str]:
-    """{Name: fleetops.io/ladder} as EC2 itself holds them (the lab's endpoint)."""
+def _ladder_tags(lab: Lab, key: str = "fleetops.io/ladder") -> dict[str, str]:
+    """{Name: the tag ``key``} as EC2 itself holds them (the lab's endpoint)."""
     url = running(lab.state_dir)
     assert url is not None
     ec2 = client(url, REGION)
@@ -119,8 +123,8 @@ def _ladder_tags(lab: Lab) -> dict[str, str]:
     for res in ec2.describe_instances()["Reservations"]:
         for inst in res["Instances"]:
             tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-            if "fleetops.io/ladder" in tags:
-                out[tags["Name"]] = tags["fleetops.io/ladder"]
+            if key in tags:
+                out[tags["Name"]] = tags[key]
     return out
 
 
@@ -179,6 +183,8 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert tags[ECC].startswith("gpu-fatal=0:quarantine:") and tags[EVENT].startswith(
         "ec2-event=0:stop-start:"
     )
+    spent = _ladder_tags(lab, SPENT)  # the budgeted actions (here only stop-start has a budget)
+    assert list(spent) == [EVENT] and re.fullmatch(r"stop-start:\d+", spent[EVENT]), spent
 
     # pass 2, from another controller (an empty state directory, as an AWX job in a fresh container):
     # the tags say where each ladder stands, so the ECC host climbs to stop-start; the budget (1 an
@@ -192,6 +198,15 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert {d[h]["status"] for h in (CRASH, EVENT, UCX)} == {"clean"}, two
     assert _actions(two) == []
     assert sorted(_ladder_tags(lab)) == [ECC]  # the cleared ladders' tags are deleted
+    assert _ladder_tags(lab, SPENT) == spent  # but lab-02's stop-start still counts for its hour
+
+    # pass 2b, from a third fresh controller: lab-02's ladder tag is gone with its fault, and its spent tag
+    # alone still holds the hour's one stop-start
+    rc, two_b, err = _pass(lab, env, _policy(tmp_path, 1), "--apply", "--state-dir", str(tmp_path / "third"))
+    assert rc == 0, err
+    d = _decisions(two_b)
+    assert d[ECC]["status"] == "budget" and "stop-start 1/h across the fleet used" in d[ECC]["reason"], d[ECC]
+    assert _actions(two_b) == []
 
     # pass 3: the budget raised to 2: stop-start, new hardware, the fault gone, the gate passed
     rc, three, err = _pass(lab, env, _policy(tmp_path, 2), "--apply")
@@ -206,6 +221,8 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert "gpu-fatal" in d[ECC]["still_quarantined"]
     assert json.loads((Path(env["FLEETOPS_STATE_DIR"]) / "auto" / "ladder.json").read_text())["hosts"] == {}
     assert _ladder_tags(lab) == {}
+    spent = _ladder_tags(lab, SPENT)  # both stop-starts of this hour, on the hosts they were taken on
+    assert sorted(spent) == [EVENT, ECC] and all(re.fullmatch(r"stop-start:\d+", v) for v in spent.values())
 
     # the quarantine is released by a person: only our taint and cordon go
     freed = fleetops(

@@ -720,18 +720,19 @@ def test_remediate_auto_jobs_in_fresh_ees_carry_the_ladder_and_the_budget_in_the
     state directory), over the lab fleet. Job 1 takes lab-02's first rung (reclaim, a real rollout on
     lab-02) and records it in the instance's fleetops.io/ladder tag. Job 2 knows it only from that tag:
     lab-02 climbs to the second rung, and the policy's budget (1 reclaim an hour), spent by job 1 and
-    counted from the tag, holds it back, saying so."""
+    counted from the tags (fleetops.io/spent, and the ladder's rung), holds it back, saying so."""
     _, _, ec2 = _ec2(lab)
     ids = {t["Value"]: t["ResourceId"] for t in ec2.describe_tags()["Tags"] if t["Key"] == "Name"}
 
-    def ladder_tags() -> dict[str, str]:
-        tags = ec2.describe_tags(Filters=[{"Name": "key", "Values": ["fleetops.io/ladder"]}])["Tags"]
+    def ladder_tags(key: str = "fleetops.io/ladder") -> dict[str, str]:
+        tags = ec2.describe_tags(Filters=[{"Name": "key", "Values": [key]}])["Tags"]
         names = {v: k for k, v in ids.items()}
         return {names[t["ResourceId"]]: t["Value"] for t in tags}
 
     def drop_ladder_tags() -> None:
-        for name in ladder_tags():
-            ec2.delete_tags(Resources=[ids[name]], Tags=[{"Key": "fleetops.io/ladder"}])
+        for key in ("fleetops.io/ladder", "fleetops.io/spent"):
+            for name in ladder_tags(key):
+                ec2.delete_tags(Resources=[ids[name]], Tags=[{"Key": key}])
 
     drop_ladder_tags()
     try:
@@ -749,6 +750,8 @@ def test_remediate_auto_jobs_in_fresh_ees_carry_the_ladder_and_the_budget_in_the
         assert "lab-02" in doc["actions"][0]["attempted"], doc["actions"]
         tags = ladder_tags()
         assert set(tags) == {"lab-02"}, tags  # the ladder travels with the instance
+        spent = ladder_tags("fleetops.io/spent")  # and the budget it spent, in a tag of its own
+        assert list(spent) == ["lab-02"] and spent["lab-02"].startswith("reclaim:"), spent
         time.sleep(2)  # past the first rung's clear_after
         second = _auto_job(lab, tmp_path / "job2", LADDER_POLICY, check=False)
         proc, seconds = _stream(image, second, "playbooks/remediate_auto.yml", tmp_path / "out2")

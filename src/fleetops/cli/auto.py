@@ -20,7 +20,8 @@ DESCRIPTION = (
     "actions, each rung given time to clear it, per-action budgets), run each action as a rollout (the "
     "same batches, gates, locks, EC2 lease and audit as `fleetops remediate ACTION`), and remember per "
     "host which rung was tried when (the state directory and, on EC2, the instance's fleetops.io/ladder "
-    "tag), so that the next pass climbs. One line per host says its finding, rule, rung and the action "
+    "tag, and the budgeted actions in its fleetops.io/spent tag), so that the next pass climbs and spends "
+    "the same budgets. One line per host says its finding, rule, rung and the action "
     "taken or why none. A dry run unless --apply; a dry run records nothing."
 )
 EPILOG = (
@@ -63,7 +64,8 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
     p.add_argument(
         "--no-ec2-tags",
         action="store_true",
-        help="do not read or write the instances' fleetops.io/ladder tag (e.g. no ec2:CreateTags)",
+        help="do not read or write the instances' fleetops.io/ladder and fleetops.io/spent tags "
+        "(e.g. no ec2:CreateTags; a controller with another state directory then knows neither)",
     )
     p.add_argument("--host-timeout", type=_host_timeout, default=None, metavar="S",
                    help="each action's --host-timeout (default: the action's)")  # fmt: skip
