@@ -319,25 +319,38 @@ print(json.dumps({"version": hierarchy.version, "root": str(hierarchy.root), "co
 
 
 def _fleetops_closure(path: Path) -> dict[str, str]:
-    """The fleetops modules ``path`` imports, and theirs, as {relative path: source} (read with ast,
-    so a module that gains an import is copied with it)."""
+    """The fleetops modules ``path`` imports, and theirs, as {path relative to src/: source} (read with
+    ast, so a module that gains an import is copied with it). A package is its ``__init__.py``; the
+    top package's is written empty (its own imports are not needed to import a submodule)."""
     import ast
     import importlib.util
 
+    import fleetops
+
+    src = Path(fleetops.__file__).parent.parent
     files: dict[str, str] = {"fleetops/__init__.py": ""}
-    todo, seen = [path], set()
+    todo, seen = [path], {"fleetops"}
     while todo:
-        source = todo.pop().read_text()
-        for node in ast.walk(ast.parse(source)):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        for node in ast.walk(ast.parse(todo.pop().read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                # `from fleetops.x import y` needs fleetops.x, and fleetops.x.y when y is a module
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             for name in names:
-                if name.startswith("fleetops.") and name not in seen:
-                    seen.add(name)
+                if name.split(".")[0] != "fleetops" or name in seen:
+                    continue
+                seen.add(name)
+                try:
                     spec = importlib.util.find_spec(name)
-                    assert spec is not None and spec.origin is not None, name
-                    files[name.replace(".", "/") + ".py"] = Path(spec.origin).read_text()
-                    todo.append(Path(spec.origin))
+                except ModuleNotFoundError:  # y is a name inside fleetops.x, not a module
+                    continue
+                if spec is None or spec.origin is None:
+                    continue
+                origin = Path(spec.origin)
+                files[str(origin.relative_to(src))] = origin.read_text()
+                todo.append(origin)
     return files
 
 
