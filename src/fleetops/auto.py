@@ -251,12 +251,7 @@ def merge_tags(
         for rec in ladder.hosts.get(host, {}).values():
             if rec.action == HUMAN or now - rec.last_tried > MAX_WINDOW_S or rec.last_tried > now:
                 continue
-            seen = any(
-                e.host == host and e.action == rec.action and abs(e.at - rec.last_tried) < 1.0
-                for e in ledger.entries
-            )
-            if not seen:
-                ledger.record(rec.action, host, group_of(host) or NO_GROUP, rec.last_tried, controller="tag")
+            ledger.record_once(rec.action, host, group_of(host) or NO_GROUP, rec.last_tried, controller="tag")
 
 
 @dataclass(frozen=True)

@@ -731,6 +731,25 @@ def test_the_ec2_tag_carries_a_hosts_ladders_to_another_controller() -> None:
             P.LadderState().merge_tag("a-1", bad, "tag of i-0abc")
 
 
+def test_record_once_skips_an_action_it_has_within_a_second_however_the_entries_changed() -> None:
+    """record_once keeps an index of the entries: it must follow every way they change."""
+    ledger = P.BudgetLedger()
+    ledger.record("fix", "a-1", "az-a", T0 + 0.7)
+    assert not ledger.record_once("fix", "a-1", "az-a", T0 + 1)  # 0.3 s apart: the same action
+    assert ledger.record_once("fix", "a-1", "az-a", T0 + 2)
+    assert ledger.record_once("reboot", "a-1", "az-a", T0 + 2) and ledger.record_once(
+        "fix", "b-1", "az-a", T0 + 2
+    )
+    ledger.record("fix", "c-1", "az-a", T0)  # a plain record after the index was built
+    assert not ledger.record_once("fix", "c-1", "az-a", T0 + 0.5)
+    ledger.prune(T0 + 1.5 + P.MAX_WINDOW_S)  # a new list: only the entries at T0 + 2 stay
+    assert [e.host for e in ledger.entries] == ["a-1", "a-1", "b-1"]
+    assert ledger.record_once("fix", "c-1", "az-a", T0 + 0.5)  # pruned, so not a duplicate any more
+    ledger.entries = []  # replaced by hand
+    assert ledger.record_once("fix", "a-1", "az-a", T0 + 2)
+    assert [(e.action, e.host, e.at) for e in ledger.entries] == [("fix", "a-1", T0 + 2)]
+
+
 def test_the_spent_tag_carries_the_budgeted_actions_of_their_windows_to_another_controller() -> None:
     mine = P.BudgetLedger()
     mine.record("stop-start", "a-1", "az-a", T0 - 2 * HOUR)  # outside its 1h window: not carried
