@@ -54,7 +54,7 @@ from tests.paths import REPO
 
 IMAGE = "localhost/fleetops-ee:latest"
 BIN = Path(sys.executable).parent
-GHOST = ("lab-ghost", "10.213.0.250")  # in the lab's subnet, nothing answers: no route to host
+GHOST = "lab-ghost"  # at Lab.unused_ip: in the lab's subnet, nothing answers: no route to host
 ALLOWLIST = ["ssh.service"]
 
 pytestmark = [
@@ -103,7 +103,7 @@ def lab() -> Iterator[Lab]:
 
 def _lab_inventory(lab: Lab) -> dict[str, Any]:
     inventory: dict[str, Any] = yaml.safe_load(lab.inventory_path().read_text())
-    inventory["all"]["children"]["fleetops_lab"]["hosts"][GHOST[0]] = {"ansible_host": GHOST[1]}
+    inventory["all"]["children"]["fleetops_lab"]["hosts"][GHOST] = {"ansible_host": lab.unused_ip}
     return inventory
 
 
@@ -187,7 +187,7 @@ def expected(
         host: (entry["status"], sorted((f["check"], f["severity"]) for f in entry.get("findings", [])))
         for host, entry in report["hosts"].items()
     }
-    assert out[GHOST[0]][0] == "unreachable"
+    assert out[GHOST][0] == "unreachable"
     assert {host for host, (status, _) in out.items() if status == "ok"} == {"lab-01", "lab-02"}
     # the allow-list leaves units unexpected on every reachable host: there are findings to compare
     assert all(("unexpected_unit", "warning") in out[h][1] for h in ("lab-01", "lab-02")), out
@@ -326,7 +326,7 @@ def _awx_ec2_job(lab: Lab, path: Path, extravars: dict[str, Any]) -> Path:
     pdd = _private_data_dir(lab, path)
     inventory = yaml.safe_load((pdd / "inventory" / "hosts.yml").read_text())
     hosts = inventory["all"]["children"]["fleetops_lab"]["hosts"]
-    del hosts[GHOST[0]]
+    del hosts[GHOST]
     ec2_vars = _ec2_hostvars(lab)
     for host, hostvars in hosts.items():
         hostvars["ec2_instance_id"] = ec2_vars[host]["ec2_instance_id"]

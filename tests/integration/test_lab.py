@@ -83,11 +83,11 @@ def _boot_id(lab: Lab, name: str) -> str:
     return lab.run(name, "cat /proc/sys/kernel/random/boot_id", check=True, timeout=30).stdout.strip()
 
 
-def _our_pids(hosts: list[LabHost]) -> set[int]:
+def _our_pids(lab: Lab, hosts: list[LabHost]) -> set[int]:
     pids: set[int] = set()
     for host in hosts:
         pids.update(p for p in (host.pid, host.supervisor_pid) if p)
-        pids.update(system.cgroup_pids(f"fleetops-lab/{host.name}"))
+        pids.update(system.cgroup_pids(f"{lab.names.cgroup_parent}/{host.name}"))
     return pids
 
 
@@ -96,10 +96,10 @@ def _assert_nothing_left(lab: Lab, pids: set[int]) -> None:
     assert not alive, f"processes left running: {alive}"
     assert not system.mounts_under(lab.state_dir), "mounts left under the state dir"
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    assert "fleetops-lab-" not in netns
-    assert not system.link_exists("fleetops0")
-    assert not [link for link in system.link_names() if link.startswith("fleetops")]
-    left = [p for p in system.cgroup_paths("fleetops-lab") if p.exists()]
+    assert not [ns for ns in netns.split() if ns.startswith(lab.names.netns_prefix)]
+    assert not system.link_exists(lab.names.bridge)
+    assert not [link for link in system.link_names() if link.startswith(lab.names.link_prefix)]
+    left = [p for p in system.cgroup_paths(lab.names.cgroup_parent) if p.exists()]
     assert not left, f"cgroups left: {left}"
     assert lab.status() == []
     assert not lab.inventory_path().exists()
@@ -120,7 +120,10 @@ def lab() -> Iterator[Lab]:
 def test_up_boots_ssh_ready_hosts_with_systemd_as_pid_1(lab: Lab) -> None:
     hosts = lab.up(2, progress=print, timeout=BOOT_TIMEOUT_S + 120)  # the first run builds the rootfs
     assert [h.name for h in hosts] == ["lab-01", "lab-02"]
-    assert [h.ip for h in hosts] == ["10.213.0.11", "10.213.0.139"]
+    net = (
+        lab.names.network.network_address
+    )  # the default lab's is 10.213.0.0 (tests/fleetops/test_lab_names.py)
+    assert [h.ip for h in hosts] == [str(net + 11), str(net + 139)]
     assert [h.az for h in hosts] == ["lab-1a", "lab-1b"]
     assert all(h.running and h.ssh_ok and h.pid and h.supervisor_pid for h in hosts)
     for host in hosts:
@@ -138,8 +141,8 @@ def test_up_boots_ssh_ready_hosts_with_systemd_as_pid_1(lab: Lab) -> None:
     inventory = yaml.safe_load(lab.inventory_path().read_text())
     children = inventory["all"]["children"]
     assert children["fleetops_lab"]["hosts"] == {
-        "lab-01": {"ansible_host": "10.213.0.11", "fleetops_az": "lab-1a"},
-        "lab-02": {"ansible_host": "10.213.0.139", "fleetops_az": "lab-1b"},
+        "lab-01": {"ansible_host": str(net + 11), "fleetops_az": "lab-1a"},
+        "lab-02": {"ansible_host": str(net + 139), "fleetops_az": "lab-1b"},
     }
     assert children["fleetops_lab"]["vars"]["ansible_ssh_private_key_file"] == str(lab.key_path)
     assert children["az_lab_1a"] == {"hosts": {"lab-01": {}}}
@@ -233,7 +236,7 @@ def test_guest_reboot_comes_back_with_a_new_boot_id(lab: Lab) -> None:
 def test_down_leaves_nothing(lab: Lab) -> None:
     hosts = lab.status()
     assert len(hosts) == 2
-    pids = _our_pids(hosts)
+    pids = _our_pids(lab, hosts)
     assert pids
     lab.down()
     _assert_nothing_left(lab, pids)
@@ -264,7 +267,7 @@ def test_a_killed_run_is_recovered_by_up_and_cleaned_by_down(lab: Lab) -> None:
 
     # Kill everything again, mounts and namespaces stay behind: down must clean it all.
     victims = lab.status(probe_ssh=False)
-    pids = _our_pids(victims)
+    pids = _our_pids(lab, victims)
     for host in victims:
         for pid in (host.supervisor_pid, host.pid):
             if pid:
@@ -275,7 +278,7 @@ def test_a_killed_run_is_recovered_by_up_and_cleaned_by_down(lab: Lab) -> None:
 
     hosts = lab.up(1, timeout=BOOT_TIMEOUT_S)  # and up works after it
     assert [h.name for h in hosts] == ["lab-01"] and hosts[0].ssh_ok
-    pids = _our_pids(hosts)
+    pids = _our_pids(lab, hosts)
     lab.down()
     _assert_nothing_left(lab, pids)
 

@@ -15,7 +15,6 @@ import yaml
 from fleetops.ansible.inventory import load_hosts
 from fleetops.rollout.preflight import preflight
 from fleetops_lab import Lab
-from fleetops_lab.core import host_ip
 from tests.helpers import fleetops
 
 pytestmark = pytest.mark.lab
@@ -27,7 +26,7 @@ def lab() -> Iterator[Lab]:
     lab = Lab()
     lab.up(2)
     try:
-        lab.run(JUMP, f"echo '{host_ip(BEHIND)} behind-lab-02' >> /etc/hosts", check=True)
+        lab.run(JUMP, f"echo '{lab.host_ip(BEHIND)} behind-lab-02' >> /etc/hosts", check=True)
         yield lab
     finally:
         lab.down()
@@ -36,7 +35,7 @@ def lab() -> Iterator[Lab]:
 def _inventory(lab: Lab, tmp_path: Path) -> Path:
     config = tmp_path / "ssh_config"
     config.write_text(
-        f"Host lab-jump\n  HostName {host_ip(JUMP)}\n  User root\n  IdentityFile {lab.key_path}\n"
+        f"Host lab-jump\n  HostName {lab.host_ip(JUMP)}\n  User root\n  IdentityFile {lab.key_path}\n"
         f"  UserKnownHostsFile {lab.known_hosts_path}\n  StrictHostKeyChecking yes\n"
         f"Host behind-lab-02\n  HostKeyAlias {BEHIND}\n"
     )

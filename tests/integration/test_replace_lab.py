@@ -20,7 +20,6 @@ import pytest
 from fleetops_lab import Lab
 from fleetops_lab import asg as lab_asg
 from fleetops_lab import ec2 as lab_ec2
-from fleetops_lab.core import host_ip
 from fleetops_lab.ec2sim import client
 from tests.helpers import fleetops
 
@@ -138,7 +137,7 @@ def test_replace_dry_run_refusal_and_apply(lab: Lab, env: dict[str, str], tmp_pa
     replaced, scan = outcome["result"]["tasks"]
     assert replaced["instance_id"] == names["lab-01"] and replaced["group"] == lab_asg.GROUP
     (new,) = replaced["new_instances"]
-    assert new["name"] == "lab-04" and new["tags"][lab_asg.ADDRESS_TAG] == host_ip("lab-04")
+    assert new["name"] == "lab-04" and new["tags"][lab_asg.ADDRESS_TAG] == lab.host_ip("lab-04")
     assert scan["findings"] == [] or all(f["severity"] == "info" for f in scan["findings"]), scan["findings"]
     group = _group(lab)
     assert group["DesiredCapacity"] == 2

@@ -2,8 +2,8 @@
 --host-timeout and leaves no lock behind; a capacity floor of 0 keeps an AZ with an unreachable host
 untouched while the other AZ proceeds.
 
-The lab: lab-01 and lab-03 in us-east-1a, lab-02 in us-east-1b (odd/even). Run one at a time under
-the lab lock: ``flock /tmp/fleetops-lab.lock .venv/bin/pytest -q tests/integration/test_rollout_guards_lab.py``.
+The lab: lab-01 and lab-03 in us-east-1a, lab-02 in us-east-1b (odd/even), in this
+worker's lab (FLEETOPS_LAB: tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_a_capacity_floor_of_zero_keeps_a_degraded_az_untouched(lab: Lab, env: d
     """lab-01 (AZ lab-1a) made unreachable by taking its link down: with --max-unhealthy 0 no other
     host of lab-1a (lab-03) is touched; lab-1b's lab-02 is unaffected by it (it runs, even though the
     plan put lab-03's batch first); the rollout ends with exit 3, lab-03 pending for --resume."""
-    veth = "fleetops-v01"
+    veth = lab.link("lab-01")
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
         result = fleetops(

@@ -169,11 +169,11 @@ def test_preflight_refuses_when_too_many_hosts_are_unreachable_and_changes_nothi
 ) -> None:
     inventory = yaml.safe_load(lab.inventory_path().read_text())
     group = inventory["all"]["children"]["fleetops_lab"]["hosts"]
-    group["lab-ghost"] = {"ansible_host": "10.213.0.250"}  # in the lab's subnet, nobody there
+    group["lab-ghost"] = {"ansible_host": lab.unused_ip}  # in the lab's subnet, nobody there
     # a host whose key does not match what known_hosts says (a rebuilt host, or worse)
     bad_known = tmp_path / "known_hosts"
     bad_known.write_text(
-        "10.213.0.139 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+        f"{lab.host_ip('lab-02')} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
     )
     group["lab-02"] = {
         **group["lab-02"],

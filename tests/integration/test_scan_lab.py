@@ -49,7 +49,7 @@ def test_unreachable_host_is_reported_and_others_still_scanned(lab: Lab, tmp_pat
     inventory = yaml.safe_load(lab.inventory_path().read_text())
     hosts = inventory["all"]["children"]["fleetops_lab"]["hosts"]
     # An address in the lab's own subnet where no host answers: ssh fails fast with no route to host.
-    hosts["lab-ghost"] = {"ansible_host": "10.213.0.250"}
+    hosts["lab-ghost"] = {"ansible_host": lab.unused_ip}
     inv = tmp_path / "with-ghost.yml"
     inv.write_text(yaml.safe_dump(inventory))
     result = fleetops("scan", "-i", str(inv), "--format", "json", "--quiet", "--forks", "10")

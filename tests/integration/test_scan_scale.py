@@ -160,10 +160,10 @@ def test_pipelining_and_controlpersist_are_in_effect_through_runner(
     assert len(execs) == 1, execs
 
 
-def _sshd_pids(name: str) -> list[int]:
+def _sshd_pids(lab: Lab, name: str) -> list[int]:
     """The guest's sshd processes, as host PIDs, from the guest's cgroup (seen from this machine)."""
     for procs in Path("/sys/fs/cgroup").glob(
-        f"*/fleetops-lab/{name}/payload/system.slice/ssh.service/cgroup.procs"
+        f"*/{lab.names.cgroup_parent}/{name}/payload/system.slice/ssh.service/cgroup.procs"
     ):
         pids = [int(p) for p in procs.read_text().split()]
         sshd = [p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "sshd"]
@@ -182,7 +182,7 @@ def test_hung_host_is_unreachable_after_the_host_timeout_and_the_others_arrive(
     warm, cold = tmp_path / "warm", tmp_path / "cold"
     first = _scan(lab, host_timeout, warm)  # leaves ControlPersist masters to every host
     assert first.rc in (0, 1), first.stderr
-    pids = _sshd_pids(HUNG)
+    pids = _sshd_pids(lab, HUNG)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:

@@ -7,6 +7,8 @@ Processes are always signalled by PID after checking what they are (never by nam
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -281,3 +283,26 @@ def netns_names() -> list[str]:
         return sorted(os.listdir(NETNS_DIR))
     except OSError:
         return []
+
+
+def subnet_clash(network: ipaddress.IPv4Network, own_link: str) -> str | None:
+    """An IPv4 address or route of this machine, on a link other than ``own_link``, that overlaps
+    ``network`` (the default route aside), said as ``ip`` would; None when there is none."""
+    addrs = json.loads(run_cmd(["ip", "-j", "-4", "addr", "show"], what="list addresses").stdout or "[]")
+    for link in addrs:
+        if link.get("ifname") == own_link:
+            continue
+        for info in link.get("addr_info", []):
+            with contextlib.suppress(KeyError, ValueError):
+                net = ipaddress.IPv4Network(f"{info['local']}/{info['prefixlen']}", strict=False)
+                if net.overlaps(network):
+                    return f"address {info['local']}/{info['prefixlen']} on {link.get('ifname')}"
+    routes = json.loads(run_cmd(["ip", "-j", "-4", "route", "show"], what="list routes").stdout or "[]")
+    for route in routes:
+        dst, dev = route.get("dst", ""), route.get("dev")
+        if dst == "default" or dev == own_link:
+            continue
+        with contextlib.suppress(ValueError):
+            if ipaddress.IPv4Network(dst, strict=False).overlaps(network):
+                return f"route {dst} dev {dev}" if dev else f"route {dst}"
+    return None

@@ -269,7 +269,7 @@ def up(
     """Boot ``count`` instance hosts and ``spares`` spare hosts; the first ``members`` instances (all by
     default) form the group. Returns (member host names, spare host names)."""
     from fleetops_lab import ec2 as lab_ec2
-    from fleetops_lab.core import Lab, host_az, host_ip, host_name
+    from fleetops_lab.core import Lab, host_az, host_name
 
     members = count if members is None else members
     if not 1 <= members <= count or spares < 0:
@@ -283,7 +283,9 @@ def up(
     names = [host_name(i) for i in range(1, count + 1)]
     spare_names = [host_name(i) for i in range(count + 1, count + spares + 1)]
     state_dir = lab.state_dir
-    inventory = lab_ec2.up(state_dir, [(n, host_ip(n), host_az(n)) for n in names], lab.ssh_vars(), say)
+    inventory = lab_ec2.up(
+        state_dir, [(n, lab.host_ip(n), host_az(n)) for n in names], lab.ssh_vars(), say, lab.names
+    )
     url = lab_ec2.running(state_dir)
     if url is None:
         raise LabError("Failed to start the lab's Auto Scaling group: the lab's EC2 endpoint is not running")
@@ -297,7 +299,9 @@ def up(
         lab.power(spare, False, progress=progress)
     atomic_write(
         config_path(state_dir),
-        json.dumps({"group": GROUP, "members": member_names, "spares": {s: host_ip(s) for s in spare_names}}),
+        json.dumps(
+            {"group": GROUP, "members": member_names, "spares": {s: lab.host_ip(s) for s in spare_names}}
+        ),
     )
     _use_address_tag(inventory)
     say(

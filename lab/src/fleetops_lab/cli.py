@@ -7,18 +7,26 @@ COMMAND`` runs the same commands.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from fleetops.cli.errors import run_main
 from fleetops_lab.core import DEFAULT_HOSTS, MAX_HOSTS, Lab, LabHost, host_index
 from fleetops_lab.errors import LabError
+from fleetops_lab.names import ENV as LAB_ENV
+from fleetops_lab.names import check_name, current_name, lab_names
 from fleetops_lab.vm import DEFAULT_MEMORY_MIB
 
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _prefixed(prefix: str) -> Callable[[str], None]:
+    return lambda line: _progress(prefix + line)
 
 
 def _table(hosts: Sequence[LabHost]) -> str:
@@ -76,6 +84,23 @@ def _up_asg(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Build what labs boot from, each cached by its inputs and locked against a second builder: the
+    rootfs; with --vm the VM image; with --ucx the UCX wheels the lab's UCX services install."""
+    from fleetops_lab import image, rootfs
+    from fleetops_lab.host_faults import UCX_UNFIXED_VERSION, UCX_WHEEL_VERSION, ensure_ucx_wheel
+
+    say = (lambda _line: None) if args.quiet else _progress
+    cache = Lab().cache_dir
+    print(rootfs.ensure_rootfs(cache, say))
+    if args.vm:
+        print(image.ensure_image(cache, say))
+    if args.ucx:
+        for version in (UCX_WHEEL_VERSION, UCX_UNFIXED_VERSION):
+            print(ensure_ucx_wheel(version))
+    return 0
+
+
 def cmd_power(args: argparse.Namespace) -> int:
     Lab().power(
         args.name, args.state == "on", progress=None if args.quiet else _progress, timeout=args.timeout
@@ -110,7 +135,15 @@ def _cgroups(text: str) -> list[int]:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    Lab().down(progress=None if args.quiet else _progress)
+    if not args.all:
+        Lab().down(progress=None if args.quiet else _progress)
+        return 0
+    from fleetops_lab.names import labs_on_this_machine
+
+    for name in labs_on_this_machine():  # each in its own state dir: $FLEETOPS_LAB_DIR is one lab's
+        state = None if name != current_name() else os.environ.get("FLEETOPS_LAB_DIR")
+        lab = Lab(name=name, state_dir=Path(state) if state else lab_names(name).default_state_dir)
+        lab.down(progress=None if args.quiet else _prefixed(f"[{name}] "))
     return 0
 
 
@@ -220,6 +253,17 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     up.set_defaults(func=cmd_up)
 
+    prepare = sub.add_parser(
+        "prepare",
+        help="build what labs boot from (the rootfs; --vm: the VM image; --ucx: the UCX wheels), cached",
+        description="Build the lab's cached inputs ahead of time (CI does, beside its lint and unit tests). "
+        "Each is cached by a hash of its recipe and built by one process at a time; a second waits.",
+    )
+    prepare.add_argument("--vm", action="store_true", help="also the VM image (QEMU hosts)")
+    prepare.add_argument("--ucx", action="store_true", help="also the UCX wheels (pip download)")
+    prepare.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    prepare.set_defaults(func=cmd_prepare)
+
     power = sub.add_parser(
         "power",
         help="power a lab host off (orderly) or on again, keeping its disk (what EC2 stop/start uses)",
@@ -231,6 +275,11 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
     power.set_defaults(func=cmd_power)
 
     down = sub.add_parser("down", help="stop all lab hosts and remove what they used (idempotent)")
+    down.add_argument(
+        "--all",
+        action="store_true",
+        help="every lab on this machine, whatever its name (each in its own state dir)",
+    )
     down.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     down.set_defaults(func=cmd_down)
 
@@ -261,13 +310,30 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
     fault.set_defaults(func=cmd_fault)
 
 
+def _use_lab(args: argparse.Namespace) -> int:
+    """``--lab NAME`` selects the lab for this command and all it starts, as ``FLEETOPS_LAB`` does."""
+    if args.lab is not None:
+        os.environ[LAB_ENV] = check_name(args.lab)
+    return int(args.func(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fleetops-lab", description="The fleetops test-host lab.")
+    parser = argparse.ArgumentParser(
+        prog="fleetops-lab",
+        description="The fleetops test-host lab. Several labs run side by side when each has its own name.",
+    )
+    parser.add_argument(
+        "--lab",
+        metavar="NAME",
+        default=None,
+        help=f"which lab (default: ${LAB_ENV}, else the default lab): its own bridge, subnet, links, "
+        "namespaces, cgroups, lock and state dir; 1-6 characters, [a-z][a-z0-9]*; host names stay lab-NN",
+    )
     sub = parser.add_subparsers(dest="lab_command", metavar="COMMAND")
     sub.required = True
     add_commands(sub)
     args = parser.parse_args(argv)
-    return run_main("fleetops-lab", lambda: int(args.func(args)))
+    return run_main("fleetops-lab", lambda: _use_lab(args))
 
 
 if __name__ == "__main__":

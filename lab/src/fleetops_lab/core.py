@@ -4,10 +4,12 @@ Each host ``lab-NN`` is an overlayfs over one cached Debian rootfs, a network na
 ``fleetops-lab-NN`` joined to the bridge ``fleetops0`` (10.213.0.1/24) by a veth pair, its own
 cgroups (``fleetops-lab/lab-NN`` in the systemd, unified, memory and pids hierarchies), and a
 detached supervisor that runs ``systemd-nspawn --boot`` and restarts it when the guest reboots.
+Those are the default lab's names; a named lab (``FLEETOPS_LAB=NAME``, ``Lab(name=NAME)``) has its
+own of each (``fleetops_lab.names``), so several labs run side by side.
 
-Every name is derived from the host's number, so ``up`` and ``down`` find what a killed run left
-(mounts, namespaces, links, cgroups, processes) by name and state directory, not from a state file.
-One lab per machine: the names are machine-wide, and a machine-wide lock serialises up and down.
+Every name is derived from the lab's name and the host's number, so ``up`` and ``down`` find what a
+killed run left (mounts, namespaces, links, cgroups, processes) by name and state directory, not from
+a state file. A lock per lab serialises its up and down; labs of other names are never touched.
 """
 
 from __future__ import annotations
@@ -37,30 +39,14 @@ from fleetops_lab import image as lab_image
 from fleetops_lab import rootfs
 from fleetops_lab import vm as lab_vm
 from fleetops_lab.errors import LabError
+from fleetops_lab.names import AZS, LabNames, lab_names
 
 Progress = Callable[[str], None]
 
-DEFAULT_STATE_DIR = Path("/var/lib/fleetops/lab")
 DEFAULT_CACHE_DIR = Path("/var/cache/fleetops")
 DEFAULT_HOSTS = 3
 MAX_HOSTS = 64
-
-BRIDGE = "fleetops0"
-SUBNET_PREFIX = "10.213.0."
-BRIDGE_CIDR = f"{SUBNET_PREFIX}1/24"
-# Fixed MACs (locally administered): a host re-created after a crash keeps its MAC, so neither this
-# machine's neighbour cache nor the other guests' (for the bridge) point at a vanished link.
-BRIDGE_MAC = "02:fe:0a:d5:00:01"
-AZS = ("lab-1a", "lab-1b")
-CGROUP_PARENT = "fleetops-lab"
-NETNS_PREFIX = "fleetops-lab-"
-MACHINE_PREFIX = "fleetops-lab-"
 GROUP = "fleetops_lab"
-
-# Machine-wide: the names above are machine-wide, so the lock and the owner record are too.
-RUN_DIR = Path("/run/fleetops")
-LOCK_FILE = RUN_DIR / "lab.lock"
-OWNER_FILE = RUN_DIR / "lab.json"
 
 SUPERVISOR_MODULE = "fleetops_lab.supervisor"
 NSPAWN_LOCKS = Path("/run/systemd/nspawn/locks")
@@ -70,7 +56,6 @@ VM_POWEROFF_TIMEOUT_S = 120.0
 KILL_TIMEOUT_S = 10.0
 
 _NAME_RE = re.compile(r"^lab-(\d{2,3})$")
-_LINK_RE = re.compile(r"^fleetops-[vpt](\d{2,3})$")
 REQUIRED_TOOLS = ("systemd-nspawn", "ip", "ssh", "ssh-keygen", "mount", "umount")
 
 
@@ -93,10 +78,18 @@ INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
 INOTIFY_PER_HOST = 8  # measured: a guest's systemd takes 5, dbus-daemon 1, systemd-logind 1
 
 
-def _ensure_inotify(hosts: int, say: Progress) -> None:
+def _ensure_inotify(hosts: int, say: Progress, machine_prefix: str) -> None:
     """Let ``hosts`` guests boot: each systemd needs inotify instances, and the kernel's default
     per-user limit (128; every guest runs as root) stops a lab at about 18 hosts ("Failed to allocate
-    manager object: Too many open files"). Raised for this boot only (not persisted), and said so."""
+    manager object: Too many open files"). The limit is machine-wide, so the other labs' running guests
+    count too. Raised for this boot only (not persisted), and said so."""
+    others = 0
+    for pid in system.all_pids():
+        argv = system.cmdline(pid)
+        if argv and os.path.basename(argv[0]) == "systemd-nspawn":
+            machine = _arg_value(argv, "--machine") or ""
+            others += not machine.startswith(machine_prefix)
+    hosts += others
     current = int(INOTIFY_INSTANCES.read_text())
     wanted = 128 + INOTIFY_PER_HOST * hosts
     if current < wanted:
@@ -115,46 +108,8 @@ def host_index(name: str) -> int:
     return int(match.group(1))
 
 
-def host_ip(name: str) -> str:
-    """lab-1a hosts (odd numbers) in 10.213.0.0/25 from .11, lab-1b hosts (even) in 10.213.0.128/25 from .139.
-
-    One contiguous half of the /24 per AZ, so the lab's EC2 side can give each AZ a subnet that
-    holds exactly its hosts' addresses (an EC2 instance's private IP must lie in its subnet).
-    """
-    index = host_index(name)
-    return f"{SUBNET_PREFIX}{10 + (index + 1) // 2}" if index % 2 else f"{SUBNET_PREFIX}{138 + index // 2}"
-
-
 def host_az(name: str) -> str:
     return AZS[(host_index(name) - 1) % len(AZS)]
-
-
-def _machine(name: str) -> str:
-    return MACHINE_PREFIX + name.removeprefix("lab-")
-
-
-def _netns(name: str) -> str:
-    return NETNS_PREFIX + name.removeprefix("lab-")
-
-
-def _cgroup(name: str) -> str:
-    return f"{CGROUP_PARENT}/{name}"
-
-
-def _veth_host(name: str) -> str:
-    return f"fleetops-v{name.removeprefix('lab-')}"
-
-
-def _veth_peer(name: str) -> str:
-    return f"fleetops-p{name.removeprefix('lab-')}"
-
-
-def _guest_mac(name: str) -> str:
-    return f"02:fe:0a:d5:00:{10 + host_index(name):02x}"
-
-
-def _veth_mac(name: str) -> str:
-    return f"02:fe:0a:d5:01:{10 + host_index(name):02x}"
 
 
 def _name_from_number(number: str) -> str | None:
@@ -179,8 +134,9 @@ class _Procs:
     vms: list[int] = field(default_factory=list)  # QEMU processes (VM hosts)
 
 
-def _lab_processes() -> dict[str, _Procs]:
-    """Supervisors and systemd-nspawn processes of lab hosts, by host name, from one /proc scan."""
+def _lab_processes(machine_prefix: str) -> dict[str, _Procs]:
+    """Supervisors and systemd-nspawn processes of one lab's hosts (by its machine prefix), by host name,
+    from one /proc scan."""
     found: dict[str, _Procs] = {}
     for pid in system.all_pids():
         argv = system.cmdline(pid)
@@ -192,9 +148,9 @@ def _lab_processes() -> dict[str, _Procs]:
             machine, kind = _arg_value(argv, "--machine"), "nspawn"
         else:
             continue
-        if not machine or not machine.startswith(MACHINE_PREFIX) or not system.pid_alive(pid):
+        if not machine or not machine.startswith(machine_prefix) or not system.pid_alive(pid):
             continue
-        name = _name_from_number(machine.removeprefix(MACHINE_PREFIX))
+        name = _name_from_number(machine.removeprefix(machine_prefix))
         if name is None:
             continue
         procs = found.setdefault(name, _Procs([], [], []))
@@ -205,8 +161,8 @@ def _lab_processes() -> dict[str, _Procs]:
             directory = _arg_value(argv, "--directory")
             if directory:
                 procs.directories.append(directory)
-    for machine, pids in lab_vm.qemu_processes(MACHINE_PREFIX).items():
-        vm_name = _name_from_number(machine.removeprefix(MACHINE_PREFIX))
+    for machine, pids in lab_vm.qemu_processes(machine_prefix).items():
+        vm_name = _name_from_number(machine.removeprefix(machine_prefix))
         if vm_name is not None:
             found.setdefault(vm_name, _Procs([], [], [])).vms.extend(pids)
     return found
@@ -216,12 +172,68 @@ def _lab_processes() -> dict[str, _Procs]:
 
 
 class Lab:
-    """A fleet of lab hosts on this machine. Needs root for everything but the path helpers."""
+    """A fleet of lab hosts on this machine. Needs root for everything but the path helpers.
 
-    def __init__(self, state_dir: Path | None = None, cache_dir: Path | None = None) -> None:
+    ``name``: which lab (``fleetops_lab.names``); default ``$FLEETOPS_LAB``, else the default lab.
+    The state dir defaults to ``$FLEETOPS_LAB_DIR``, else the lab's own under /var/lib/fleetops.
+    """
+
+    def __init__(
+        self, state_dir: Path | None = None, cache_dir: Path | None = None, name: str | None = None
+    ) -> None:
+        self.names: LabNames = lab_names(name)
         env_state, env_cache = os.environ.get("FLEETOPS_LAB_DIR"), os.environ.get("FLEETOPS_CACHE_DIR")
-        self.state_dir = Path(state_dir or env_state or DEFAULT_STATE_DIR).absolute()
+        self.state_dir = Path(state_dir or env_state or self.names.default_state_dir).absolute()
         self.cache_dir = Path(cache_dir or env_cache or DEFAULT_CACHE_DIR).absolute()
+
+    @property
+    def name(self) -> str:
+        return self.names.name
+
+    # ------------------------------------------------------------------ names
+
+    def host_ip(self, name: str) -> str:
+        """The address of lab host ``name`` in this lab (see ``LabNames.host_ip``)."""
+        return self.names.host_ip(host_index(name))
+
+    @property
+    def unused_ip(self) -> str:
+        """An address in this lab's subnet that no host ever has (.250): ssh to it fails, no route to host."""
+        return str(self.names.network.network_address + 250)
+
+    def link(self, name: str) -> str:
+        """This machine's end of host ``name``'s veth pair (on the lab's bridge)."""
+        return self._veth_host(name)
+
+    def _number(self, name: str) -> str:
+        return name.removeprefix("lab-")
+
+    def _machine(self, name: str) -> str:
+        return self.names.machine_prefix + self._number(name)
+
+    def _netns(self, name: str) -> str:
+        return self.names.netns_prefix + self._number(name)
+
+    def _cgroup(self, name: str) -> str:
+        return f"{self.names.cgroup_parent}/{name}"
+
+    def _veth_host(self, name: str) -> str:
+        return f"{self.names.link_prefix}v{self._number(name)}"
+
+    def _veth_peer(self, name: str) -> str:
+        return f"{self.names.link_prefix}p{self._number(name)}"
+
+    def _tap(self, name: str) -> str:
+        return f"{self.names.link_prefix}t{self._number(name)}"
+
+    def _guest_mac(self, name: str) -> str:
+        return f"{self.names.mac_prefix}:00:{10 + host_index(name):02x}"
+
+    def _veth_mac(self, name: str) -> str:
+        return f"{self.names.mac_prefix}:01:{10 + host_index(name):02x}"
+
+    def _procs(self) -> dict[str, _Procs]:
+        return _lab_processes(self.names.machine_prefix)
 
     # ------------------------------------------------------------------ paths
 
@@ -300,8 +312,9 @@ class Lab:
         started = time.monotonic()
         with self._locked():
             self._claim("start the lab")
+            self._check_subnet("start the lab")
             base = rootfs.ensure_rootfs(self.cache_dir, say)
-            _ensure_inotify(count, say)
+            _ensure_inotify(count, say, self.names.machine_prefix)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.hosts_dir.mkdir(exist_ok=True)
             self._ensure_key()
@@ -313,7 +326,7 @@ class Lab:
                 for i, n in enumerate(wanted[count - vm :]):
                     cg = vm_cgroup[min(i, len(vm_cgroup) - 1)]
                     specs[n] = lab_vm.VmSpec(str(img), vm_memory_mib, cg, accel)
-            procs = _lab_processes()
+            procs = self._procs()
             keep = [n for n in wanted if self._healthy(n, base, procs, specs.get(n))]
             stale = sorted((self._discover(procs) | set(wanted)) - set(keep))
             # Refuse before anything is stopped: what the VMs to start need, less what stopping VMs frees.
@@ -352,7 +365,11 @@ class Lab:
             self._write_inventory(wanted)
             if ec2:
                 lab_ec2.up(
-                    self.state_dir, [(n, host_ip(n), host_az(n)) for n in wanted], self.ssh_vars(), say
+                    self.state_dir,
+                    [(n, self.host_ip(n), host_az(n)) for n in wanted],
+                    self.ssh_vars(),
+                    say,
+                    self.names,
                 )
             elif lab_ec2.running(self.state_dir):
                 lab_ec2.down(self.state_dir)
@@ -369,7 +386,7 @@ class Lab:
         say = progress or (lambda _line: None)
         started = time.monotonic()
         with self._locked():
-            procs = _lab_processes()
+            procs = self._procs()
             names = sorted(self._discover(procs))
             if names:
                 say(f"lab: stopping {len(names)} host(s): {', '.join(names)}")
@@ -379,9 +396,9 @@ class Lab:
                 lab_ec2.down(state_dir)
                 system.unmount_under(state_dir / "hosts", what="unmount the lab's overlays")
             for link in system.link_names():
-                if _LINK_RE.match(link) or link == BRIDGE:
+                if self.names.link_re.match(link) or link == self.names.bridge:
                     system.run_cmd(["ip", "link", "delete", link], what=f"delete link {link}", check=False)
-            left = system.cgroup_prune(CGROUP_PARENT, keep_top=False)
+            left = system.cgroup_prune(self.names.cgroup_parent, keep_top=False)
             if left:
                 raise LabError(f"Failed to remove the lab's cgroups: still in use: {left[0]}")
             rootfs.cleanup_stale_builds(self.cache_dir)
@@ -392,7 +409,7 @@ class Lab:
                 with contextlib.suppress(OSError):
                     (state_dir / "hosts").rmdir()
             with contextlib.suppress(FileNotFoundError):
-                OWNER_FILE.unlink()
+                self.names.owner_file.unlink()
         say(f"lab: down in {time.monotonic() - started:.1f} s")
 
     # ------------------------------------------------------------------ power
@@ -415,7 +432,7 @@ class Lab:
                 raise LabError(
                     f"Failed to power {'on' if on else 'off'} {name}: it is not up (run 'fleetops-lab up')"
                 )
-            p = _lab_processes().get(name, _Procs([], [], []))
+            p = self._procs().get(name, _Procs([], [], []))
             spec = lab_vm.recorded_spec(host_dir)
             if not on:
                 if spec is not None:
@@ -424,7 +441,7 @@ class Lab:
                         say(
                             f"lab: {name} did not power off within {timeout or VM_POWEROFF_TIMEOUT_S:g} s: QEMU quit"
                         )
-                    self._stop_processes(name, _lab_processes().get(name, _Procs([], [], [])))
+                    self._stop_processes(name, self._procs().get(name, _Procs([], [], [])))
                 else:
                     self._stop_processes(name, p)
                 say(f"lab: {name} powered off in {time.monotonic() - started:.1f} s")
@@ -442,7 +459,7 @@ class Lab:
                         f"Failed to power on {name}: its root is not mounted (run 'fleetops-lab up')"
                     )
                 _remove_nspawn_lock(merged)
-                system.cgroup_create(_cgroup(name))
+                system.cgroup_create(self._cgroup(name))
                 self._spawn_supervisor(name, merged)
             wait = timeout or (VM_SSH_TIMEOUT_S if spec is not None else 120.0)
             self._wait_ssh(name, wait, say)
@@ -452,7 +469,7 @@ class Lab:
 
     def status(self, probe_ssh: bool = True) -> list[LabHost]:
         """Every lab host this machine has (running or leftover), sorted by name."""
-        procs = _lab_processes()
+        procs = self._procs()
         names = sorted(self._discover(procs))
 
         def one(name: str) -> LabHost:
@@ -462,7 +479,7 @@ class Lab:
             is_vm = bool(p.vms) or (self._host_dir(name) / "vm.json").exists()
             return LabHost(
                 name=name,
-                ip=host_ip(name),
+                ip=self.host_ip(name),
                 az=host_az(name),
                 running=running,
                 ssh_ok=ssh_ok,
@@ -509,7 +526,7 @@ class Lab:
             "LogLevel=ERROR",
         ]
         argv.append("-t" if tty else "-T")
-        argv.append(f"root@{host_ip(name)}")
+        argv.append(f"root@{self.host_ip(name)}")
         if command is not None:
             argv.append(command if isinstance(command, str) else shlex.join(command))
         return argv
@@ -572,8 +589,8 @@ class Lab:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        RUN_DIR.mkdir(parents=True, exist_ok=True)
-        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.names.lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.names.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -582,7 +599,7 @@ class Lab:
 
     def _owner(self) -> Path | None:
         try:
-            data = json.loads(OWNER_FILE.read_text())
+            data = json.loads(self.names.owner_file.read_text())
         except (OSError, ValueError):
             return None
         value = data.get("state_dir") if isinstance(data, dict) else None
@@ -591,12 +608,12 @@ class Lab:
     def _claim(self, verb: str) -> None:
         """Record this state dir as the lab's; refuse when another state dir's lab still runs."""
         owner = self._owner()
-        if owner is not None and owner != self.state_dir and _lab_processes():
+        if owner is not None and owner != self.state_dir and self._procs():
             raise LabError(
                 f"Failed to {verb}: a lab from {owner} is running on this machine; "
                 f"stop it first (FLEETOPS_LAB_DIR={owner} fleetops-lab down)"
             )
-        system.write_text_atomic(OWNER_FILE, json.dumps({"state_dir": str(self.state_dir)}) + "\n")
+        system.write_text_atomic(self.names.owner_file, json.dumps({"state_dir": str(self.state_dir)}) + "\n")
 
     def _known_state_dirs(self, procs: dict[str, _Procs]) -> list[Path]:
         """This lab's state dir, and that of whoever ran the lab last (found by record or process)."""
@@ -623,17 +640,17 @@ class Lab:
             if hosts.is_dir():
                 names.update(n for n in os.listdir(hosts) if _NAME_RE.match(n))
         for ns in system.netns_names():
-            if ns.startswith(NETNS_PREFIX):
-                name = _name_from_number(ns.removeprefix(NETNS_PREFIX))
+            if ns.startswith(self.names.netns_prefix):
+                name = _name_from_number(ns.removeprefix(self.names.netns_prefix))
                 if name:
                     names.add(name)
         for link in system.link_names():
-            match = _LINK_RE.match(link)
+            match = self.names.link_re.match(link)
             if match:
                 name = _name_from_number(match.group(1))
                 if name:
                     names.add(name)
-        for top in system.cgroup_paths(CGROUP_PARENT):
+        for top in system.cgroup_paths(self.names.cgroup_parent):
             if top.is_dir():
                 names.update(n for n in os.listdir(top) if _NAME_RE.match(n) and (top / n).is_dir())
         return {n for n in names if 1 <= int(n.removeprefix("lab-")) <= MAX_HOSTS}
@@ -648,7 +665,7 @@ class Lab:
             return (
                 lab_vm.recorded_spec(host_dir) == spec
                 and (host_dir / "disk.qcow2").is_file()
-                and system.link_exists(lab_vm.tap_name(name))
+                and system.link_exists(self._tap(name))
             )
         if p is None or p.vms or len(p.supervisors) != 1 or len(p.nspawns) > 1:
             return False
@@ -656,7 +673,7 @@ class Lab:
         overlay = [m for m in system.mounts() if m.mountpoint == merged and m.fstype == "overlay"]
         if len(overlay) != 1 or f"lowerdir={base}," not in overlay[0].super_options + ",":
             return False
-        return (system.NETNS_DIR / _netns(name)).exists() and system.link_exists(_veth_host(name))
+        return (system.NETNS_DIR / self._netns(name)).exists() and system.link_exists(self._veth_host(name))
 
     # ------------------------------------------------------------------ internals: start
 
@@ -671,19 +688,32 @@ class Lab:
             what="create the lab's ssh key",
         )
 
+    def _check_subnet(self, verb: str) -> None:
+        """Refuse a subnet that overlaps an address or route this machine has on another link (another
+        lab, or a network of the machine's own): two bridges with one subnet would split its hosts."""
+        clash = system.subnet_clash(self.names.network, self.names.bridge)
+        if clash:
+            raise LabError(
+                f"Failed to {verb}: the lab {self.names.name!r} needs {self.names.network}, which clashes with "
+                f"{clash}; choose another lab name (FLEETOPS_LAB / --lab)"
+            )
+
     def _ensure_bridge(self) -> None:
-        if not system.link_exists(BRIDGE):
+        bridge = self.names.bridge
+        if not system.link_exists(bridge):
             system.run_cmd(
-                ["ip", "link", "add", BRIDGE, "type", "bridge", "forward_delay", "0"],
-                what=f"create the bridge {BRIDGE}",
+                ["ip", "link", "add", bridge, "type", "bridge", "forward_delay", "0"],
+                what=f"create the bridge {bridge}",
             )
         system.run_cmd(
-            ["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC], what=f"address the bridge {BRIDGE}"
+            ["ip", "link", "set", bridge, "address", self.names.bridge_mac],
+            what=f"address the bridge {bridge}",
         )
         system.run_cmd(
-            ["ip", "addr", "replace", BRIDGE_CIDR, "dev", BRIDGE], what=f"address the bridge {BRIDGE}"
+            ["ip", "addr", "replace", self.names.bridge_cidr, "dev", bridge],
+            what=f"address the bridge {bridge}",
         )
-        system.run_cmd(["ip", "link", "set", BRIDGE, "up"], what=f"bring up the bridge {BRIDGE}")
+        system.run_cmd(["ip", "link", "set", bridge, "up"], what=f"bring up the bridge {bridge}")
 
     def _start_host(self, name: str, base: Path, spec: lab_vm.VmSpec | None = None) -> None:
         if spec is not None:
@@ -707,7 +737,7 @@ class Lab:
         )
         self._personalise(name, merged)
         self._setup_network(name)
-        system.cgroup_create(_cgroup(name))
+        system.cgroup_create(self._cgroup(name))
         self._spawn_supervisor(name, merged)
 
     def _start_vm(self, name: str, spec: lab_vm.VmSpec) -> None:
@@ -722,7 +752,7 @@ class Lab:
             what=f"create the ssh host key of {name}",
         )
         lab_vm.create_disk(host_dir, Path(spec.image))
-        ip = host_ip(name)
+        ip = self.host_ip(name)
         lab_vm.write_config_disk(
             host_dir / "config.tar",
             {
@@ -736,16 +766,24 @@ class Lab:
         self._boot_vm(name, spec)
 
     def _boot_vm(self, name: str, spec: lab_vm.VmSpec) -> None:
-        lab_vm.setup_tap(name, BRIDGE)
+        lab_vm.setup_tap(self._tap(name), self.names.bridge)
         system.run_cmd(
-            ["ip", "neigh", "flush", "to", host_ip(name), "dev", BRIDGE],
+            ["ip", "neigh", "flush", "to", self.host_ip(name), "dev", self.names.bridge],
             what="flush a neighbour",
             check=False,
         )
-        lab_vm.start(_machine(name), name, self._host_dir(name), spec, host_ip(name), _guest_mac(name))
+        lab_vm.start(
+            self._machine(name),
+            name,
+            self._host_dir(name),
+            spec,
+            self.host_ip(name),
+            self._guest_mac(name),
+            self._tap(name),
+        )
 
     def _personalise(self, name: str, root: Path) -> None:
-        ip = host_ip(name)
+        ip = self.host_ip(name)
         _guest_write(root, "etc/hostname", f"{name}\n")
         _guest_write(root, "etc/hosts", rootfs.HOSTS + f"{ip}\t{name}\n")
         _guest_write(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
@@ -761,22 +799,22 @@ class Lab:
         )
 
     def _setup_network(self, name: str) -> None:
-        ns, veth, peer = _netns(name), _veth_host(name), _veth_peer(name)
-        pair = ["type", "veth", "peer", "name", peer, "address", _guest_mac(name), "netns", ns]
+        ns, veth, peer = self._netns(name), self._veth_host(name), self._veth_peer(name)
+        pair = ["type", "veth", "peer", "name", peer, "address", self._guest_mac(name), "netns", ns]
         steps = [
             ["ip", "netns", "add", ns],
-            ["ip", "link", "add", veth, "address", _veth_mac(name), *pair],
+            ["ip", "link", "add", veth, "address", self._veth_mac(name), *pair],
             ["ip", "-n", ns, "link", "set", peer, "name", "eth0"],
-            ["ip", "-n", ns, "addr", "add", f"{host_ip(name)}/24", "dev", "eth0"],
+            ["ip", "-n", ns, "addr", "add", f"{self.host_ip(name)}/24", "dev", "eth0"],
             ["ip", "-n", ns, "link", "set", "eth0", "up"],
             ["ip", "-n", ns, "link", "set", "lo", "up"],
-            ["ip", "link", "set", veth, "master", BRIDGE, "up"],
+            ["ip", "link", "set", veth, "master", self.names.bridge, "up"],
         ]
         for argv in steps:
             system.run_cmd(argv, what=f"set up the network of {name}")
         # Forget what this machine knew about the address (a crashed run's link had another MAC).
         system.run_cmd(
-            ["ip", "neigh", "flush", "to", host_ip(name), "dev", BRIDGE],
+            ["ip", "neigh", "flush", "to", self.host_ip(name), "dev", self.names.bridge],
             what="flush a neighbour",
             check=False,
         )
@@ -789,13 +827,13 @@ class Lab:
             "-m",
             SUPERVISOR_MODULE,
             "--machine",
-            _machine(name),
+            self._machine(name),
             "--directory",
             str(merged),
             "--netns-path",
-            str(system.NETNS_DIR / _netns(name)),
+            str(system.NETNS_DIR / self._netns(name)),
             "--cgroup",
-            _cgroup(name),
+            self._cgroup(name),
             "--pid-file",
             str(pid_file),
             "--nspawn-pid-file",
@@ -837,7 +875,7 @@ class Lab:
             if (self._host_dir(name) / "vm.json").exists():
                 pub_path = self._host_dir(name) / "ssh_host_ed25519_key.pub"
             pub = pub_path.read_text().split()
-            lines.append(f"{name},{host_ip(name)} {pub[0]} {pub[1]}\n")
+            lines.append(f"{name},{self.host_ip(name)} {pub[0]} {pub[1]}\n")
         system.write_text_atomic(self.known_hosts_path, "".join(lines))
 
     def _probe_ssh(self, name: str) -> bool:
@@ -860,7 +898,9 @@ class Lab:
         pid_file = self._host_dir(name) / ("qemu.pid" if is_vm else "supervisor.pid")
         while True:
             if self._probe_ssh(name):
-                say(f"lab: {name} ({host_ip(name)}) answers ssh after {time.monotonic() - started:.1f} s")
+                say(
+                    f"lab: {name} ({self.host_ip(name)}) answers ssh after {time.monotonic() - started:.1f} s"
+                )
                 return
             supervisor = system.read_pid_file(pid_file)
             alive = supervisor is not None and system.pid_alive(supervisor)
@@ -895,7 +935,7 @@ class Lab:
         return lab_ec2.inventory_path(self.state_dir)
 
     def _write_inventory(self, names: Sequence[str]) -> None:
-        hosts = {n: {"ansible_host": host_ip(n), "fleetops_az": host_az(n)} for n in names}
+        hosts = {n: {"ansible_host": self.host_ip(n), "fleetops_az": host_az(n)} for n in names}
         children: dict[str, object] = {GROUP: {"hosts": hosts, "vars": self.ssh_vars()}}
         for az in AZS:
             members = [n for n in names if host_az(n) == az]
@@ -921,11 +961,11 @@ class Lab:
         return (
             name in procs
             or self._host_dir(name).exists()
-            or (system.NETNS_DIR / _netns(name)).exists()
-            or system.link_exists(_veth_host(name))
-            or system.link_exists(_veth_peer(name))
-            or system.link_exists(lab_vm.tap_name(name))
-            or any(p.exists() for p in system.cgroup_paths(_cgroup(name)))
+            or (system.NETNS_DIR / self._netns(name)).exists()
+            or system.link_exists(self._veth_host(name))
+            or system.link_exists(self._veth_peer(name))
+            or system.link_exists(self._tap(name))
+            or any(p.exists() for p in system.cgroup_paths(self._cgroup(name)))
         )
 
     def _teardown_host(self, name: str, procs: _Procs, state_dirs: Sequence[Path]) -> None:
@@ -936,17 +976,17 @@ class Lab:
             system.unmount_under(host_dir, what=f"unmount the root of {name}")
         for directory in procs.directories:
             system.unmount_under(Path(directory), what=f"unmount the root of {name}")
-        for link in (_veth_host(name), _veth_peer(name), lab_vm.tap_name(name)):
+        for link in (self._veth_host(name), self._veth_peer(name), self._tap(name)):
             if system.link_exists(link):
                 system.run_cmd(["ip", "link", "delete", link], what=f"delete the link {link}")
-        ns = _netns(name)
+        ns = self._netns(name)
         if os.path.lexists(system.NETNS_DIR / ns):
             system.run_cmd(["ip", "netns", "delete", ns], what=f"delete the network namespace {ns}")
-        left = system.cgroup_prune(_cgroup(name), keep_top=False)
+        left = system.cgroup_prune(self._cgroup(name), keep_top=False)
         if left:
             raise LabError(f"Failed to remove the cgroups of {name}: still in use: {left[0]}")
         with contextlib.suppress(OSError):  # nspawn leaves this behind when /run is not a tmpfs
-            Path("/run/systemd/nspawn/propagate", _machine(name)).rmdir()
+            Path("/run/systemd/nspawn/propagate", self._machine(name)).rmdir()
         for host_dir in host_dirs:
             if host_dir.is_dir() and not host_dir.is_symlink():
                 if system.mounts_under(host_dir):  # never delete through a mount
@@ -955,11 +995,11 @@ class Lab:
 
     def _stop_processes(self, name: str, procs: _Procs) -> None:
         """SIGTERM (orderly guest poweroff), then SIGKILL whatever is left in the host's cgroups."""
-        rel = _cgroup(name)
+        rel = self._cgroup(name)
 
         def ours() -> list[int]:
             # Re-check what each PID is at every step: PIDs are reused.
-            fresh = _lab_processes().get(name, _Procs([], [], []))
+            fresh = self._procs().get(name, _Procs([], [], []))
             return sorted(
                 set(fresh.supervisors) | set(fresh.nspawns) | set(fresh.vms) | system.cgroup_pids(rel)
             )

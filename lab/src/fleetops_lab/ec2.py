@@ -32,10 +32,13 @@ import yaml
 
 from fleetops.util import atomic_write, pid_alive
 from fleetops_lab.errors import LabError
+from fleetops_lab.names import ENV as LAB_ENV
+from fleetops_lab.names import LabNames
 
 REGION = "us-east-1"
-# One contiguous half of the lab's /24 per AZ (see core.host_ip): the subnets hold exactly those hosts.
-SUBNETS = {"lab-1a": (f"{REGION}a", "10.213.0.0/25"), "lab-1b": (f"{REGION}b", "10.213.0.128/25")}
+# Each lab AZ's EC2 availability zone; its subnet is one contiguous half of the lab's /24
+# (LabNames.az_subnets, as LabNames.host_ip places the hosts): it holds exactly those hosts.
+ZONES = {"lab-1a": f"{REGION}a", "lab-1b": f"{REGION}b"}
 EVENT_HOST_INDEX = 2  # lab-02 gets the scheduled event
 EVENT_CODE = "system-reboot"
 STATE_FILE = "ec2.json"
@@ -143,8 +146,10 @@ def up(
     hosts: Sequence[tuple[str, str, str]],
     ssh: dict[str, str],
     say: Callable[[str], None],
+    names: LabNames,
 ) -> Path:
-    """Start the endpoint (if not running), register ``hosts`` [(name, ip, lab az)], write the inventory."""
+    """Start the endpoint (if not running), register ``hosts`` [(name, ip, lab az)] of the lab ``names``,
+    write the inventory. The endpoint's process powers that lab's hosts (it is told the lab's name)."""
     down(state_dir)  # instances must match the fleet exactly: start from a fresh endpoint
     log = (state_dir / "ec2.log").open("ab")
     proc = subprocess.Popen(
@@ -153,6 +158,7 @@ def up(
         stdout=log,
         stderr=log,
         start_new_session=True,
+        env={**os.environ, LAB_ENV: names.name},
     )
     deadline = time.monotonic() + 60
     state = None
@@ -169,22 +175,24 @@ def up(
         proc.kill()
         raise LabError(f"Failed to start the lab's EC2 endpoint within 60 s (see {log.name})")
     assert state is not None
-    _register(state["moto_url"], hosts)
+    _register(state["moto_url"], hosts, names)
     path = inventory_path(state_dir)
     _write_inventory(path, state["url"], ssh)
     say(f"lab: EC2 endpoint {state['url']} (moto {state['moto_url']}); inventory: {path}")
     return path
 
 
-def _register(url: str, hosts: Sequence[tuple[str, str, str]]) -> None:
+def _register(url: str, hosts: Sequence[tuple[str, str, str]], names: LabNames) -> None:
     from fleetops_lab.ec2sim import client, register_ami
 
     ec2 = client(url, REGION)
     image = register_ami(url, REGION, name="fleetops-lab-debian12")
-    vpc = ec2.create_vpc(CidrBlock="10.213.0.0/24")["Vpc"]["VpcId"]
+    vpc = ec2.create_vpc(CidrBlock=str(names.network))["Vpc"]["VpcId"]
     subnets = {
-        lab_az: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=az)["Subnet"]["SubnetId"]
-        for lab_az, (az, cidr) in SUBNETS.items()
+        lab_az: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=ZONES[lab_az])["Subnet"][
+            "SubnetId"
+        ]
+        for lab_az, cidr in names.az_subnets().items()
     }
     for name, ip, lab_az in hosts:
         tags = [{"Key": "Name", "Value": name}, {"Key": "fleetops", "Value": "lab"}]

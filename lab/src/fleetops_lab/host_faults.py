@@ -23,7 +23,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from fleetops_lab import Lab
+from fleetops_lab import Lab, rootfs
 from fleetops_lab.errors import LabError
 
 UNIT_DIR = "/usr/lib/systemd/system"
@@ -221,18 +221,27 @@ def ucx_libdir(version: str = UCX_WHEEL_VERSION) -> str:
 
 
 def ensure_ucx_wheel(version: str = UCX_WHEEL_VERSION, cache_dir: Path | None = None) -> Path:
-    """The libucx-cu12 wheel of that UCX version, pip-downloaded into the cache on first use."""
+    """The libucx-cu12 wheel of that UCX version, pip-downloaded into the cache on first use. Two callers
+    at once (labs side by side, CI's background build): one downloads, under the cache's lock, into a
+    temporary directory first, so no caller ever sees half a wheel."""
     cache = cache_dir or WHEEL_CACHE
     pattern = f"{UCX_WHEEL_PROJECT.replace('-', '_')}-{version}-*.whl"
     found = sorted(cache.glob(pattern))
     if found:
         return found[-1]
     cache.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-        "-q", "-d", str(cache), f"{UCX_WHEEL_PROJECT}=={version}",
-    ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+    with rootfs._locked(cache / ".lock"):
+        found = sorted(cache.glob(pattern))
+        if found:
+            return found[-1]
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+            argv = [
+                sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                "--disable-pip-version-check", "-q", "-d", tmp, f"{UCX_WHEEL_PROJECT}=={version}",
+            ]  # fmt: skip
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+            for wheel in Path(tmp).glob(pattern):
+                os.replace(wheel, cache / wheel.name)
     found = sorted(cache.glob(pattern))
     if proc.returncode != 0 or not found:
         detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()

@@ -1,7 +1,8 @@
 """Lab hosts as QEMU virtual machines: their own kernel, systemd, sshd, kernel log and real reboots.
 
 A VM host ``lab-NN`` has the same name, IP, MAC, AZ and inventory entry as an nspawn host would;
-its NIC is a tap device ``fleetops-tNN`` on the bridge ``fleetops0``. Its disk is a qcow2 overlay
+its NIC is a tap device ``fleetops-tNN`` on the bridge ``fleetops0`` (the default lab's names: a named
+lab's are its own, ``fleetops_lab.names``). Its disk is a qcow2 overlay
 (``STATE/hosts/lab-NN/disk.qcow2``) over the cached image (fleetops_lab.image); QEMU boots the
 image's kernel directly (``-kernel -initrd -append root=/dev/vda``). QEMU runs daemonized, found
 by its ``-name guest=fleetops-lab-NN`` argument; a guest reboot is a reset inside the same QEMU
@@ -32,7 +33,6 @@ from fleetops_lab.errors import LabError
 Progress = Callable[[str], None]
 
 QEMU = "qemu-system-x86_64"
-TAP_PREFIX = "fleetops-t"
 DEFAULT_MEMORY_MIB = 512
 QEMU_OVERHEAD_MIB = 160  # measured RSS above guest RAM under TCG (tb-size=128), rounded up
 HOST_RESERVE_MIB = 512  # what the machine keeps for itself and the nspawn hosts
@@ -50,10 +50,6 @@ class VmSpec:
     memory_mib: int = DEFAULT_MEMORY_MIB
     cgroup: int = 2  # 1: systemd.unified_cgroup_hierarchy=0 (cgroup v1, for comparison)
     accel: str = "tcg"
-
-
-def tap_name(name: str) -> str:
-    return TAP_PREFIX + name.removeprefix("lab-")
 
 
 def guest_name(machine: str) -> str:
@@ -189,8 +185,7 @@ def create_disk(host_dir: Path, image: Path) -> Path:
     return disk
 
 
-def setup_tap(name: str, bridge: str) -> None:
-    tap = tap_name(name)
+def setup_tap(tap: str, bridge: str) -> None:
     if not system.link_exists(tap):
         system.run_cmd(
             ["ip", "tuntap", "add", "dev", tap, "mode", "tap"], what=f"create the tap device {tap}"
@@ -198,7 +193,9 @@ def setup_tap(name: str, bridge: str) -> None:
     system.run_cmd(["ip", "link", "set", tap, "master", bridge, "up"], what=f"attach {tap} to {bridge}")
 
 
-def qemu_argv(machine: str, name: str, host_dir: Path, spec: VmSpec, ip: str, mac: str) -> list[str]:
+def qemu_argv(
+    machine: str, name: str, host_dir: Path, spec: VmSpec, ip: str, mac: str, tap: str
+) -> list[str]:
     image = Path(spec.image)
     append = [
         "root=/dev/vda", "rw", "console=ttyS0", "net.ifnames=0", "panic=10", "quiet", "loglevel=4",
@@ -213,7 +210,7 @@ def qemu_argv(machine: str, name: str, host_dir: Path, spec: VmSpec, ip: str, ma
         "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"), "-append", " ".join(append),
         "-drive", f"file={host_dir / 'disk.qcow2'},if=virtio,format=qcow2",
         "-drive", f"file={host_dir / 'config.tar'},if=virtio,format=raw,readonly=on",
-        "-netdev", f"tap,id=n0,ifname={tap_name(name)},script=no,downscript=no",
+        "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
         "-device", "virtio-rng-pci",
         "-chardev", f"file,id=con0,path={host_dir / 'console.log'},append=on", "-serial", "chardev:con0",
@@ -222,14 +219,16 @@ def qemu_argv(machine: str, name: str, host_dir: Path, spec: VmSpec, ip: str, ma
     ]  # fmt: skip
 
 
-def start(machine: str, name: str, host_dir: Path, spec: VmSpec, ip: str, mac: str) -> int:
+def start(machine: str, name: str, host_dir: Path, spec: VmSpec, ip: str, mac: str, tap: str) -> int:
     """Start the VM's QEMU (daemonized); returns its PID."""
     system.write_text_atomic(host_dir / "vm.json", json.dumps(asdict(spec)) + "\n")
     (host_dir / "qemu.pid").unlink(missing_ok=True)
     (host_dir / "qmp.sock").unlink(missing_ok=True)
     with (host_dir / "console.log").open("a") as fh:
         fh.write(f"\n==== fleetops-lab: QEMU start {time.strftime('%Y-%m-%dT%H:%M:%S')} ({spec.accel})\n")
-    system.run_cmd(qemu_argv(machine, name, host_dir, spec, ip, mac), what=f"start the VM {name}", timeout=30)
+    system.run_cmd(
+        qemu_argv(machine, name, host_dir, spec, ip, mac, tap), what=f"start the VM {name}", timeout=30
+    )
     pid = system.read_pid_file(host_dir / "qemu.pid")
     if pid is None:
         raise LabError(f"Failed to start the VM {name}: QEMU wrote no pid file")
