@@ -16,11 +16,12 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv demo test test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee
+.PHONY: help deps venv demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
-	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and lab, molecule (root)"
+	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and labs side by side, molecule (root)"
+	@echo "make check  - the inner loop: lint, sanity, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
@@ -57,10 +58,20 @@ sanity: $(STAMP)
 	bash tests/sanity.sh
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit tests/fleetops
+	$(BIN)/pytest -q -n 2 --dist loadfile tests/unit tests/fleetops
 
+# The inner loop: everything that needs no lab.
+check: lint sanity unit
+
+# Labs side by side: FLEETOPS_TEST_WORKERS (default 3) xdist workers, each with a lab of its own, then the
+# tests marked exclusive (machine-wide kernel state) alone; fails when a test of tests/integration/ids.txt
+# did not run (tests/integration/run.sh). Root.
 integration: $(STAMP)
-	$(BIN)/pytest -q tests/integration
+	bash tests/integration/run.sh
+
+# After adding, renaming or merging an integration test: rewrite the checked-in list of its ids.
+test-ids: $(STAMP)
+	$(BIN)/python -m tests.integration.ids write
 
 # VM lab hosts (QEMU, own kernels; TCG where KVM does not boot): about 9 min on 2 idle cores (root).
 test-vm: $(STAMP)
@@ -71,15 +82,14 @@ molecule: $(STAMP)
 	bash tests/molecule/run.sh
 
 # make test also runs the EE (podman) and VM (QEMU) scenarios in tests/integration: their packages too.
-# The unit and package suites run on 2 xdist workers, a whole file per worker (module-scoped fixtures
-# such as a moto_server stay one per file); the lab tests run alone (one lab per machine). Both run
-# even when the first fails, so that one CI run reports every failure. Each prints its slowest tests
-# (--durations): where CI's time goes, in CI's log.
-test: deps lint sanity
+# tests/run.sh: the cold builds (lab rootfs, VM image, UCX wheels, EE image) in the background while lint,
+# sanity and the unit and package suites (2 xdist workers, a whole file per worker) run; then the
+# integration suite (labs side by side) and molecule. Every stage runs even when one failed, so that one
+# CI run reports every failure; each prints its slowest tests, and the run ends with a table of the
+# stages' times: where CI's time goes, in CI's log.
+test: deps $(STAMP)
 	@bash tools/debian-deps.sh --ee --vm
-	rc=0; $(BIN)/pytest -q --durations=20 -n 2 --dist loadfile tests/unit tests/fleetops || rc=$$?; \
-	$(BIN)/pytest -q --durations=30 tests/integration || rc=$$?; exit $$rc
-	$(MAKE) --no-print-directory molecule
+	bash tests/run.sh
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -30,6 +30,12 @@ for tool in podman debootstrap; do
   fi
 done
 
+# One build at a time on this machine (CI's background build and test_ee's own call): the image is
+# machine-wide and build/ is the checkout's. The second builder waits, then finds the image current.
+mkdir -p /run/fleetops
+exec 9>/run/fleetops/ee-build.lock
+flock 9
+
 start=$SECONDS
 base=$("$here/base-image.sh")
 base_id=$(podman image inspect --format '{{.Id}}' "$base")

@@ -1,14 +1,52 @@
+"""The integration suite's set-up: one lab per pytest-xdist worker, a lane for machine-wide tests, and a
+record of what ran.
+
+- Each xdist worker ``gwN`` uses its own named lab (``FLEETOPS_LAB=gwN``: its own bridge, subnet,
+  links, namespaces, cgroups, lock and state dir; fleetops_lab.names), so files run side by side; a
+  run without xdist uses the default lab (or ``$FLEETOPS_LAB``).
+- Tests marked ``exclusive`` read or change machine-wide kernel state (host-wide ``/proc/cgroups``
+  counts, ``drop_caches``, timing-sensitive rates): ``make integration`` runs them in a lane of their
+  own, alone, after the parallel lane (``-m exclusive``, no xdist). A parallel run refuses to run one.
+- Files run longest first (``SECONDS`` in ids.py, measured), so the long ones do not end the run alone.
+- ``FLEETOPS_TEST_RECORD=PATH`` appends each test's outcome to PATH (one JSON line each): ids.py checks
+  that every listed test ran, and under ``CI=true`` a skipped lab test fails the run.
+"""
+
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.integration import ids
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    # Set before any test module runs: Lab(), fleetops-lab and the lab's own processes read it.
+    os.environ["FLEETOPS_LAB"] = WORKER
+    os.environ.pop("FLEETOPS_LAB_DIR", None)  # one state dir per lab: the lab's own
+    # The product's own state (rollout state and locks, local stop files, the audit log) is machine-wide
+    # by default (/var/lib/fleetops as root): a worker's rollouts, `fleetops stop --all` and locks must
+    # not meet another worker's. A test that passes its own (the `env` fixture) still wins.
+    os.environ["FLEETOPS_STATE_DIR"] = tempfile.mkdtemp(prefix=f"fleetops-state-{WORKER}-")
+    os.environ.pop("FLEETOPS_AUDIT_LOG", None)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Integration tests need root and this kernel's cgroups; say so plainly when they cannot run."""
+    """Integration tests need root and this kernel's cgroups; say so plainly when they cannot run.
+    Longest files first; an ``exclusive`` test refuses to run beside another worker."""
+    items.sort(key=lambda item: -ids.file_seconds(item.nodeid))  # stable: order within a file kept
+    for item in items:
+        if WORKER and item.get_closest_marker("exclusive"):
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="machine-wide kernel state: run it alone (-m exclusive, no xdist; make integration)"
+                )
+            )
     reason = None
     if os.geteuid() != 0:
         reason = "integration tests need root (real memory cgroups, systemd-nspawn lab hosts)"
@@ -26,6 +64,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in items:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if WORKER:
+        shutil.rmtree(os.environ["FLEETOPS_STATE_DIR"], ignore_errors=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Record each test's outcome once (in the controller, not in each xdist worker as well)."""
+    path = os.environ.get("FLEETOPS_TEST_RECORD")
+    if not path or WORKER:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        line = {"id": report.nodeid, "outcome": report.outcome, "seconds": round(report.duration, 2)}
+        if report.skipped and isinstance(report.longrepr, tuple):
+            line["reason"] = str(report.longrepr[2])
+        with Path(path).open("a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture()

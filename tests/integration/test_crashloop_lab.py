@@ -51,6 +51,7 @@ def _boot_id(lab: Lab, host: str) -> str:
     return lab.run(host, "cat /proc/sys/kernel/random/boot_id", check=True).stdout.strip()
 
 
+@pytest.mark.exclusive  # host-wide zombie counts against a baseline, and drop_caches: alone
 def test_pinterest_incident_found_attributed_fixed(lab: Lab) -> None:
     baseline = _scan(lab)["hosts"][SICK]["facts"]["memcg"]["total"]
     unit = install_crashloop_unit(lab, SICK, restart_sec=0.5)

@@ -27,6 +27,7 @@ SLACK = 30  # other processes on this machine create and free cgroups too
 
 pytestmark = [
     pytest.mark.kernel,
+    pytest.mark.exclusive,  # host-wide counts: alone
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
     pytest.mark.skipif(
         not (faults.MEMORY_ROOT / "memory.usage_in_bytes").exists(),

@@ -2,8 +2,7 @@
 and SIGTERM mid-batch aborts at once, releases the lock, and a resume finishes with every host
 rebooted exactly once (boots counted from each host's persistent journal, as test_rollout_lab does).
 
-Run one at a time under the lab lock: ``flock /tmp/fleetops-lab.lock .venv/bin/pytest -q
-tests/integration/test_rollout_safety_lab.py -p no:cacheprovider``.
+In this worker's lab (FLEETOPS_LAB: tests/integration/conftest.py).
 """
 
 from __future__ import annotations

@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.helpers import fleetops
 from tests.unit.plugins.module_utils.test_procs import LEAK_MIB_PER_MIN, LEAKER
+
+pytestmark = pytest.mark.exclusive  # a rate measured on this machine: nothing else may compete for the CPU
 
 
 def test_fleetops_scan_reports_a_90_mib_per_min_leak_at_its_true_rate() -> None:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetops_lab.faults import create_zombie_memcgs
 from tests.helpers import fleetops
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.exclusive]  # host-wide counts: alone
 CREATED = 1500
 
 

@@ -6,7 +6,7 @@ gives the host "other hardware": the uncorrectable-ECC fault injected into its (
 as is a scheduled instance-retirement event (EC2 completes it). A dry run changes nothing; a host that
 is not an EC2 instance is refused. The GPU is a stand-in (fleetops_lab.hardware): no GPU here.
 
-Run under `flock /tmp/fleetops-lab.lock`; three nspawn hosts.
+Three nspawn hosts, in this worker's lab (FLEETOPS_LAB: tests/integration/conftest.py).
 """
 
 from __future__ import annotations

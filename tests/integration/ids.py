@@ -1,0 +1,131 @@
+"""The integration suite's checked-in list of test ids (ids.txt), and the check that every listed test ran.
+
+No real-host test may be dropped, skipped or lost to get a fast run: ``make integration`` records each
+test's outcome (conftest.py, ``FLEETOPS_TEST_RECORD``), then ``python -m tests.integration.ids check
+RECORD`` fails when a listed test did not run, when a test ran that the list lacks, or (under
+``CI=true``) when a test was skipped. It prints the suite's count and wall time, for the trend.
+
+``python -m tests.integration.ids write`` rewrites ids.txt from pytest's collection (after adding,
+renaming or merging a test: the diff of ids.txt shows what moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+IDS_FILE = HERE / "ids.txt"
+
+# Seconds each file took in a serial run (2026-12-02, this 2-core machine; --durations): the parallel
+# lane starts the longest files first. A file not listed counts as 60 s.
+SECONDS = {
+    "test_vm_lab.py": 560,
+    "test_auto_lab.py": 230,
+    "test_rollout_lab.py": 200,
+    "test_ee.py": 170,
+    "test_stop_start_lab.py": 150,
+    "test_replace_lab.py": 120,
+    "test_rollout_safety_lab.py": 110,
+    "test_ucx_lab.py": 110,
+    "test_scan_scale.py": 100,
+    "test_protected_units_lab.py": 90,
+    "test_crashloop_lab.py": 90,
+    "test_rollout_guards_lab.py": 80,
+    "test_drift_lab.py": 70,
+    "test_lab.py": 60,
+    "test_auto_replace_lab.py": 50,
+    "test_quarantine_lab.py": 50,
+}
+
+
+def file_seconds(nodeid: str) -> float:
+    return SECONDS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], 60)
+
+
+def listed() -> list[str]:
+    return [line for line in IDS_FILE.read_text().splitlines() if line and not line.startswith("#")]
+
+
+def collected() -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", "tests/integration"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    found = sorted(line for line in proc.stdout.splitlines() if line.startswith("tests/integration/"))
+    if proc.returncode != 0 or not found:
+        raise SystemExit(
+            f"ids: pytest could not collect tests/integration (exit {proc.returncode}):\n{proc.stdout}"
+        )
+    return found
+
+
+def read_records(paths: list[Path]) -> dict[str, dict[str, object]]:
+    """The last outcome of each test in the records (one JSON object a line)."""
+    outcomes: dict[str, dict[str, object]] = {}
+    for path in paths:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line)
+                outcomes[str(record["id"])] = record
+            except (ValueError, KeyError, TypeError):
+                raise SystemExit(f"ids: {path}:{n}: not a test record: {line[:200]!r}") from None
+    return outcomes
+
+
+def check(records: dict[str, dict[str, object]], ci: bool) -> list[str]:
+    """What is wrong with a run whose outcomes are ``records``, against the list; empty when nothing is."""
+    want = listed()
+    problems = [f"listed but did not run: {i}" for i in want if i not in records]
+    problems += [
+        f"ran but is not in tests/integration/ids.txt (python -m tests.integration.ids write): {i}"
+        for i in records
+        if i not in set(want)
+    ]
+    if ci:
+        problems += [
+            f"skipped under CI=true: {i} ({r.get('reason', '')})"
+            for i, r in records.items()
+            if r["outcome"] == "skipped"
+        ]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.integration.ids", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    write = sub.add_parser("write", help="rewrite ids.txt from pytest's collection")
+    write.set_defaults(command="write")
+    chk = sub.add_parser("check", help="check the records of a run against ids.txt")
+    chk.add_argument("records", nargs="+", type=Path)
+    chk.add_argument("--seconds", type=float, default=None, help="the suite's wall time, to print")
+    args = parser.parse_args(argv)
+    if args.command == "write":
+        ids = collected()
+        IDS_FILE.write_text(
+            "# Every integration test id (python -m tests.integration.ids write). CI fails when one of\n"
+            "# these does not run, or is skipped under CI=true (tests/integration/ids.py).\n"
+            + "\n".join(ids)
+            + "\n"
+        )
+        print(f"ids: {len(ids)} integration tests listed in {IDS_FILE.relative_to(REPO)}")
+        return 0
+    records = read_records(args.records)
+    problems = check(records, ci=os.environ.get("CI") == "true")
+    for problem in problems:
+        print(f"ids: {problem}", file=sys.stderr)
+    counts = Counter(str(r["outcome"]) for r in records.values())
+    wall = f" in {args.seconds:.0f} s" if args.seconds is not None else ""
+    print(f"integration suite: {len(records)} tests{wall} ({len(listed())} listed)")
+    print(f"integration: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    return 1 if problems or counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

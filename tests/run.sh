@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `make test`: every suite, each run even when an earlier one failed (one CI run reports every failure),
+# then a table of what each stage took (where CI's time goes, in CI's log).
+#   - in the background from the start, each cached by its inputs and locked against a second builder
+#     (a test that needs one waits on its lock): the lab's rootfs, VM image and UCX wheels
+#     (`fleetops-lab prepare --vm --ucx`) and the execution environment (`make ee`);
+#   - lint, sanity, the unit and package suites (2 xdist workers, a whole file per worker);
+#   - the integration suite (tests/integration/run.sh: labs side by side, then the exclusive lane);
+#   - the molecule scenarios (tests/molecule/run.sh).
+# Needs root (the lab) and the Debian packages of tools/debian-deps.sh --ee --vm.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=${VENV:-$repo/.venv}/bin
+export PATH="$bin:$PATH"
+cd "$repo"
+logs=$(mktemp -d /tmp/fleetops-test.XXXXXX)
+rc=0 table=() started=$SECONDS
+
+stage() {  # stage NAME COMMAND...: run it, time it, remember a failure
+  local name=$1 began=$SECONDS code=0
+  shift
+  echo "== $name"
+  "$@" || code=$?
+  table+=("$(printf '%-12s %5d s  %s' "$name" $((SECONDS - began)) "$([ $code -eq 0 ] && echo ok || echo "FAILED ($code)")")")
+  [ $code -eq 0 ] || rc=1
+}
+
+background() {  # background NAME COMMAND...: started now, its log in $logs/NAME.log
+  local name=$1
+  shift
+  ("$@" >"$logs/$name.log" 2>&1; echo $? >"$logs/$name.rc") &
+  echo "== $name: building in the background (log: $logs/$name.log)"
+}
+
+joined() {  # joined NAME: wait for a background build; its failure fails the run, with its log's tail
+  local name=$1 code
+  code=$(cat "$logs/$name.rc" 2>/dev/null || echo "?")
+  if [ "$code" != 0 ]; then
+    echo "== $name (background) FAILED ($code):" >&2
+    tail -20 "$logs/$name.log" >&2
+    rc=1
+  fi
+  table+=("$(printf '%-12s %7s  %s' "$name" "(bg)" "$([ "$code" = 0 ] && echo ok || echo "FAILED ($code)")")")
+}
+
+background prepare "$bin/fleetops-lab" prepare --vm --ucx
+background ee make --no-print-directory ee
+stage lint make --no-print-directory lint
+stage sanity make --no-print-directory sanity
+stage unit "$bin/pytest" -q --durations=20 -n 2 --dist loadfile tests/unit tests/fleetops
+stage integration bash tests/integration/run.sh  # a test that needs a build still running waits on its lock
+wait
+joined prepare
+joined ee
+stage molecule bash tests/molecule/run.sh
+
+echo "== make test: $((SECONDS - started)) s"
+printf '%s\n' "${table[@]}"
+exit $rc
