@@ -130,11 +130,11 @@ def test_a_subnet_that_clashes_with_an_address_of_this_machine_is_refused_naming
 ) -> None:
     lab = labs[1]
     lab.down()
-    dummy = f"fo{lab.name}-clash"[:15]
+    clash = f"fo{lab.name}-clash"[:15]  # a bridge: this kernel has no dummy links
     taken = f"{lab.names.network.network_address + 7}/24"
-    subprocess.run(["ip", "link", "add", dummy, "type", "dummy"], check=True)
+    subprocess.run(["ip", "link", "add", clash, "type", "bridge"], check=True)
     try:
-        subprocess.run(["ip", "addr", "add", taken, "dev", dummy], check=True)
+        subprocess.run(["ip", "addr", "add", taken, "dev", clash], check=True)
         proc = subprocess.run(
             [sys.executable, "-m", "fleetops_lab.cli", "--lab", lab.name, "up", "1"],
             capture_output=True, text=True, timeout=120, check=False,
@@ -142,8 +142,9 @@ def test_a_subnet_that_clashes_with_an_address_of_this_machine_is_refused_naming
         )  # fmt: skip
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1, proc.stderr
-        assert f"address {taken} on {dummy}" in proc.stderr and str(lab.names.network) in proc.stderr
+        assert f"address {taken} on {clash}" in proc.stderr and str(lab.names.network) in proc.stderr
         assert not system.link_exists(lab.names.bridge)  # nothing was made
         assert lab.status() == []
+        assert not lab.names.owner_file.exists()  # not claimed: refused before anything is written
     finally:
-        subprocess.run(["ip", "link", "delete", dummy], check=False)
+        subprocess.run(["ip", "link", "delete", clash], check=False)

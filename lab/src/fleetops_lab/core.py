@@ -311,8 +311,8 @@ class Lab:
         say = progress or (lambda _line: None)
         started = time.monotonic()
         with self._locked():
+            self._check_subnet("start the lab")  # before anything is written
             self._claim("start the lab")
-            self._check_subnet("start the lab")
             base = rootfs.ensure_rootfs(self.cache_dir, say)
             _ensure_inotify(count, say, self.names.machine_prefix)
             self.state_dir.mkdir(parents=True, exist_ok=True)
