@@ -57,6 +57,7 @@ def collected() -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", "tests/integration"],
         cwd=REPO, capture_output=True, text=True, check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "FLEETOPS_"))},
     )  # fmt: skip
     found = sorted(line for line in proc.stdout.splitlines() if line.startswith("tests/integration/"))
     if proc.returncode != 0 or not found:
