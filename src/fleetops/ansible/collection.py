@@ -6,20 +6,34 @@ and retries), and the controller reads them from there. Ansible's own collection
 ``ansible_collections.fleetops.node`` from this checkout's ``collections/`` folder, then
 ``ANSIBLE_COLLECTIONS_PATH`` and the default paths, exactly as ansible-playbook would; nothing is
 appended to ``sys.path``.
+
+Importing ansible (and, for ``aws.py`` and ``lease.py``, boto3) costs tenths of a second, so
+what the command line needs before any command runs (the defaults its ``--help`` shows) is read from
+the same files' source instead: ``constant("memcg", "DEFAULT_THRESHOLDS")`` takes the literal
+constants of a module_utils file without importing it, or ansible.
 """
 
 from __future__ import annotations
 
+import ast
+import copy
 import importlib
 import os
+import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from fleetops import paths
 from fleetops.errors import FleetopsError
 
 PACKAGE = "ansible_collections.fleetops.node"
+_NOT_FOUND = "the fleetops.node collection is not installed where ansible finds collections"
+
+
+class CollectionNotFound(FleetopsError):
+    """The fleetops.node collection is not where ansible finds collections (exit 2, one line)."""
 
 
 def _search_paths() -> list[str]:
@@ -52,12 +66,75 @@ def load(relative: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as err:
-        raise FleetopsError(
-            f"Failed to load {name}: the fleetops.node collection is not installed where ansible finds "
-            f"collections ({err})"
-        ) from err
+        raise FleetopsError(f"Failed to load {name}: {_NOT_FOUND} ({err})") from err
 
 
 def module_utils(name: str) -> ModuleType:
     """``module_utils("findings")``: a module of the collection's plugins/module_utils."""
     return load(f"plugins.module_utils.{name}")
+
+
+def source(relative: str) -> Path:
+    """The file ``relative`` (``plugins/module_utils/lease.py``) of the collection ``load`` imports from:
+    found as the import would find it (sys.path, then the collections paths), without importing ansible."""
+    name = f"{PACKAGE}.{relative.removesuffix('.py').replace('/', '.')}"
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None):
+        return Path(str(loaded.__file__))
+    for folder in [*sys.path, *_search_paths()]:
+        path = Path(folder or ".") / "ansible_collections" / "fleetops" / "node" / relative
+        if path.is_file():
+            return path
+    raise CollectionNotFound(
+        f"Failed to read {name}: {_NOT_FOUND} (install it with ansible-galaxy collection install, "
+        "or name its folder in ANSIBLE_COLLECTIONS_PATH)"
+    )
+
+
+class _Known(ast.NodeTransformer):
+    """Replaces the names of constants already read by their values."""
+
+    def __init__(self, known: dict[str, Any]) -> None:
+        self.known = known
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.known:
+            return ast.copy_location(ast.Constant(self.known[node.id]), node)
+        return node
+
+
+@cache
+def _constants(name: str) -> dict[str, Any]:
+    path = source(f"plugins/module_utils/{name}.py")
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError) as err:
+        raise FleetopsError(f"Failed to read {path}: {err}") from err
+    known: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if not isinstance(target, ast.Name):
+            continue
+        try:
+            known[target.id] = ast.literal_eval(_Known(known).visit(value))
+        except (ValueError, TypeError):  # not a constant (a call, a class...): not one of ours
+            known.pop(target.id, None)
+    return known
+
+
+def constant(module: str, name: str) -> Any:
+    """``constant("lease", "DEFAULT_TTL_S")``: a top-level constant of plugins/module_utils/MODULE.py, read
+    from its source without importing it: a literal (``900.0``, a dict of strings), or one made of
+    literals and the module's constants above it (``{RCACHE_VAR: "1024"}``). The value equals the
+    imported module's (a test compares them); a fresh copy each call."""
+    known = _constants(module)
+    if name not in known:
+        raise FleetopsError(
+            f"Failed to read {name} of {PACKAGE}.plugins.module_utils.{module}: not a constant"
+        )
+    return copy.deepcopy(known[name])

@@ -2,7 +2,9 @@
 
 The severity order (``findings.SEVERITIES``), the zombie thresholds' defaults
 (``memcg.DEFAULT_THRESHOLDS``) and the UCX environment fixes (``ucx.FIXES``). Only this layer loads
-the collection's code; scan, planner, fix and the CLI import these names from here.
+the collection's code; scan, planner, fix and the CLI import these names from here. The constants are
+read from the collection's source (``collection.constant``), without importing ansible: the CLI's
+``--help`` shows them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from fleetops.ansible.collection import module_utils
+from fleetops.ansible.collection import constant, module_utils
 
 
 @cache
@@ -28,7 +30,7 @@ def severity_rank(severity: str) -> int:
 
 @cache
 def _thresholds() -> dict[str, Any]:
-    return dict(module_utils("memcg").DEFAULT_THRESHOLDS)
+    return dict(constant("memcg", "DEFAULT_THRESHOLDS"))
 
 
 def zombie_warning_default() -> int:
@@ -46,13 +48,13 @@ def headroom_critical_pct_default() -> float:
 
 def ucx_default_fix() -> str:
     """The fix ``remediate fix`` applies unless told otherwise (ucx.DEFAULT_FIX: the bounded rcache)."""
-    return str(module_utils("ucx").DEFAULT_FIX)
+    return str(constant("ucx", "DEFAULT_FIX"))
 
 
 @cache
 def ucx_fixes() -> dict[str, dict[str, str]]:
     """``{"hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "rcache-bound": {...}}`` (ucx.FIXES)."""
-    return {name: dict(env) for name, env in module_utils("ucx").FIXES.items()}
+    return {name: dict(env) for name, env in constant("ucx", "FIXES").items()}
 
 
 def protected_unit(name: str, extra: Sequence[str] = ()) -> str | None:

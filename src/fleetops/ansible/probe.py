@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import ansible_runner
-
 from fleetops.ansible.runner import ansible_env
 
 PING = "ansible.builtin.ping"
@@ -37,6 +35,8 @@ def probe_hosts(
     """``{host: None (reachable, logged in) or why not}`` for each of ``hosts`` (exact inventory names)."""
     if not hosts:
         return {}
+    import ansible_runner  # here, not at the top: the CLI's --help does not pay for it
+
     wanted = set(hosts)
     answers: dict[str, str | None] = {}
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ansible_runner
 import yaml
 
 from fleetops import paths
@@ -233,6 +232,8 @@ def run_playbook(
     cancel: threading.Event | None = None,
 ) -> PlaybookRun:
     """Run one playbook through ansible-runner and collect per-host task results from its events."""
+    import ansible_runner  # here, not at the top: the CLI's --help does not pay for it
+
     for inv in opts.inventory:
         if not inv.exists():
             raise FleetopsError(f"Failed to read inventory {inv}: no such file or directory")

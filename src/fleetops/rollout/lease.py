@@ -54,22 +54,35 @@ from typing import Any
 
 import yaml
 
-from fleetops.ansible.collection import module_utils
+from fleetops.ansible.collection import constant, module_utils
 from fleetops.errors import FleetopsError, UsageError
+
 
 # The protocol (tag key and value, who wins, the tag calls) is the collection's module_utils/lease.py,
 # the code the playbooks' fleetops.node.ec2_lease module runs, so the CLI and AWX judge the same tags.
-_protocol = module_utils("lease")
-KEY_PREFIX: str = _protocol.KEY_PREFIX
-TAG_VALUE_MAX: int = _protocol.TAG_VALUE_MAX
+# Imported on first use (it imports boto3 and ansible); its constants are read from its source.
+def _protocol() -> Any:
+    return module_utils("lease")
+
+
+KEY_PREFIX: str = constant("lease", "KEY_PREFIX")
+TAG_VALUE_MAX: int = constant("lease", "TAG_VALUE_MAX")
 PLUGIN_NAMES = ("fleetops.node.ec2",)
-DEFAULT_TTL_S: float = _protocol.DEFAULT_TTL_S
-DEFAULT_SETTLE_S: float = _protocol.DEFAULT_SETTLE_S
-MAX_TTL_S: float = _protocol.MAX_TTL_S  # a crashed controller's lease blocks others this long at most
-MAX_SETTLE_S: float = _protocol.MAX_SETTLE_S
+DEFAULT_TTL_S: float = constant("lease", "DEFAULT_TTL_S")
+DEFAULT_SETTLE_S: float = constant("lease", "DEFAULT_SETTLE_S")
+# a crashed controller's lease blocks others this long at most
+MAX_TTL_S: float = constant("lease", "MAX_TTL_S")
+MAX_SETTLE_S: float = constant("lease", "MAX_SETTLE_S")
 ROLLOUT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
-encode = _protocol.encode  # the tag's value (compact JSON, at most TAG_VALUE_MAX bytes)
-LeaseRecord = _protocol.LeaseRecord  # one instance's lease tag of one rollout
+# the protocol's, on first use: ``encode`` (the tag's value: compact JSON, at most TAG_VALUE_MAX bytes)
+# and ``LeaseRecord`` (one instance's lease tag of one rollout)
+_FROM_PROTOCOL = ("encode", "LeaseRecord")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_PROTOCOL:
+        return getattr(_protocol(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class LeaseError(FleetopsError):
@@ -208,7 +221,7 @@ def validate_ttl(ttl: float, settle: float = DEFAULT_SETTLE_S) -> float:
 
 
 def _iso(ts: float) -> str:
-    return str(_protocol.iso(ts))
+    return str(_protocol().iso(ts))
 
 
 @dataclass
@@ -239,7 +252,7 @@ class Ec2Lease:
         self.ttl = validate_ttl(self.ttl, self.settle)
         self.settle = float(self.settle)
         regions = {target["instance"]: self._region_of(host) for host, target in self.instances.items()}
-        self._tags = _protocol.Ec2Tags(
+        self._tags = _protocol().Ec2Tags(
             self.connection.settings(), regions, user_agent="fleetops.rollout.lease"
         )
 
@@ -294,17 +307,17 @@ class Ec2Lease:
             return
         now = self.clock()
         targets = self._targets()
-        plan = _protocol.plan_take(targets, self.read(), self.rollout, now, break_lock)
+        plan = _protocol().plan_take(targets, self.read(), self.rollout, now, break_lock)
         if plan["conflicts"]:
             raise LeaseError(
-                _protocol.refusal(
+                _protocol().refusal(
                     plan["conflicts"], "Wait for it, resume it, or pass --break-lock [ROLLOUT] if it is stale"
                 )
             )
         removals: dict[tuple[str, str], list[str]] = {}  # (their key, their value) -> instances
         for instance, record, why in plan["removals"]:
             what = "taking over the expired lease of" if why == "expired" else "breaking the lease of"
-            self.say(f"lease: {_protocol.where(targets.get(instance, instance), instance)}: {what} "
+            self.say(f"lease: {_protocol().where(targets.get(instance, instance), instance)}: {what} "
                      f"{record.describe(now)}" + ("" if why == "expired" else " (--break-lock)"))  # fmt: skip
             removals.setdefault((KEY_PREFIX + record.rollout, record.value), []).append(instance)
         for (their_key, their_value), ids in removals.items():
@@ -313,14 +326,14 @@ class Ec2Lease:
         own_since = plan["own_since"]
         self.since = float(own_since) if own_since is not None else float(int(now))
         self.expires = now + self.ttl
-        self.value = str(_protocol.encode(self.operator, self.since, self.expires))
+        self.value = str(_protocol().encode(self.operator, self.since, self.expires))
         self._api(self._tags.write, list(targets), self.key, self.value)
         if self.settle > 0:
             time.sleep(self.settle)
         beaten = self._beaten(self.read(), self.clock())
         if beaten:
             self.release()
-            raise LeaseError(_protocol.lost_race(beaten))
+            raise LeaseError(_protocol().lost_race(beaten))
         self.say(
             f"lease: tagged {len(self.instances)} instance(s) {self.key} until {_iso(self.expires)} "
             f"(renewed every {self.ttl / 3:.0f}s)"
@@ -328,7 +341,7 @@ class Ec2Lease:
 
     def _beaten(self, leases: dict[str, dict[str, Any]], now: float) -> list[str]:
         """Instances where our lease is gone, or a live lease taken before ours is there too."""
-        lines: list[str] = _protocol.beaten(self._targets(), leases, self.rollout, self.since, now)
+        lines: list[str] = _protocol().beaten(self._targets(), leases, self.rollout, self.since, now)
         return lines
 
     def renew(self) -> None:
@@ -342,7 +355,7 @@ class Ec2Lease:
                 self.lost = "the EC2 lease was lost: " + "; ".join(beaten[:5])
                 return
             expires = now + self.ttl
-            value = str(_protocol.encode(self.operator, self.since, expires))
+            value = str(_protocol().encode(self.operator, self.since, expires))
             self._api(self._tags.write, list(self._targets()), self.key, value)
         except LeaseApiError as exc:
             if self.clock() >= self.expires:
