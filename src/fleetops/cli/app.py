@@ -3,6 +3,10 @@
 Exit codes (fleetops.exitcodes.ExitCode): 0 clean; 1 warning or critical findings; 2 usage or
 configuration error; 3 a host unreachable or failed (or a detector could not run); 4 hosts locked;
 130 interrupted.
+
+Building the parser imports neither fleetops.api nor ansible, boto3, paramiko, pydantic or rich: each
+command imports what it runs, so ``--help`` does not wait for them and works without the collection
+(tests/fleetops/test_cli_help.py; bench/cli_help.py times it).
 """
 
 from __future__ import annotations
@@ -17,21 +21,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 
-from fleetops import __version__, api
+from fleetops import __version__
 from fleetops.ansible import facts
 from fleetops.cli.args import (
     Parser,
     add_format_arg,
     add_target_args,
+    collection_default,
     int_range,
     percent,
     positive_int,
     seconds,
+    shown,
 )
 from fleetops.cli.errors import run_main
-from fleetops.cli.render import host_line, render_scan
 from fleetops.errors import UsageError
 from fleetops.scan import MAX_FORKS
 
@@ -78,21 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="take two samples S seconds apart to report growth rates (0..3600; default: the module's, 0: one sample)",
     )
     # None: node_health's own default applies (memcg.DEFAULT_THRESHOLDS, read here only for the help)
-    warning, critical = facts.zombie_warning_default(), facts.zombie_critical_default()
-    headroom = facts.headroom_critical_pct_default()
+    warning = collection_default(facts.zombie_warning_default)
+    critical = collection_default(facts.zombie_critical_default)
+    headroom = collection_default(facts.headroom_critical_pct_default)
     scan.add_argument(
         "--zombie-warning",
         type=positive_int,
         default=None,
         metavar="N",
-        help=f"zombie memcgs that make a warning (>= 0; default: the module's, {warning})",
+        help=f"zombie memcgs that make a warning (>= 0; default: the module's{shown(warning)})",
     )
     scan.add_argument(
         "--zombie-critical",
         type=positive_int,
         default=None,
         metavar="N",
-        help=f"zombie memcgs that make it critical (>= 0; default: the module's, {critical})",
+        help=f"zombie memcgs that make it critical (>= 0; default: the module's{shown(critical)})",
     )
     scan.add_argument(
         "--headroom-critical",
@@ -100,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PCT",
         help="critical when fewer than PCT%% of the 65,535 memcg IDs are left "
-        f"(0..100; default: the module's, {headroom:g})",
+        f"(0..100; default: the module's{shown(headroom, 'g')})",
     )
     scan.add_argument(
         "--forks",
@@ -187,6 +192,11 @@ def _vars_mapping(text: str, where: str) -> dict[str, Any]:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fleetops import api
+    from fleetops.cli.render import host_line, render_scan
+
     request = api.ScanRequest(
         inventory=list(args.inventory or []),
         limit=args.limit,
@@ -235,9 +245,12 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return run_main("fleetops", lambda: int(args.func(args)))
+    def run() -> int:
+        # parsing inside run_main too: an option's type may need the collection (its one-line error)
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+
+    return run_main("fleetops", run)
 
 
 if __name__ == "__main__":

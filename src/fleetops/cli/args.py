@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from fleetops.ansible.collection import CollectionNotFound
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.rollout.lease import ROLLOUT_ID, validate_settle, validate_ttl
 
 INVENTORY_HELP = "inventory file or directory (repeatable; default: the localhost inventory)"
 
@@ -20,6 +20,21 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def collection_default[T](read: Callable[[], T]) -> T | None:
+    """A default the fleetops.node collection defines (``fleetops.ansible.facts``, read from its source),
+    for an option's help or default; None when the collection is not found, so that ``--help`` still
+    works (a command that needs the collection then fails on its own: one line, exit 2)."""
+    try:
+        return read()
+    except CollectionNotFound:
+        return None
+
+
+def shown(value: object, spec: str = "") -> str:
+    """``", 1000"`` after "default: the module's" in a help; "" when the collection is not found."""
+    return "" if value is None else ", " + format(value, spec)
 
 
 def add_target_args(p: argparse.ArgumentParser, inventory_help: str = INVENTORY_HELP) -> None:
@@ -129,6 +144,8 @@ def from_library[T](parse: Callable[[str], T]) -> Callable[[str], T]:
 
 def rollout_id(text: str) -> str:
     """argparse type for ``--break-lock ROLLOUT``."""
+    from fleetops.rollout.lease import ROLLOUT_ID
+
     if not ROLLOUT_ID.fullmatch(text):
         raise argparse.ArgumentTypeError(
             f"not a rollout id (like 20261129T170102Z-3fa9c1): {text!r}; use --break-lock alone for any stale lock"
@@ -147,9 +164,13 @@ def _seconds(text: str, check: Callable[[float], float]) -> float:
 
 def lease_ttl(text: str) -> float:
     """argparse type for ``--lease-ttl S`` (against the default settle time; validate_ttl for the pair)."""
+    from fleetops.rollout.lease import validate_ttl
+
     return _seconds(text, lambda ttl: validate_ttl(ttl, settle=0.0))
 
 
 def lease_settle(text: str) -> float:
     """argparse type for ``--lease-settle S``."""
+    from fleetops.rollout.lease import validate_settle
+
     return _seconds(text, validate_settle)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-
-from fleetops import api
 from fleetops.cli.args import add_format_arg, add_target_args, seconds_range
 from fleetops.cli.plan import add_rollout_args, plan_request
-from fleetops.cli.progress import ConsoleObserver
+
+if TYPE_CHECKING:
+    from fleetops import api
 
 HELP = "one pass of a remediation policy: scan, decide per host, climb each host's ladder (dry run unless --apply)"
 DESCRIPTION = (
@@ -79,6 +78,8 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
 
 
 def auto_request(args: argparse.Namespace) -> api.AutoRequest:
+    from fleetops import api
+
     caps = plan_request(args, "auto")
     kube = {k: v for k, v in (("kubectl", args.kubectl), ("kubeconfig", args.kubeconfig)) if v}
     return api.AutoRequest(
@@ -102,6 +103,12 @@ def auto_request(args: argparse.Namespace) -> api.AutoRequest:
 
 
 def cmd_auto(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from fleetops import api
+    from fleetops.cli.progress import ConsoleObserver
+
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     result = api.auto(auto_request(args), ConsoleObserver(console))
     if args.format == "json":

@@ -8,11 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from fleetops import api
 from fleetops.cli.args import add_format_arg, add_target_args, int_range
-from fleetops.cli.render import host_line, render_drift
 from fleetops.drift import DIMENSIONS
 
 EPILOG = (
@@ -73,6 +69,11 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fleetops import api
+    from fleetops.cli.render import host_line, render_drift
+
     err = Console(stderr=True, highlight=False)
 
     def on_host(host: str, entry: dict[str, Any]) -> None:

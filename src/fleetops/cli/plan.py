@@ -9,16 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from fleetops import api
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
 from fleetops.cli.args import add_format_arg, add_target_args
 from fleetops.planner import MaxParallel, Plan, PlanError
 
-SCHEMA = api.PLAN_SCHEMA
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fleetops import api
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SCHEMA":  # api.PLAN_SCHEMA, without importing the api before a command runs
+        from fleetops import api
+
+        return api.PLAN_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _max_parallel(text: str) -> MaxParallel:
@@ -106,6 +114,8 @@ def add_rollout_args(p: argparse.ArgumentParser) -> None:
 
 def plan_request(args: argparse.Namespace, action: str) -> api.PlanRequest:
     """The caps and targets given on the command line (plan and remediate share them)."""
+    from fleetops import api
+
     return api.PlanRequest(
         action=action,
         inventory=list(args.inventory or []),
@@ -119,6 +129,10 @@ def plan_request(args: argparse.Namespace, action: str) -> api.PlanRequest:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fleetops import api
+
     result = api.plan(plan_request(args, args.action))
     if args.format == "json":
         sys.stdout.write(json.dumps(result.document, indent=2) + "\n")
@@ -128,6 +142,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def render_plan(action: str, result: Plan, group_by: str, console: Console) -> None:
+    from rich.table import Table
+
     caps = result.caps
     per_group = "no cap" if caps.per_group_max is None else str(caps.per_group_max)
     console.print(

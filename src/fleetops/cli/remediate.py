@@ -14,14 +14,13 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from fleetops import api
 from fleetops.ansible import facts
 from fleetops.cli.args import (
     add_format_arg,
     add_target_args,
+    collection_default,
     from_library,
     int_range,
     lease_settle,
@@ -29,22 +28,30 @@ from fleetops.cli.args import (
     rollout_id,
     seconds,
     seconds_range,
+    shown,
     whole_seconds,
 )
 from fleetops.cli.plan import add_rollout_args, plan_request
-from fleetops.cli.progress import ConsoleObserver
 from fleetops.errors import UsageError
 from fleetops.remediations import REMEDIATIONS, check_host_timeout
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.guards import MaxUnhealthy, parse_not_after
-from fleetops.rollout.lease import (
-    DEFAULT_SETTLE_S,
-    DEFAULT_TTL_S,
-    validate_ttl,
-)
-from fleetops.rollout.state import Rollout
 
-SCHEMA = api.ROLLOUT_SCHEMA
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fleetops import api
+    from fleetops.rollout.state import Rollout
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SCHEMA":  # api.ROLLOUT_SCHEMA, without importing the api before a command runs
+        from fleetops import api
+
+        return api.ROLLOUT_SCHEMA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 ROLLOUT_EPILOG = (
     "While it runs: progress on stderr (a live line on a terminal, plain 'progress:' lines otherwise). "
     "Ctrl-C stops after the current batch with the state saved (a second Ctrl-C, SIGTERM or SIGHUP aborts "
@@ -106,13 +113,14 @@ def _disable_unit_args(p: argparse.ArgumentParser) -> None:
 
 
 def _reclaim_args(p: argparse.ArgumentParser) -> None:
-    warning = facts.zombie_warning_default()  # for the help only: unset, the module's default applies
+    # for the help only: unset, the module's default applies
+    warning = collection_default(facts.zombie_warning_default)
     p.add_argument(
         "--min-zombies",
         type=int_range(0),
         default=None,
         metavar="N",
-        help=f"do nothing on hosts with fewer zombies (>= 0; default: the module's, {warning}, the scan's "
+        help=f"do nothing on hosts with fewer zombies (>= 0; default: the module's{shown(warning)}, the scan's "
         "warning level: dropping the page cache costs every workload on the host its cached files)",
     )
     p.add_argument(
@@ -121,7 +129,7 @@ def _reclaim_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="zombies left after the reclaim that mark a host as needing a reboot "
-        f"(>= 0; default: the module's, {warning})",
+        f"(>= 0; default: the module's{shown(warning)})",
     )
     _reclaim_method_arg(p)
 
@@ -153,34 +161,36 @@ def _fix_args(p: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="more units never to turn off, on top of the built-in protected list (repeatable)",
     )
-    warning = facts.zombie_warning_default()
+    warning = collection_default(facts.zombie_warning_default)
     p.add_argument(
         "--min-zombies",
         type=int_range(0),
         default=None,
         metavar="N",
-        help=f"reclaim only on hosts with at least N zombies, as reclaim does (>= 0; default: the module's, "
-        f"{warning}, the scan's warning level)",
+        help=f"reclaim only on hosts with at least N zombies, as reclaim does (>= 0; default: the module's"
+        f"{shown(warning)}, the scan's warning level)",
     )
     p.add_argument(
         "--reboot-threshold",
         type=int_range(0),
         default=None,
         metavar="N",
-        help=f"see reclaim (>= 0; default: the module's, {warning})",
+        help=f"see reclaim (>= 0; default: the module's{shown(warning)})",
     )
     _reclaim_method_arg(p)
     _set_env_ucx_fix_arg(p)
 
 
 def _set_env_ucx_fix_arg(p: argparse.ArgumentParser) -> None:
+    fixes = collection_default(facts.ucx_fixes)  # None without the collection: the command then says so
+    fix = collection_default(facts.ucx_default_fix) or "the module's"
     p.add_argument(
         "--ucx-fix",
-        choices=tuple(facts.ucx_fixes()),
+        choices=None if fixes is None else tuple(fixes),
         default=None,
         help="the environment fix for services running UCX with leaking memory hooks: "
         f"UCX_RCACHE_MAX_UNRELEASED=1024 (rcache-bound) or UCX_MEM_MMAP_HOOK_MODE=none (hooks-off; it also turns "
-        f"the registration cache off); default: {facts.ucx_default_fix()} (README: the UCX fix)",
+        f"the registration cache off); default: {fix} (README: the UCX fix)",
     )
 
 
@@ -367,6 +377,9 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 def remediation_request(args: argparse.Namespace) -> api.RemediationRequest:
     """The library request for ``fleetops remediate ACTION ...``."""
+    from fleetops import api
+    from fleetops.rollout.lease import validate_ttl
+
     remediation = REMEDIATIONS[args.remediation]
     params = {name: getattr(args, name) for name in remediation.params if hasattr(args, name)}
     caps = plan_request(args, remediation.name)
@@ -398,6 +411,8 @@ def remediation_request(args: argparse.Namespace) -> api.RemediationRequest:
 
 
 def print_summary(rollout: Rollout, console: Console) -> None:
+    from fleetops import api
+
     s = rollout.summary()
     verb = "changed" if rollout.apply else "would change"
     console.print(
@@ -416,6 +431,11 @@ def print_summary(rollout: Rollout, console: Console) -> None:
 
 
 def cmd_remediate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fleetops import api
+    from fleetops.cli.progress import ConsoleObserver
+
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines unbroken (CI, AWX)
     observer = ConsoleObserver(console)
     if args.resume is not None:
@@ -443,7 +463,16 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _lease_defaults() -> tuple[float, float]:
+    """The lease's TTL and settle time (module_utils/lease.py's, read from its source)."""
+    from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S
+
+    return DEFAULT_TTL_S, DEFAULT_SETTLE_S
+
+
 def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
+    ttl, settle = collection_default(_lease_defaults) or (None, None)
+    ttl_text = "the collection's" if ttl is None else f"{ttl:g}"
     rp.add_argument("--apply", action="store_true", help="change hosts (default: dry run, check mode + diff)")
     rp.add_argument(
         "--max-failures",
@@ -516,12 +545,12 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     rp.add_argument(
         "--lease-ttl",
         type=lease_ttl,
-        default=DEFAULT_TTL_S,
+        default=ttl,
         metavar="S",
         help="EC2 inventories: the instances' lease tag expires S seconds after its last renewal "
-        f"(renewed every S/3 while the rollout runs; default: {DEFAULT_TTL_S:g})",
+        f"(renewed every S/3 while the rollout runs; default: {ttl_text})",
     )
-    rp.add_argument("--lease-settle", type=lease_settle, default=DEFAULT_SETTLE_S, help=argparse.SUPPRESS)
+    rp.add_argument("--lease-settle", type=lease_settle, default=settle, help=argparse.SUPPRESS)
     rp.add_argument(
         "--no-ec2-lease",
         action="store_true",

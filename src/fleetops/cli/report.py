@@ -7,14 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
-from fleetops import api
 from fleetops.cli.args import add_format_arg
-from fleetops.cli.remediate import print_summary
-from fleetops.rollout.state import HOST_FAILED, HOST_RUNNING, HOST_SKIPPED
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
@@ -26,6 +19,14 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleetops import api
+    from fleetops.cli.remediate import print_summary
+    from fleetops.rollout.state import HOST_FAILED, HOST_RUNNING, HOST_SKIPPED
+
     result = api.report(args.state)
     rollout = result.rollout
     assert rollout is not None  # a report always has its rollout

@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-
-from fleetops import api
 from fleetops.cli.args import rollout_id
 from fleetops.errors import UsageError
 
@@ -45,6 +42,10 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fleetops import api
+
     if (args.rollout is None) == (not args.all):
         raise UsageError("stop needs a ROLLOUT id or --all (not both)")
     result = api.stop(

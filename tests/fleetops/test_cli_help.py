@@ -1,0 +1,170 @@
+"""`fleetops --help` imports nothing heavy, and works without the collection; a command then fails in one line.
+
+Not timed (bench/cli_help.py times it): what a help loads is checked by the modules it leaves in
+``sys.modules``, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetops.ansible import collection
+from fleetops.cli.app import build_parser
+from fleetops.errors import FleetopsError
+from tests.helpers import FLEETOPS, REPO
+
+# what made every command wait ~1 s before it parsed its first option
+HEAVY = ("boto3", "botocore", "paramiko", "pydantic", "ansible", "ansible_runner", "ansible_collections")
+
+
+def _commands() -> list[list[str]]:
+    """[], every COMMAND and every ``remediate ACTION``, read from the parser."""
+    found: list[list[str]] = [[]]
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found.append([*prefix, name])
+                    walk(sub, [*prefix, name])
+
+    walk(build_parser(), [])
+    return found
+
+
+COMMANDS = _commands()
+
+# every --help in one fresh interpreter, as the console script runs it; then what it imported
+LOADED = """
+import contextlib, io, json, sys
+from fleetops.cli import main
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main([*argv, "--help"])
+        except SystemExit as exc:
+            assert exc.code == 0 and out.getvalue().startswith("usage: fleetops"), (argv, exc.code)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_commands_are_all_there() -> None:
+    names = {" ".join(c) for c in COMMANDS}
+    assert {
+        "scan",
+        "plan",
+        "remediate",
+        "report",
+        "stop",
+        "drift",
+        "remediate reboot",
+        "remediate auto",
+    } <= names
+
+
+def test_help_of_every_command_imports_nothing_heavy() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED, json.dumps(COMMANDS)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert "fleetops.cli.remediate" in loaded and "fleetops.rollout.lease" in loaded  # it did run them
+    heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
+    assert heavy == [], heavy
+    assert "fleetops.api" not in loaded
+
+
+def test_collection_constants_read_from_source_are_the_imported_ones() -> None:
+    """``collection.constant`` (no import, what --help shows) agrees with the imported module, for
+    every constant it finds in the files the controller reads that way."""
+    for name in ("memcg", "ucx", "lease"):
+        module = importlib.import_module(f"{collection.PACKAGE}.plugins.module_utils.{name}")
+        constants = collection._constants(name)
+        assert constants, name
+        for key, value in constants.items():
+            assert getattr(module, key) == value, (name, key)
+    assert collection.constant("ucx", "FIXES") == {
+        "rcache-bound": {"UCX_RCACHE_MAX_UNRELEASED": "1024"},
+        "hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"},
+    }
+    with pytest.raises(FleetopsError, match="not a constant"):
+        collection.constant("lease", "encode")
+
+
+# ------------------------------------------------------------------------------ without the collection
+
+
+@pytest.fixture(scope="module")
+def no_collection(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An environment where ansible would find no fleetops.node: no checkout (FLEETOPS_COLLECTION_ROOT
+    names an empty folder), no collections path, an empty home."""
+    home = tmp_path_factory.mktemp("home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_COLLECTIONS_PATH")}
+    pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in pythonpath if not (Path(p) / "ansible_collections").exists()
+    )
+    env.update(HOME=str(home), FLEETOPS_COLLECTION_ROOT=str(home), COLUMNS="100")
+    return env
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(FLEETOPS), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "fleetops")
+def test_help_works_without_the_collection(no_collection: dict[str, str], command: list[str]) -> None:
+    proc = _run(no_collection, *command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: fleetops"), proc.stdout
+    assert proc.stderr == ""
+
+
+def test_help_without_the_collection_leaves_its_defaults_out(no_collection: dict[str, str]) -> None:
+    scan = _run(no_collection, "scan", "--help").stdout
+    assert "default: the module's)" in " ".join(scan.split())  # not "the module's, 1000)"
+    fix = " ".join(_run(no_collection, "remediate", "fix", "--help").stdout.split())
+    assert "default: the module's (README: the UCX fix)" in fix
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["scan"],
+        ["scan", "-q", "--format", "json"],
+        ["plan", "reboot"],
+        ["remediate", "reboot", "--apply"],
+        ["remediate", "reclaim", "--lease-ttl", "60"],  # an option's type needs the collection
+        ["remediate", "reboot", "--break-lock", "20261129T170102Z-3fa9c1"],
+        ["remediate", "auto"],
+        ["drift"],
+    ],
+    ids=" ".join,
+)
+def test_a_command_without_the_collection_says_so_in_one_line(
+    no_collection: dict[str, str], args: list[str]
+) -> None:
+    proc = _run(no_collection, *args)
+    assert proc.returncode == 2, proc
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("fleetops: error: Failed to read ansible_collections.fleetops.node.")
+    assert "the fleetops.node collection is not installed where ansible finds collections" in lines[0]
+    assert "ANSIBLE_COLLECTIONS_PATH" in lines[0]
+    assert proc.stdout == ""
