@@ -46,7 +46,9 @@ class LabNames:
     netns_prefix: str  # + the host's number
     machine_prefix: str  # nspawn --machine and QEMU -name guest=, + the host's number
     cgroup_parent: str  # under each hierarchy's root
-    mac_prefix: str  # four octets; a host's MACs add two (stable across re-creation)
+    # Four octets; a host's MACs add two. Fixed (locally administered): a host re-created after a crash
+    # keeps its MAC, so neither this machine's neighbour cache nor the other guests' point at a vanished link.
+    mac_prefix: str
     lock_file: Path
     owner_file: Path
     default_state_dir: Path
