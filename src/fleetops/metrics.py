@@ -6,6 +6,8 @@ findings are exactly that, per host, at every scan. Written atomically (fleetops
 
 from __future__ import annotations
 
+from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,11 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
         "memcg_id_headroom", "Memory cgroup IDs left before the 65,535 limit (mkdir fails: ENOSPC)"
     )
     findings = gauge("findings", "Findings by severity", ("host", "severity"))
+    check_findings = gauge(
+        "check_findings",
+        "Findings by detector and severity, for every detector that ran on the host",
+        ("host", "check", "severity"),
+    )
     looping = gauge("crashloop_units", "Services crash looping (crashloop_unit findings of warning or worse)")
     ucx_risky = gauge(
         "ucx_risky_processes",
@@ -79,15 +86,16 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
             if memcg.get(key) is not None:
                 g.labels(host).set(memcg[key])
         if entry["status"] == "ok":
-            counts = dict.fromkeys(severities(), 0)
-            for f in entry["findings"]:
-                counts[f["severity"]] = counts.get(f["severity"], 0) + 1
-            for sev, n in counts.items():
-                findings.labels(host, sev).set(n)
-            by_check: dict[str, int] = {}
-            for f in entry["findings"]:
-                if f["severity"] in ("warning", "critical") or f["check"] == "ucx_mmap_hooks":
-                    by_check[f["check"]] = by_check.get(f["check"], 0) + 1
+            counts = Counter((f["check"], f["severity"]) for f in entry["findings"])
+            for sev in _severities(counts):
+                findings.labels(host, sev).set(sum(n for (_, s), n in counts.items() if s == sev))
+            for check in dict.fromkeys([*(entry.get("checks") or ()), *(c for c, _ in counts)]):
+                for sev in _severities(counts):
+                    check_findings.labels(host, check, sev).set(counts[check, sev])
+            by_check: Counter[str] = Counter()
+            for (check, sev), n in counts.items():
+                if sev in ("warning", "critical") or check == "ucx_mmap_hooks":
+                    by_check[check] += n
             looping.labels(host).set(by_check.get("crashloop_unit", 0))
             ucx_risky.labels(host).set(by_check.get("ucx_mmap_hooks", 0))
             leaking.labels(host).set(by_check.get("anon_rss_growth", 0))
@@ -105,10 +113,22 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
     Gauge(f"{PREFIX}_scan_duration_seconds", "Wall time of the whole scan", registry=reg).set(
         float(report.get("duration_s", 0.0))
     )
+    if report.get("started_at"):
+        started = datetime.fromisoformat(str(report["started_at"]))  # "...Z": UTC
+        Gauge(
+            f"{PREFIX}_scan_timestamp_seconds",
+            "Unix time the scan started (the report's started_at): how old the other gauges are",
+            registry=reg,
+        ).set(started.timestamp())
     summary = Gauge(f"{PREFIX}_scan_hosts", "Hosts in the scan by status", ["status"], registry=reg)
     for key in ("ok", "unreachable", "failed"):
         summary.labels(key).set(report["summary"][key])
     return reg
+
+
+def _severities(counts: Counter[tuple[str, str]]) -> tuple[str, ...]:
+    """Every known severity (a zero each: absent would mean 'not scanned'), plus any other one found."""
+    return tuple(dict.fromkeys([*severities(), *(sev for _, sev in counts)]))
 
 
 def _hardware_gauges(
