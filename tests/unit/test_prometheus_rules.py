@@ -1,0 +1,272 @@
+"""The collection's Prometheus rules and Alertmanager example (extensions/prometheus/), with the real tools.
+
+promtool (Debian package prometheus) checks the rules and runs their unit tests (extensions/prometheus/tests:
+fixture series, expected alerts); amtool (prometheus-alertmanager) checks the example route. Without them
+the tests that need them skip, except under CI=true, where tools/debian-deps.sh --ci installs both and a
+missing tool fails. The rest holds the rules to what fleetops.metrics really writes (metric names, label
+names, the `check` and `severity` values), to their own conventions (severity, an argued `for:`, a runbook
+link to a README section that exists) and to the README's table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+from functools import cache
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.fleetops.node.plugins.module_utils import cpustat, crashloop, ena, memcg
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetops.metrics import build_registry
+from tests.fleetops.test_metrics_hw import _facts as hardware_facts
+from tests.paths import FIXTURES, REPO
+
+PROM = REPO / "extensions" / "prometheus"
+RULES = PROM / "fleetops.rules.yml"
+ALERTMANAGER = PROM / "alertmanager.example.yml"
+UNIT_TESTS = sorted((PROM / "tests").glob("*.yml"))
+README = REPO / "README.md"
+SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus when it scrapes node_exporter
+RUNBOOK = "https://github.com/fleetops/fleetops#"
+# up == 0 and absent(): their $value says nothing, so their descriptions leave it out
+CONSTANT_VALUE = {"FleetopsHostNotScanned", "FleetopsScanMetricsAbsent"}
+
+# A metric name outside a recording rule's name (host:fleetops_...:deriv1h), with its optional {matchers}.
+SELECTOR = re.compile(r"(?<![\w:])(fleetops_\w+)(?![\w:])\s*(\{[^}]*\})?")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package {package}; tools/debian-deps.sh --ci installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {message}")
+        pytest.skip(message)
+    return path
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=PROM)
+
+
+def _rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alerts() -> list[dict[str, Any]]:
+    return [rule for rule in _rules() if "alert" in rule]
+
+
+@cache
+def _written() -> dict[str, dict[str, set[str]]]:
+    """metric family -> label -> values, from what fleetops.metrics writes for a real report (scan-3hosts.json,
+    one host given the ena, gpu and cpu facts the detectors make from captured inputs)."""
+    report = json.loads((FIXTURES / "documents" / "scan-3hosts.json").read_text())
+    report["hosts"]["local2"]["facts"].update(hardware_facts())
+    text = generate_latest(build_registry(report)).decode()
+    families: dict[str, dict[str, set[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        labels = families.setdefault(family.name, defaultdict(set))
+        for sample in family.samples:
+            for key, value in sample.labels.items():
+                labels[key].add(value)
+    return families
+
+
+def _selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    return [(m.group(1), MATCHER.findall(m.group(2) or "")) for m in SELECTOR.finditer(expr)]
+
+
+# ---- the real tools
+
+
+def test_promtool_check_rules() -> None:
+    promtool = _tool("promtool", "prometheus")
+    result = _run(promtool, "check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout, result.stdout
+
+
+def test_promtool_test_rules() -> None:
+    promtool = _tool("promtool", "prometheus")
+    assert UNIT_TESTS, "no promtool unit tests in extensions/prometheus/tests"
+    result = _run(promtool, "test", "rules", *map(str, UNIT_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(UNIT_TESTS), result.stdout
+
+
+def test_amtool_checks_the_example_route_and_routes_by_severity() -> None:
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    result = _run(amtool, "check-config", str(ALERTMANAGER))
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    for labels, receiver in (
+        (["alertname=FleetopsGpuXid", "severity=critical", "host=h1"], "fleetops-slack-critical"),
+        (["alertname=FleetopsGpuXid", "severity=warning", "host=h1"], "fleetops-slack"),
+        (["alertname=FleetopsScanStale", "severity=warning", "instance=ctl:9100"], "fleetops-slack"),
+        (["alertname=FleetopsGpuXid", "severity=info", "host=h1"], "null"),
+        (["alertname=NodeDown", "severity=critical"], "null"),
+    ):
+        result = _run(amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}", *labels)
+        assert result.returncode == 0 and result.stdout.split() == [receiver], (labels, result.stdout)
+
+
+# ---- the rules read what fleetops.metrics writes
+
+
+def test_every_metric_label_and_value_the_rules_read_is_written() -> None:
+    written = _written()
+    problems = []
+    used: set[str] = set()
+    for rule in _rules():
+        name = rule.get("alert") or rule["record"]
+        for metric, matchers in _selectors(rule["expr"]):
+            used.add(metric)
+            if metric not in written:
+                problems.append(f"{name}: {metric} is not written by fleetops.metrics")
+                continue
+            for label, op, value in matchers:
+                if label not in written[metric]:
+                    problems.append(f"{name}: {metric} has no label {label!r}")
+                elif label in ("check", "severity"):
+                    wanted = value.split("|") if op in ("=~", "!~") else [value]
+                    unknown = [v for v in wanted if v not in written[metric][label]]
+                    if unknown:
+                        problems.append(f"{name}: {metric}{{{label}}} is never {unknown}")
+        labels_here = {label for metric, _ in _selectors(rule["expr"]) for label in written.get(metric, {})}
+        for clause in GROUPING.findall(rule["expr"]):
+            for label in filter(None, (part.strip() for part in clause.split(","))):
+                if label not in labels_here | SCRAPE_LABELS:
+                    problems.append(f"{name}: by/without ({label}): no metric it reads has that label")
+    assert used, "no fleetops_* metric found in the rules"
+    assert not problems, "\n".join(problems)
+
+
+def test_the_unit_tests_feed_only_series_fleetops_writes() -> None:
+    written = _written()
+    problems = []
+    for path in UNIT_TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for series in test["input_series"]:
+                ((metric, matchers),) = _selectors(series["series"])
+                for label, _, _ in matchers:
+                    if label not in set(written.get(metric, {})) | SCRAPE_LABELS:
+                        problems.append(f"{path.name}: {series['series']}: {metric} has no label {label!r}")
+                if metric not in written:
+                    problems.append(f"{path.name}: {metric} is not written by fleetops.metrics")
+    assert not problems, "\n".join(problems)
+
+
+# ---- each alert's conventions and its unit tests
+
+
+def _anchors() -> set[str]:
+    """GitHub's anchors of the README's headings."""
+    anchors = set()
+    for line in README.read_text().splitlines():
+        if m := re.match(r"#{1,6} (.+)", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_each_alert_has_a_severity_an_argued_for_and_a_runbook_in_the_readme() -> None:
+    anchors = _anchors()
+    blocks = RULES.read_text().split("- alert: ")[1:]
+    alerts = _alerts()
+    assert len(blocks) == len(alerts)
+    for block, alert in zip(blocks, alerts, strict=True):
+        name = alert["alert"]
+        assert block.startswith(name + "\n")
+        assert alert["labels"]["severity"] in ("critical", "warning", "info"), name
+        assert alert["labels"]["check"], name
+        assert "for" in alert, f"{name}: no for:"
+        argued = re.search(r"#.*\bfor: (\w+)", block)
+        assert argued and argued.group(1) == alert["for"], f"{name}: no comment arguing for: {alert['for']}"
+        ann = alert["annotations"]
+        assert set(ann) == {"summary", "description", "runbook_url"}, name
+        assert ("$value" in ann["description"]) != (name in CONSTANT_VALUE), name
+        if "absent(" not in alert["expr"]:
+            subject = "$labels.host" if "host" not in _grouped_away(alert) else "$labels.instance"
+            assert subject in ann["description"], name
+        assert ann["runbook_url"].startswith(RUNBOOK), name
+        anchor = ann["runbook_url"].removeprefix(RUNBOOK)
+        assert anchor in anchors, f"{name}: {ann['runbook_url']}: no README heading has that anchor"
+
+
+# The rules that compare a gauge with a detector's threshold (the others count findings: > 0), and the
+# detector's default they must equal.
+HEADROOM_IDS = (
+    memcg.DEFAULT_THRESHOLDS["headroom_critical_pct"] * memcg.MEM_CGROUP_ID_MAX / 100
+)  # free*100 < pct*MAX
+THRESHOLDS = {
+    ("FleetopsZombieMemcgs", "warning"): memcg.DEFAULT_THRESHOLDS["zombie_warning"],
+    ("FleetopsZombieMemcgs", "critical"): memcg.DEFAULT_THRESHOLDS["zombie_critical"],
+    ("FleetopsZombieMemcgGrowth", "warning"): crashloop.DEFAULT_THRESHOLDS["zombie_growth_warning_per_min"],
+    ("FleetopsMemcgIdHeadroomLow", "critical"): HEADROOM_IDS,
+    ("FleetopsEnaResets", "critical"): ena.DEFAULT_THRESHOLDS["ena_resets_critical"],
+    ("FleetopsCpuStarvation", "warning"): cpustat.DEFAULT_THRESHOLDS["cpu_system_warning_pct"],
+    ("FleetopsCpuStarvation", "critical"): cpustat.DEFAULT_THRESHOLDS["cpu_system_critical_pct"],
+}
+
+
+def test_the_thresholds_are_the_detectors_defaults() -> None:
+    compared = {}
+    for alert in _alerts():
+        m = re.search(r"(>=|<|>) (\d+(?:\.\d+)?)$", alert["expr"])
+        if m and float(m.group(2)) and "time()" not in alert["expr"]:
+            compared[alert["alert"], alert["labels"]["severity"]] = float(m.group(2))
+    assert compared == {key: float(value) for key, value in THRESHOLDS.items()}
+
+
+def _grouped_away(alert: dict[str, Any]) -> set[str]:
+    """Labels an alert's series do not have: no host on the scan-wide gauges."""
+    written = _written()
+    metrics = [metric for metric, _ in _selectors(alert["expr"])]
+    return {"host"} if metrics and all("host" not in written[m] for m in metrics) else set()
+
+
+def test_every_alert_fires_and_is_held_back_in_the_unit_tests() -> None:
+    fired: set[tuple[str, str]] = set()
+    held: set[tuple[str, str]] = set()
+    for path in UNIT_TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            subjects = set()
+            for series in test["input_series"]:
+                labels = dict((k, v) for k, _, v in _selectors(series["series"])[0][1])
+                subjects.add(labels.get("host") or labels.get("instance") or "")
+            for case in test.get("alert_rule_test", []):
+                expected = [a["exp_labels"]["severity"] for a in case.get("exp_alerts") or []]
+                for severity in ("critical", "warning", "info"):
+                    pair = (case["alertname"], severity)
+                    fired |= {pair} if severity in expected else set()
+                    if expected.count(severity) < len(subjects):
+                        held.add(pair)  # some series of this test does not fire it at this time
+    pairs = {(a["alert"], a["labels"]["severity"]) for a in _alerts()}
+    assert pairs - fired == set(), "never seen firing"
+    assert pairs - held == set(), "never seen held back"
+
+
+def test_the_readme_table_lists_every_alert_with_its_severities_and_for() -> None:
+    text = README.read_text()
+    section = text.split("\n### Alerts\n", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        m.group(1): (m.group(2).split(", "), m.group(3).split(", "))
+        for m in re.finditer(r"^\| `(Fleetops\w+)` \| ([^|]+?) \| ([^|]+?) \|", section, re.M)
+    }
+    rules: dict[str, tuple[list[str], list[str]]] = {}
+    for alert in _alerts():
+        severities, durations = rules.setdefault(alert["alert"], ([], []))
+        severities.append(alert["labels"]["severity"])
+        durations.append(alert["for"])
+    assert rows == rules
