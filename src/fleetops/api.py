@@ -62,7 +62,7 @@ from fleetops.rollout.state import (
     state_home,
 )
 from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
-from fleetops.util import check_writable
+from fleetops.util import PLAN_SCHEMA, check_writable
 
 __all__ = [
     "REMEDIATIONS",
@@ -93,7 +93,6 @@ __all__ = [
     "stop",
 ]
 
-PLAN_SCHEMA = "fleetops.plan/v1"
 ROLLOUT_SCHEMA = "fleetops.rollout.engine/v1"
 STOP_MESSAGE = "stopping after the current batch; Ctrl-C again to abort now"
 OnHost = Callable[[str, dict[str, Any]], None]

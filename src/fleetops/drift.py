@@ -26,9 +26,9 @@ import yaml
 
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.util import DRIFT_SCHEMA, SCAN_SCHEMA
 
-SCHEMA = "fleetops.drift/v1"
-SCAN_SCHEMA = "fleetops.scan/v1"
+SCHEMA = DRIFT_SCHEMA
 DIMENSIONS = ("az", "ami", "kernel", "instance_type")
 # The hostvars that give a dimension: the fleetops.node.ec2 inventory's first, then plain inventories'.
 HOSTVARS: dict[str, tuple[str, ...]] = {

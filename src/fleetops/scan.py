@@ -20,9 +20,9 @@ from fleetops.ansible import facts
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import atomic_write, open_append
+from fleetops.util import SCAN_SCHEMA, atomic_write, open_append
 
-SCHEMA = "fleetops.scan/v1"
+SCHEMA = SCAN_SCHEMA
 SCAN_PLAYBOOK = "fleetops.node.scan"
 SCAN_ACTIONS = {"fleetops.node.node_health", "node_health"}
 

@@ -41,11 +41,9 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetops.errors import UsageError
+from fleetops.util import DRIFT_SCHEMA, PLAN_SCHEMA, SCAN_SCHEMA
 
 STATE_SCHEMA = "fleetops.rollout.engine-state/v1"
-SCAN_SCHEMA = "fleetops.scan/v1"
-DRIFT_SCHEMA = "fleetops.drift/v1"
-PLAN_SCHEMA = "fleetops.plan/v1"
 
 # The same pattern as fleetops.rollout.lease.ROLLOUT_ID (a rollout id names lock and lease records).
 ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
@@ -134,7 +132,7 @@ def _check_batches(batches: list[list[str]], hosts: int | None) -> None:
 class PlanDocument(_Open):
     """``fleetops plan --format json``."""
 
-    model_config = ConfigDict(title="fleetops.plan/v1")
+    model_config = ConfigDict(title=PLAN_SCHEMA)
 
     schema_: Literal["fleetops.plan/v1"] = Field(alias="schema")
     action: str = Field(min_length=1)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
 from fleetops.cli.args import add_format_arg, add_target_args
 from fleetops.planner import MaxParallel, Plan, PlanError
+from fleetops.util import PLAN_SCHEMA
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,12 +22,7 @@ if TYPE_CHECKING:
     from fleetops import api
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SCHEMA":  # api.PLAN_SCHEMA, without importing the api before a command runs
-        from fleetops import api
-
-        return api.PLAN_SCHEMA
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+SCHEMA = PLAN_SCHEMA
 
 
 def _max_parallel(text: str) -> MaxParallel:
