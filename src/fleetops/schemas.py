@@ -41,12 +41,9 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetops.errors import UsageError
-from fleetops.util import DRIFT_SCHEMA, PLAN_SCHEMA, SCAN_SCHEMA
+from fleetops.util import DRIFT_SCHEMA, PLAN_SCHEMA, ROLLOUT_ID_PATTERN, SCAN_SCHEMA
 
 STATE_SCHEMA = "fleetops.rollout.engine-state/v1"
-
-# The same pattern as fleetops.rollout.lease.ROLLOUT_ID (a rollout id names lock and lease records).
-ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
 # Unix times fleetops writes: from 1970 up to the last second of year 9999 (time.localtime's range).
 MAX_EPOCH = 253402300799.0
 # Longer integer literals are refused before Python parses them (its own limit is 4,300 digits).

@@ -27,6 +27,8 @@ TEMP_ATTEMPTS = 8  # random temp names tried before giving up (each taken one is
 SCAN_SCHEMA = "fleetops.scan/v1"
 DRIFT_SCHEMA = "fleetops.drift/v1"
 PLAN_SCHEMA = "fleetops.plan/v1"
+# A rollout id (it names lock and lease records): rollout.lease.ROLLOUT_ID, schemas' rollout id field.
+ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
 log = logging.getLogger("fleetops")
 
 

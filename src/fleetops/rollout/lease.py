@@ -56,6 +56,7 @@ import yaml
 
 from fleetops.ansible.collection import constant, module_utils
 from fleetops.errors import FleetopsError, UsageError
+from fleetops.util import ROLLOUT_ID_PATTERN
 
 
 # The protocol (tag key and value, who wins, the tag calls) is the collection's module_utils/lease.py,
@@ -73,7 +74,7 @@ DEFAULT_SETTLE_S: float = constant("lease", "DEFAULT_SETTLE_S")
 # a crashed controller's lease blocks others this long at most
 MAX_TTL_S: float = constant("lease", "MAX_TTL_S")
 MAX_SETTLE_S: float = constant("lease", "MAX_SETTLE_S")
-ROLLOUT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
+ROLLOUT_ID = re.compile(ROLLOUT_ID_PATTERN)
 # the protocol's, on first use: ``encode`` (the tag's value: compact JSON, at most TAG_VALUE_MAX bytes)
 # and ``LeaseRecord`` (one instance's lease tag of one rollout)
 _FROM_PROTOCOL = ("encode", "LeaseRecord")
