@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,8 +147,9 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
-def _ec2_source(inventories: Sequence[Path]) -> tuple[Path, dict[str, Any]] | None:
-    """The first fleetops.node.ec2 inventory source among ``inventories`` (files, or files in a folder)."""
+def ec2_sources(inventories: Iterable[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The fleetops.node.ec2 inventory sources among ``inventories`` (files, or files in a folder), in
+    order, each read when the caller asks for it."""
     for inv in inventories:
         files = sorted(p for p in inv.iterdir() if p.suffix in (".yml", ".yaml")) if inv.is_dir() else [inv]
         for path in files:
@@ -157,8 +158,7 @@ def _ec2_source(inventories: Sequence[Path]) -> tuple[Path, dict[str, Any]] | No
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
                 continue
             if isinstance(data, dict) and data.get("plugin") in EC2_PLUGINS:
-                return path, data
-    return None
+                yield path, data
 
 
 def ec2_env(inventories: Sequence[Path]) -> dict[str, str]:
@@ -171,7 +171,7 @@ def ec2_env(inventories: Sequence[Path]) -> dict[str, str]:
     vars. Resolved as the inventory plugin resolves them (the source's values, else the environment's);
     empty when no source is an EC2 one. FleetopsError when the connection cannot work.
     """
-    found = _ec2_source(inventories)
+    found = next(ec2_sources(inventories), None)
     if found is None:
         return {}
     path, config = found

@@ -52,9 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleetops.ansible.collection import constant, module_utils
+from fleetops.ansible.runner import ec2_sources
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.util import ROLLOUT_ID_PATTERN
 
@@ -68,7 +67,6 @@ def _protocol() -> Any:
 
 KEY_PREFIX: str = constant("lease", "KEY_PREFIX")
 TAG_VALUE_MAX: int = constant("lease", "TAG_VALUE_MAX")
-PLUGIN_NAMES = ("fleetops.node.ec2",)
 DEFAULT_TTL_S: float = constant("lease", "DEFAULT_TTL_S")
 DEFAULT_SETTLE_S: float = constant("lease", "DEFAULT_SETTLE_S")
 # a crashed controller's lease blocks others this long at most
@@ -158,27 +156,12 @@ class Ec2Connection:
         return cls(**settings.as_dict(), regions=tuple(str(r) for r in regions), source=source)
 
 
-def ec2_sources(inventories: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
-    """The fleetops.node.ec2 inventory sources among ``inventories`` (files, or files in a folder)."""
-    found: list[tuple[Path, dict[str, Any]]] = []
-    for inv in inventories:
-        files = sorted(p for p in inv.iterdir() if p.suffix in (".yml", ".yaml")) if inv.is_dir() else [inv]
-        for path in files:
-            try:
-                data = yaml.safe_load(path.read_text())
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                continue
-            if isinstance(data, dict) and data.get("plugin") in PLUGIN_NAMES:
-                found.append((path, data))
-    return found
-
-
 def connection_for(inventories: Iterable[Path]) -> Ec2Connection | None:
     """The EC2 connection of the (first) fleetops.node.ec2 source; None when there is none."""
-    sources = ec2_sources(inventories)
-    if not sources:
+    found = next(ec2_sources(inventories), None)
+    if found is None:
         return None
-    path, config = sources[0]
+    path, config = found
     return Ec2Connection.from_config(config, source=str(path))
 
 
