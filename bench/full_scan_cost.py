@@ -30,8 +30,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from fleetops.ansible.facts import SCAN_ACTIONS  # noqa: E402
 from fleetops.ansible.runner import RunnerOptions, run_playbook  # noqa: E402
-from fleetops.scan import SCAN_ACTIONS, SCAN_PLAYBOOK, ScanOptions  # noqa: E402
+from fleetops.scan import SCAN_PLAYBOOK, ScanOptions  # noqa: E402
 from fleetops_lab import Lab  # noqa: E402
 
 ZOMBIE_ONLY = ["zombie_memcg"]

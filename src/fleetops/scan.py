@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fleetops.ansible import facts
+from fleetops.ansible.facts import SCAN_ACTIONS
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
@@ -24,7 +25,6 @@ from fleetops.util import SCAN_SCHEMA, atomic_write, open_append
 
 SCHEMA = SCAN_SCHEMA
 SCAN_PLAYBOOK = "fleetops.node.scan"
-SCAN_ACTIONS = {"fleetops.node.node_health", "node_health"}
 
 # Default forks: min(targeted hosts, MAX_FORKS). ansible-playbook itself starts
 # min(forks, hosts in the play) workers (TaskQueueManager._initialize_processes), so passing the cap

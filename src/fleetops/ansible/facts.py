@@ -15,6 +15,10 @@ from typing import Any
 
 from fleetops.ansible.collection import constant, module_utils
 
+# The task actions of a scan: the node_health module, by its full and its short name (scan.yml's call,
+# and the playbook's own scan of a host's replacement).
+SCAN_ACTIONS = frozenset({"fleetops.node.node_health", "node_health"})
+
 
 @cache
 def severities() -> tuple[str, ...]:

@@ -32,10 +32,6 @@ def generic_gate(before: dict[str, Any] | None, after: dict[str, Any]) -> str | 
     return None
 
 
-# The playbook's own scan of a host's replacement (a remediation that replaces its hosts)
-REPLACEMENT_SCAN_ACTIONS = ("fleetops.node.node_health", "node_health")
-
-
 def replacement_entry(outcome: HostOutcome) -> dict[str, Any]:
     """The scan entry of the host that replaced ``outcome``'s host, from the playbook's own scan of it
     (a ``node_health`` result among the outcome's task results): the old host is gone, so the gate
