@@ -112,7 +112,7 @@ from fleetops.schemas import (
     _raise_validation,  # the one-line DocumentError every document of fleetops uses
     read_json,
 )
-from fleetops.util import atomic_write
+from fleetops.util import DAY_S, HOUR_S, atomic_write
 
 POLICY_SCHEMA = "fleetops.policy/v1"
 LADDER_SCHEMA = "fleetops.policy.ladder/v1"
@@ -140,7 +140,7 @@ CHECKS = (
 )
 DEFAULT_SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 NO_GROUP = "-"  # the group of a host group_of knows nothing about
-MAX_WINDOW_S = 7 * 86400  # the longest budget window; the ledger keeps entries this long
+MAX_WINDOW_S = 7 * DAY_S  # the longest budget window; the ledger keeps entries this long
 LOCK_TIMEOUT_S = 30.0
 RULE_NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 TAG_KEY = "fleetops.io/ladder"  # the EC2 tag that carries a host's ladders (LadderState.tag_value)
@@ -150,7 +150,7 @@ CLOCK_SKEW_S = 300  # a spent tag's entry this far ahead of this controller's cl
 
 _DURATION = re.compile(r"^(?:[0-9]+[smhd])+$")
 _DURATION_PART = re.compile(r"([0-9]+)([smhd])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UNIT_S = {"s": 1, "m": 60, "h": HOUR_S, "d": DAY_S}
 DURATION_PATTERN = _DURATION.pattern
 
 
@@ -168,10 +168,10 @@ def fmt_duration(seconds: float) -> str:
         return f"{int(seconds)} s"
     if seconds < 90 * 60:
         return f"{int(seconds // 60)} min"
-    if seconds < 48 * 3600:
-        hours = seconds / 3600
+    if seconds < 48 * HOUR_S:
+        hours = seconds / HOUR_S
         return f"{hours:.0f} h" if hours >= 10 or hours == int(hours) else f"{hours:.1f} h"
-    return f"{seconds / 86400:.0f} d"
+    return f"{seconds / DAY_S:.0f} d"
 
 
 def _check_duration(text: str) -> str:
@@ -326,7 +326,7 @@ class Budget(_Strict):
         return duration_seconds(self.window)
 
     def per(self) -> str:
-        return "/h" if self.window_s == 3600 else f" per {self.window}"
+        return "/h" if self.window_s == HOUR_S else f" per {self.window}"
 
     def group_limit(self, group_size: int) -> tuple[int, str] | None:
         """The most hosts of a group of ``group_size`` per window, and how to say it; None: no limit."""

@@ -19,10 +19,11 @@ from fleetops.errors import UsageError
 from fleetops.rollout.gate import GateCheck
 from fleetops.rollout.guards import DEFAULT_REBOOT_MAX_UNHEALTHY
 from fleetops.rollout.outcome import HostOutcome
+from fleetops.util import DAY_S
 
 REQUIRED = object()  # a parameter without a default
 DEFAULT_HOST_TIMEOUT_S = 600  # a task on a host (a unit disabled, a cache dropped, a service restarted)
-MAX_HOST_TIMEOUT_S = 86400
+MAX_HOST_TIMEOUT_S = DAY_S
 REBOOT_HOST_TIMEOUT_S = 1800  # drain (600) + reboot (600) + hooks, with room to spare
 Say = Callable[[str, str], None]  # (text, style) for the operator
 # (params, inventory, limit, say) -> (extra vars, the hosts to target or None: every selected host)

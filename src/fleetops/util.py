@@ -23,6 +23,8 @@ from typing import Any
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 TEMP_ATTEMPTS = 8  # random temp names tried before giving up (each taken one is left alone)
+HOUR_S = 3600  # seconds
+DAY_S = 24 * HOUR_S
 # The schema ids of the documents fleetops writes and reads back (scan.py, drift.py, api.py, schemas.py).
 SCAN_SCHEMA = "fleetops.scan/v1"
 DRIFT_SCHEMA = "fleetops.drift/v1"

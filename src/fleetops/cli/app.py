@@ -38,6 +38,7 @@ from fleetops.cli.args import (
 from fleetops.cli.errors import run_main
 from fleetops.errors import UsageError
 from fleetops.scan import MAX_FORKS
+from fleetops.util import DAY_S, HOUR_S
 
 _Parser = Parser  # the name tests and older callers use
 
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=None,
         metavar="S",
-        help="take two samples S seconds apart to report growth rates (0..3600; default: the module's, 0: one sample)",
+        help=f"take two samples S seconds apart to report growth rates (0..{HOUR_S}; default: the module's, 0: one sample)",
     )
     # None: node_health's own default applies (memcg.DEFAULT_THRESHOLDS, read here only for the help)
     warning = collection_default(facts.zombie_warning_default)
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan.add_argument(
         "--host-timeout",
-        type=int_range(0, 86400),
+        type=int_range(0, DAY_S),
         default=120,
         metavar="S",
         help="seconds one host may take, connecting included: a host that does not answer ssh is "

@@ -11,6 +11,7 @@ from typing import NoReturn
 from fleetops.ansible.collection import CollectionNotFound
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.util import DAY_S, HOUR_S
 
 INVENTORY_HELP = "inventory file or directory (repeatable; default: the localhost inventory)"
 
@@ -78,7 +79,7 @@ def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
     return convert
 
 
-def seconds_range(low: float = 0.0, high: float = 86400.0, *, above: bool = False) -> Callable[[str], float]:
+def seconds_range(low: float = 0.0, high: float = DAY_S, *, above: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number of seconds from ``low`` (``above``: more than ``low``, where
     ``low`` would mean never or forever) to ``high``."""
 
@@ -98,7 +99,7 @@ def seconds_range(low: float = 0.0, high: float = 86400.0, *, above: bool = Fals
     return convert
 
 
-def whole_seconds(low: int = 1, high: int = 86400) -> Callable[[str], int]:
+def whole_seconds(low: int = 1, high: int = DAY_S) -> Callable[[str], int]:
     """An argparse type: whole seconds from ``low`` to ``high``."""
     convert = int_range(low, high)
     convert.__name__ = "seconds"
@@ -116,13 +117,13 @@ def percent(text: str) -> float:
 
 
 def seconds(text: str) -> float:
-    """A finite number of seconds from 0 to 3600 (``--sample-seconds``)."""
+    """A finite number of seconds from 0 to an hour (``--sample-seconds``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600: {text!r}")
+    if not math.isfinite(value) or not 0 <= value <= HOUR_S:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {HOUR_S}: {text!r}")
     return value
 
 

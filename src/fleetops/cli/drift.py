@@ -10,6 +10,7 @@ from typing import Any
 
 from fleetops.cli.args import add_format_arg, add_target_args, int_range
 from fleetops.drift import DIMENSIONS
+from fleetops.util import DAY_S
 
 EPILOG = (
     "Exit codes: 0 no drift, 1 drift found (a host differs from the majority, or groups differ), "
@@ -59,10 +60,10 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     p.add_argument("-o", "--output", type=Path, help="also write the JSON drift report to this file")
     p.add_argument(
         "--host-timeout",
-        type=int_range(0, 86400),
+        type=int_range(0, DAY_S),
         default=120,
         metavar="S",
-        help="per-host timeout of the scan (0..86400; 0: no limit; default: 120)",
+        help=f"per-host timeout of the scan (0..{DAY_S}; 0: no limit; default: 120)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_drift)

@@ -33,9 +33,10 @@ from fleetops.cli.args import (
 )
 from fleetops.cli.plan import add_rollout_args, plan_request
 from fleetops.errors import UsageError
-from fleetops.remediations import REMEDIATIONS, check_host_timeout
+from fleetops.remediations import MAX_HOST_TIMEOUT_S, REMEDIATIONS, check_host_timeout
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.guards import MaxUnhealthy, parse_not_after
+from fleetops.util import DAY_S
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -197,10 +198,10 @@ def _set_env_ucx_fix_arg(p: argparse.ArgumentParser) -> None:
 def _reboot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reboot-timeout",
-        type=whole_seconds(1, 86400),
+        type=whole_seconds(1, DAY_S),
         default=600,
         metavar="S",
-        help="seconds to wait for a host to come back (1..86400; default: 600)",
+        help=f"seconds to wait for a host to come back (1..{DAY_S}; default: 600)",
     )
     p.add_argument(
         "--pre-hook",
@@ -225,10 +226,10 @@ def _reboot_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        type=whole_seconds(1, 86400),
+        type=whole_seconds(1, DAY_S),
         default=600,
         metavar="S",
-        help="kubectl drain --timeout (1..86400; 0 would mean forever; default: 600)",
+        help=f"kubectl drain --timeout (1..{DAY_S}; 0 would mean forever; default: 600)",
     )
     p.add_argument(
         "--kubeconfig",
@@ -300,10 +301,10 @@ def _quarantine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        type=whole_seconds(1, 86400),
+        type=whole_seconds(1, DAY_S),
         default=600,
         metavar="S",
-        help="kubectl drain --timeout with --evict (1..86400; default: 600)",
+        help=f"kubectl drain --timeout with --evict (1..{DAY_S}; default: 600)",
     )
     _kubectl_args(p)
 
@@ -323,17 +324,17 @@ def _unquarantine_args(p: argparse.ArgumentParser) -> None:
 def _stop_start_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stop-timeout",
-        type=whole_seconds(1, 86400),
+        type=whole_seconds(1, DAY_S),
         default=600,
         metavar="S",
-        help="seconds to wait for an instance to be stopped (1..86400; default: 600)",
+        help=f"seconds to wait for an instance to be stopped (1..{DAY_S}; default: 600)",
     )
     p.add_argument(
         "--start-timeout",
-        type=whole_seconds(1, 86400),
+        type=whole_seconds(1, DAY_S),
         default=600,
         metavar="S",
-        help="seconds to wait for it to be running again, and then for ssh (1..86400; default: 600)",
+        help=f"seconds to wait for it to be running again, and then for ssh (1..{DAY_S}; default: 600)",
     )
     p.add_argument(
         "--finding",
@@ -346,11 +347,11 @@ def _stop_start_args(p: argparse.ArgumentParser) -> None:
 def _replace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
-        type=whole_seconds(1, 86400),
+        type=whole_seconds(1, DAY_S),
         default=600,
         metavar="S",
         help="seconds to wait for the group to be back at its desired capacity with the new instance InService "
-        "and Healthy, and then for the new instance to answer ssh (1..86400; default: 600)",
+        f"and Healthy, and then for the new instance to answer ssh (1..{DAY_S}; default: 600)",
     )
     p.add_argument(
         "--method",
@@ -483,17 +484,17 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     )
     rp.add_argument(
         "--cooldown",
-        type=seconds_range(0, 86400),
+        type=seconds_range(0, DAY_S),
         default=None,
         metavar="S",
-        help="seconds between batches (0..86400; default: the remediation's)",
+        help=f"seconds between batches (0..{DAY_S}; default: the remediation's)",
     )
     rp.add_argument(
         "--host-timeout",
         type=_host_timeout,
         default=None,
         metavar="S",
-        help="time limit of each remediation task on a host, 1-86400 s (default: 1800 for reboot, which "
+        help=f"time limit of each remediation task on a host, 1-{MAX_HOST_TIMEOUT_S} s (default: 1800 for reboot, which "
         "must exceed --reboot-timeout plus --drain-timeout; 600 for the others); a host past it fails "
         "'timed out after S s' and counts for --max-failures",
     )
