@@ -127,16 +127,25 @@ def seconds(text: str) -> float:
     return value
 
 
-def from_library[T](parse: Callable[[str], T]) -> Callable[[str], T]:
-    """An argparse type from a library parser that raises ValueError (its message kept)."""
+def argtype[T](
+    parse: Callable[[str], T],
+    *,
+    errors: tuple[type[Exception], ...] = (ValueError,),
+    name: str | None = None,
+) -> Callable[[str], T]:
+    """An argparse type from a library parser: the ``errors`` it raises become argparse's (exit 2),
+    their message kept, less a leading ``name`` (an option's name: ``--not-after: ...``)."""
 
     def convert(text: str) -> T:
         try:
             return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+        except errors as exc:
+            message = str(exc)
+            if name is not None:
+                message = message.removeprefix(f"{name}: ").removeprefix(f"{name} ")
+            raise argparse.ArgumentTypeError(message) from None
 
-    convert.__name__ = getattr(parse, "__name__", "value")
+    convert.__name__ = name or str(getattr(parse, "__name__", "value"))
     return convert
 
 
@@ -154,24 +163,26 @@ def rollout_id(text: str) -> str:
     return text
 
 
-def _seconds(text: str, check: Callable[[float], float]) -> float:
+def _number_of_seconds(text: str) -> float:
     try:
-        return check(float(text))
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise UsageError(f"not a number of seconds: {text!r}") from None
 
 
-def lease_ttl(text: str) -> float:
-    """argparse type for ``--lease-ttl S`` (against the default settle time; validate_ttl for the pair)."""
+def _lease_ttl(text: str) -> float:
+    """``--lease-ttl S`` (against the default settle time; validate_ttl for the pair)."""
     from fleetops.rollout.lease import validate_ttl
 
-    return _seconds(text, lambda ttl: validate_ttl(ttl, settle=0.0))
+    return validate_ttl(_number_of_seconds(text), settle=0.0)
 
 
-def lease_settle(text: str) -> float:
-    """argparse type for ``--lease-settle S``."""
+def _lease_settle(text: str) -> float:
+    """``--lease-settle S``."""
     from fleetops.rollout.lease import validate_settle
 
-    return _seconds(text, validate_settle)
+    return validate_settle(_number_of_seconds(text))
+
+
+lease_ttl = argtype(_lease_ttl, errors=(UsageError,))
+lease_settle = argtype(_lease_settle, errors=(UsageError,))

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
-from fleetops.cli.args import add_format_arg, add_target_args
+from fleetops.cli.args import add_format_arg, add_target_args, argtype
 from fleetops.planner import MaxParallel, Plan, PlanError
 from fleetops.util import PLAN_SCHEMA
 
@@ -25,11 +25,7 @@ if TYPE_CHECKING:
 SCHEMA = PLAN_SCHEMA
 
 
-def _max_parallel(text: str) -> MaxParallel:
-    try:
-        return MaxParallel.parse(text)
-    except PlanError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_max_parallel = argtype(MaxParallel.parse, errors=(PlanError,))
 
 
 def _count(text: str) -> int:

@@ -20,8 +20,8 @@ from fleetops.ansible import facts
 from fleetops.cli.args import (
     add_format_arg,
     add_target_args,
+    argtype,
     collection_default,
-    from_library,
     int_range,
     lease_settle,
     lease_ttl,
@@ -61,21 +61,7 @@ ROLLOUT_EPILOG = (
     "in doubt, or the rollout stopped (breaker, kill switch, deadline, capacity floor), 4 hosts locked (lock "
     "file or EC2 lease) by another rollout, 130 interrupted, 143 SIGTERM, 129 SIGHUP."
 )
-_failure_budget = from_library(FailureBudget.parse)
-
-
-def _guard_arg[T](parse: Callable[[str], T], name: str) -> Callable[[str], T]:
-    """An argparse type from a guard's parser that raises UsageError: checked at parse time (exit 2)."""
-
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except UsageError as exc:
-            text = str(exc).removeprefix(f"{name}: ").removeprefix(f"{name} ")
-            raise argparse.ArgumentTypeError(text) from None
-
-    convert.__name__ = name
-    return convert
+_failure_budget = argtype(FailureBudget.parse)
 
 
 def _parse_host_timeout(text: str) -> int:
@@ -86,9 +72,12 @@ def _parse_host_timeout(text: str) -> int:
     return check_host_timeout(value)
 
 
-_max_unhealthy = _guard_arg(MaxUnhealthy.parse, "--max-unhealthy")
-_host_timeout = _guard_arg(_parse_host_timeout, "--host-timeout")
-_not_after = _guard_arg(lambda text: parse_not_after(text, datetime.now(UTC)), "--not-after")
+# the guards' parsers raise UsageError: checked at parse time (exit 2)
+_max_unhealthy = argtype(MaxUnhealthy.parse, errors=(UsageError,), name="--max-unhealthy")
+_host_timeout = argtype(_parse_host_timeout, errors=(UsageError,), name="--host-timeout")
+_not_after = argtype(
+    lambda text: parse_not_after(text, datetime.now(UTC)), errors=(UsageError,), name="--not-after"
+)
 
 
 def _disable_unit_args(p: argparse.ArgumentParser) -> None:
