@@ -20,9 +20,9 @@ import yaml
 
 from fleetops import api
 from fleetops.errors import UsageError
-from tests.paths import REPO
+from tests.paths import KUBECTL_STANDIN
 
-STANDIN = REPO / "tests" / "kubectl_standin" / "kubectl"
+STANDIN = KUBECTL_STANDIN
 KEY = "fleetops.io/quarantine"
 MUTATING = ("cordon", "uncordon", "taint", "annotate", "drain")
 

@@ -29,6 +29,7 @@ from fleetops.rollout.outcome import HostOutcome, host_outcome
 from fleetops.rollout.preflight import _ssh_params
 from fleetops.rollout.state import Rollout, new_rollout
 from fleetops.schemas import DocumentError
+from tests.paths import KUBECTL_STANDIN
 
 
 def _rollout(tmp_path: Path, hosts: list[list[str]]) -> Rollout:
@@ -480,25 +481,20 @@ def test_preflight_skipped_and_in_doubt_hosts_are_not_ok(tmp_path: Path) -> None
     assert rollout_exit_code(r) == 3
 
 
-def test_kubectl_gets_the_node_name_after_double_dash_with_a_request_timeout(tmp_path: Path) -> None:
-    """rolling_reboot.yml run by real ansible-playbook on this controller (local connection) with a
-    recording kubectl whose drain fails: the host is not rebooted, the node is uncordoned again, and
-    every kubectl argv has its options first, ``--request-timeout``, then ``--`` and the node name
-    (here a name that looks like an option, as a playbook run without fleetops may meet)."""
+def test_kubectl_gets_the_node_name_after_double_dash_with_a_request_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rolling_reboot.yml run by real ansible-playbook on this controller (local connection) with the
+    kubectl stand-in (tests/kubectl_standin/kubectl), whose drain of the node fails: the host is not
+    rebooted, the node is uncordoned again, and every kubectl argv has its options first,
+    ``--request-timeout``, then ``--`` and the node name (here a name that looks like an option, as a
+    playbook run without fleetops may meet)."""
     from fleetops.ansible.runner import RunnerOptions, run_playbook
 
-    log = tmp_path / "kubectl.log"
-    kubectl = tmp_path / "kubectl"
-    kubectl.write_text(
-        "#!/usr/bin/env python3\n"
-        "import json, sys\n"
-        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "args = sys.argv[1:]\n"
-        "if 'version' in args: sys.exit(0)\n"
-        "if 'get' in args: print(json.dumps({'spec': {}, 'metadata': {'annotations': {}}})); sys.exit(0)\n"
-        "if 'drain' in args: print('error: cannot evict', file=sys.stderr); sys.exit(1)\n"
-    )
-    kubectl.chmod(0o755)
+    kube_state = tmp_path / "kubectl.json"
+    kube_state.write_text(json.dumps({"nodes": {"--all": {}}}))
+    monkeypatch.setenv("FLEETOPS_KUBECTL_STATE", str(kube_state))
+    monkeypatch.setenv("FLEETOPS_KUBECTL_FAIL_DRAIN", "--all")
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\n")
     inv = _inventory(
@@ -510,7 +506,7 @@ def test_kubectl_gets_the_node_name_after_double_dash_with_a_request_timeout(tmp
             inventory=[inv],
             extravars={
                 "fleetops_kube_drain": True,
-                "fleetops_kubectl": str(kubectl),
+                "fleetops_kubectl": str(KUBECTL_STANDIN),
                 "fleetops_kubeconfig": str(kubeconfig),
                 "fleetops_host_timeout": 60,
                 "fleetops_kube_request_timeout": 7,
@@ -520,7 +516,7 @@ def test_kubectl_gets_the_node_name_after_double_dash_with_a_request_timeout(tmp
     results = run.results_for("node-a")
     assert [r.task for r in results if r.status == "failed"][-1] == "Fail the host (not rebooted)"
     assert not any(r.action == "ansible.builtin.reboot" and r.status == "ok" for r in results)
-    calls = [json.loads(ln) for ln in log.read_text().splitlines()]
+    calls = json.loads(kube_state.read_text())["calls"]
     verbs = [
         next(a for a in c if a in ("version", "get", "cordon", "annotate", "drain", "uncordon"))
         for c in calls

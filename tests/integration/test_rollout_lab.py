@@ -22,6 +22,7 @@ import yaml
 
 from fleetops_lab import Lab
 from tests.helpers import FLEETOPS, REPO, boots, fleetops, wait_for_a_batch
+from tests.paths import KUBECTL_STANDIN
 
 pytestmark = pytest.mark.lab
 HOSTS = [f"lab-{i:02d}" for i in range(1, 7)]
@@ -296,83 +297,26 @@ def test_ctrl_c_stops_after_the_batch_ec2_lease_refuses_another_controller_and_r
 
 # ------------------------------------------------------------------ hooks around reboots
 
-# A stand-in for kubectl: no Kubernetes cluster can run on these machines, so this script plays the
-# API server's part for the few verbs the playbook uses. It records every argv (with the time) and
-# keeps each node's cordon state and annotations in a JSON file; drain fails for the nodes listed in
-# FAKE_KUBECTL_FAIL_DRAIN, the way a PodDisruptionBudget refuses an eviction.
-STAND_IN = """#!{python}
-import fcntl, json, os, sys, time
-log = os.environ["FAKE_KUBECTL_LOG"]
-args = sys.argv[1:]
-with open(log + ".lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    with open(log, "a") as f:
-        f.write(json.dumps({{"t": time.time(), "argv": args}}) + "\\n")
-    # as kubectl reads its argv: options (some with a value) anywhere, names after "--" taken as names
-    valued = {{"--kubeconfig", "--request-timeout", "-o", "--output", "--timeout"}}
-    words, i, names_only = [], 0, False
-    while i < len(args):
-        a = args[i]
-        if names_only:
-            words.append(a)
-        elif a == "--":
-            names_only = True
-        elif a in valued:
-            i += 1
-        elif not a.startswith("-"):
-            words.append(a)
-        i += 1
-    args = words
-    try:
-        with open(log + ".state") as f:
-            state = json.load(f)
-    except FileNotFoundError:
-        state = {{}}
-    def node(name):
-        return state.setdefault(name, {{"unschedulable": False, "annotations": {{}}}})
-    verb = args[0] if args else ""
-    rc = 0
-    if verb == "version":
-        print("Client Version: v1.31.0 (stand-in)")
-    elif verb == "get":
-        n = node(args[2])
-        spec = {{"unschedulable": True}} if n["unschedulable"] else {{}}
-        print(json.dumps({{"metadata": {{"name": args[2], "annotations": n["annotations"]}}, "spec": spec}}))
-    elif verb in ("cordon", "uncordon"):
-        node(args[1])["unschedulable"] = verb == "cordon"
-        print("node/%s %sed" % (args[1], verb))
-    elif verb == "annotate":
-        name, change = [a for a in args[1:] if a != "node"][:2]
-        if change.endswith("-"):
-            node(name)["annotations"].pop(change[:-1], None)
-        else:
-            key, value = change.split("=", 1)
-            node(name)["annotations"][key] = value
-    elif verb == "drain":
-        if args[1] in os.environ.get("FAKE_KUBECTL_FAIL_DRAIN", "").split(","):
-            sys.stderr.write("error: Cannot evict pod as it would violate the pod's disruption budget.\\n")
-            rc = 1
-    with open(log + ".state", "w") as f:
-        json.dump(state, f)
-sys.exit(rc)
-"""
 
-
+# kubectl is the stand-in tests/kubectl_standin/kubectl: no Kubernetes cluster can run on these
+# machines. It keeps each node's cordon state and annotations in a JSON file ($FLEETOPS_KUBECTL_STATE),
+# records every argv (with the time) in $FLEETOPS_KUBECTL_LOG, answers the hooks' `kubectl hook ...`,
+# and fails the drain of the nodes listed in $FLEETOPS_KUBECTL_FAIL_DRAIN, the way a
+# PodDisruptionBudget refuses an eviction.
 def _stand_in(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    import sys
-
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    kubectl = bindir / "kubectl"
-    kubectl.write_text(STAND_IN.format(python=sys.executable))
-    kubectl.chmod(0o755)
+    (bindir / "kubectl").symlink_to(KUBECTL_STANDIN)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    state = tmp_path / "kubectl.json"
+    state.write_text(json.dumps({"nodes": {host: {} for host in HOSTS}}))
     log = tmp_path / "kubectl.log"
     env = {
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "KUBECONFIG": str(kubeconfig),
-        "FAKE_KUBECTL_LOG": str(log),
+        "FLEETOPS_KUBECTL_STATE": str(state),
+        "FLEETOPS_KUBECTL_LOG": str(log),
     }
     return env, log
 
@@ -405,7 +349,7 @@ def test_kube_drain_hooks_order_a_failing_drain_and_the_clean_skip(
         "--kube-drain", "--drain-timeout", "30", "--pre-hook", f"{hook} pre {{host}}", "--post-hook",
         f"{hook} post {{node}}", "--max-parallel", "100%", "--per-group-max", "1", "--canary", "0",
         "--max-failures", "1", "--cooldown", "0", "--format", "json",
-        env={**env, **kenv, "FAKE_KUBECTL_FAIL_DRAIN": "lab-02"}, timeout=600,
+        env={**env, **kenv, "FLEETOPS_KUBECTL_FAIL_DRAIN": "lab-02"}, timeout=600,
     )  # fmt: skip
     assert result.rc == 3, result.stderr  # lab-02 failed
     report = result.json()
