@@ -23,25 +23,34 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 IDS_FILE = HERE / "ids.txt"
 
-# Seconds each file took in a serial run (2026-12-02, this 2-core machine; --durations): the parallel
-# lane starts the longest files first. A file not listed counts as 60 s.
+# Seconds each file took in a serial run (2026-12-02, this 2-core machine, CI's layout: junit times of
+# setup, call and teardown): the parallel lane starts the longest files first. A file not listed: 60 s.
 SECONDS = {
-    "test_vm_lab.py": 560,
-    "test_auto_lab.py": 230,
-    "test_rollout_lab.py": 200,
-    "test_ee.py": 170,
-    "test_stop_start_lab.py": 150,
-    "test_replace_lab.py": 120,
-    "test_rollout_safety_lab.py": 110,
-    "test_ucx_lab.py": 110,
-    "test_scan_scale.py": 100,
-    "test_protected_units_lab.py": 90,
-    "test_crashloop_lab.py": 90,
-    "test_rollout_guards_lab.py": 80,
-    "test_drift_lab.py": 70,
-    "test_lab.py": 60,
-    "test_auto_replace_lab.py": 50,
-    "test_quarantine_lab.py": 50,
+    "test_vm_lab.py": 438,
+    "test_rollout_lab.py": 349,
+    "test_auto_lab.py": 209,
+    "test_ee.py": 209,
+    "test_stop_start_lab.py": 172,
+    "test_ucx_lab.py": 170,
+    "test_crashloop_lab.py": 130,
+    "test_replace_lab.py": 122,
+    "test_rollout_guards_lab.py": 115,
+    "test_scan_scale.py": 98,
+    "test_rollout_safety_lab.py": 90,
+    "test_quarantine_lab.py": 67,
+    "test_drift_lab.py": 54,
+    "test_protected_units_lab.py": 49,
+    "test_auto_replace_lab.py": 41,
+    "test_scan_leak.py": 35,
+    "test_secrets_lab.py": 26,
+    "test_scan_lab.py": 23,
+    "test_lab_named.py": 20,
+    "test_lab.py": 17,
+    "test_scan_zombies.py": 16,
+    "test_lab_ec2.py": 10,
+    "test_preflight_lab.py": 8,
+    "test_collection_install.py": 2,
+    "test_memcg_kernel.py": 1,
 }
 
 
