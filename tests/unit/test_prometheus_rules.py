@@ -35,7 +35,8 @@ ALERTMANAGER = PROM / "alertmanager.example.yml"
 UNIT_TESTS = sorted((PROM / "tests").glob("*.yml"))
 README = REPO / "README.md"
 SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus when it scrapes node_exporter
-RUNBOOK = "https://github.com/fleetops/fleetops#"
+# The runbooks are the README's sections, at the collection's repository (galaxy.yml: declared once there).
+RUNBOOK = yaml.safe_load((REPO / "galaxy.yml").read_text())["repository"] + "#"
 # up == 0 and absent(): their $value says nothing, so their descriptions leave it out
 CONSTANT_VALUE = {"FleetopsHostNotScanned", "FleetopsScanMetricsAbsent"}
 
