@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from fleetops.cli.args import add_format_arg, add_target_args, seconds_range
 from fleetops.cli.plan import add_rollout_args, plan_request
+from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
 
 if TYPE_CHECKING:
     from fleetops import api
@@ -34,8 +35,6 @@ EPILOG = (
 
 def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
     """Add ``remediate auto`` beside the remediations (``sub``: remediate's sub-commands)."""
-    from fleetops.cli.remediate import _host_timeout, _kubectl_args, _max_unhealthy, _not_after
-
     p = sub.add_parser("auto", help=HELP, description=DESCRIPTION, epilog=EPILOG)
     p.add_argument(
         "--policy",
@@ -66,13 +65,13 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
         help="do not read or write the instances' fleetops.io/ladder and fleetops.io/spent tags "
         "(e.g. no ec2:CreateTags; a controller with another state directory then knows neither)",
     )
-    p.add_argument("--host-timeout", type=_host_timeout, default=None, metavar="S",
+    p.add_argument("--host-timeout", type=host_timeout, default=None, metavar="S",
                    help="each action's --host-timeout (default: the action's)")  # fmt: skip
-    p.add_argument("--max-unhealthy", type=_max_unhealthy, default=None, metavar="N|P%",
+    p.add_argument("--max-unhealthy", type=max_unhealthy, default=None, metavar="N|P%",
                    help="each action's capacity floor (default: the action's)")  # fmt: skip
-    p.add_argument("--not-after", type=_not_after, default=None, metavar="TIME",
+    p.add_argument("--not-after", type=not_after, default=None, metavar="TIME",
                    help="no batch of any action starts at or after TIME (ISO 8601 or 90m, 2h)")  # fmt: skip
-    _kubectl_args(p)  # quarantine's and unquarantine's kubectl
+    add_kubectl_args(p)  # quarantine's and unquarantine's kubectl
     add_format_arg(p)
     p.set_defaults(func=cmd_auto, resume=None)
 

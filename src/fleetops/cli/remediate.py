@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +31,10 @@ from fleetops.cli.args import (
     whole_seconds,
 )
 from fleetops.cli.plan import add_rollout_args, plan_request
+from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
 from fleetops.errors import UsageError
-from fleetops.remediations import MAX_HOST_TIMEOUT_S, REMEDIATIONS, check_host_timeout
+from fleetops.remediations import MAX_HOST_TIMEOUT_S, REMEDIATIONS
 from fleetops.rollout.budget import FailureBudget
-from fleetops.rollout.guards import MaxUnhealthy, parse_not_after
 from fleetops.util import DAY_S
 
 if TYPE_CHECKING:
@@ -62,22 +61,6 @@ ROLLOUT_EPILOG = (
     "file or EC2 lease) by another rollout, 130 interrupted, 143 SIGTERM, 129 SIGHUP."
 )
 _failure_budget = argtype(FailureBudget.parse)
-
-
-def _parse_host_timeout(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise UsageError(f"must be whole seconds, got {text!r}") from None
-    return check_host_timeout(value)
-
-
-# the guards' parsers raise UsageError: checked at parse time (exit 2)
-_max_unhealthy = argtype(MaxUnhealthy.parse, errors=(UsageError,), name="--max-unhealthy")
-_host_timeout = argtype(_parse_host_timeout, errors=(UsageError,), name="--host-timeout")
-_not_after = argtype(
-    lambda text: parse_not_after(text, datetime.now(UTC)), errors=(UsageError,), name="--not-after"
-)
 
 
 def _disable_unit_args(p: argparse.ArgumentParser) -> None:
@@ -264,15 +247,6 @@ def _set_env_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _kubectl_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig for kubectl (default: $KUBECONFIG, else ~/.kube/config, else in-cluster)",
-    )
-    p.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl to run (default: kubectl)")
-
-
 def _quarantine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--finding",
@@ -295,7 +269,7 @@ def _quarantine_args(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"kubectl drain --timeout with --evict (1..{DAY_S}; default: 600)",
     )
-    _kubectl_args(p)
+    add_kubectl_args(p)
 
 
 def _unquarantine_args(p: argparse.ArgumentParser) -> None:
@@ -307,7 +281,7 @@ def _unquarantine_args(p: argparse.ArgumentParser) -> None:
         help="the scan first (a host it still finds failing its quarantine's check is refused): "
         "seconds between its two samples (default: 10)",
     )
-    _kubectl_args(p)
+    add_kubectl_args(p)
 
 
 def _stop_start_args(p: argparse.ArgumentParser) -> None:
@@ -480,7 +454,7 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     )
     rp.add_argument(
         "--host-timeout",
-        type=_host_timeout,
+        type=host_timeout,
         default=None,
         metavar="S",
         help=f"time limit of each remediation task on a host, 1-{MAX_HOST_TIMEOUT_S} s (default: 1800 for reboot, which "
@@ -489,7 +463,7 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     )
     rp.add_argument(
         "--max-unhealthy",
-        type=_max_unhealthy,
+        type=max_unhealthy,
         default=None,
         metavar="N|P%",
         help="capacity floor: a batch does not start while more than N hosts (or P%% of its group, "
@@ -499,7 +473,7 @@ def _add_rollout_options(rp: argparse.ArgumentParser) -> None:
     )
     rp.add_argument(
         "--not-after",
-        type=_not_after,
+        type=not_after,
         default=None,
         metavar="TIME",
         help="deadline: no batch starts at or after TIME (ISO 8601, a naive time is local; or a duration "
@@ -563,7 +537,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     p.add_argument(
         "--not-after",
         dest="resume_not_after",
-        type=_not_after,
+        type=not_after,
         default=None,
         metavar="TIME",
         help="with --resume: a new deadline for the rest (default: the saved one)",
@@ -571,7 +545,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     p.add_argument(
         "--max-unhealthy",
         dest="resume_max_unhealthy",
-        type=_max_unhealthy,
+        type=max_unhealthy,
         default=None,
         metavar="N|P%",
         help="with --resume: a new capacity floor for the rest (default: the saved one)",
