@@ -7,12 +7,12 @@ module makes those instances lab hosts:
   moto endpoint, ``fleetops_lab.ec2``), makes the first M of them the members of the group
   ``fleetops-lab`` (desired capacity M), powers the spares off, and records the group and its spares
   in ``asg.json`` in the lab's state directory.
-- ``Reconciler``: runs in the lab's EC2 process (a thread beside moto and the events proxy) and, every
-  half second, binds each group instance that has no lab host yet to a spare: powers the spare on,
-  then tags the instance ``Name=<spare>``, ``fleetops=lab`` and ``fleetops:lab:address=<its IP>``
-  (moto gives group instances random private IPs; the lab's EC2 inventory reaches a host at that tag's
-  address, else at its private IP). With no spare left the instance stays unbound and the EC2 log says
-  so. A terminated lab instance's host is powered off.
+- ``Reconciler``: runs in the lab's EC2 process (``fleetops_lab.ec2_server``: a thread beside moto
+  and the events proxy) and, every half second, binds each group instance that has no lab host yet to
+  a spare: powers the spare on, then tags the instance ``Name=<spare>``, ``fleetops=lab`` and
+  ``fleetops:lab:address=<its IP>`` (moto gives group instances random private IPs; the lab's EC2
+  inventory reaches a host at that tag's address, else at its private IP). With no spare left the
+  instance stays unbound and the EC2 log says so. A terminated lab instance's host is powered off.
 - AWS replaces an instance marked ``Unhealthy`` (``SetInstanceHealth``) on its next health check;
   moto 5.2 only records the status. The reconciler does what AWS does: it terminates such an instance
   in its group without lowering the desired capacity (the group then launches a replacement).

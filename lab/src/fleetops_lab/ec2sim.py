@@ -19,7 +19,7 @@
 * tell a ``power_hook`` about ``StopInstances`` / ``TerminateInstances`` (before moto answers:
   the caller sees the answer only once the hook returned) and ``StartInstances`` (after moto
   answered), per instance with its tags: the lab ties its hosts' power to their instances this way
-  (``fleetops_lab.ec2``).
+  (``fleetops_lab.ec2_server``).
 
 ``calls`` counts the requests received per Action (throttled ones included) and ``throttled``
 the ones answered with 503. Loopback only.

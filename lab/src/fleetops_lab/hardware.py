@@ -11,9 +11,9 @@ CSV (``--format=csv,noheader,nounits``) the real tool prints, field for field as
 - ``inject_ecc(lab, host, uncorrected=N)``: the GPU reports N uncorrectable volatile ECC errors
   (gpu_health: critical), also added to the aggregate count.
 - ``clear_hardware(lab, host)``: "other hardware": a fresh GPU (new UUID, zero error counts). The lab's
-  EC2 does this when an instance is stopped through the EC2 API (``fleetops_lab.ec2``): EC2 starts a
-  stopped EBS instance on another host. A plain reboot keeps the file, and so the fault, as it keeps a
-  faulty GPU.
+  EC2 process (``fleetops_lab.ec2_server``) does this when an instance is stopped through the EC2 API:
+  EC2 starts a stopped EBS instance on another host. A plain reboot keeps the file, and so the fault,
+  as it keeps a faulty GPU.
 
 nspawn hosts are written through their mounted root from outside (also while powered off); VM hosts,
 whose disk is their own, over ssh (they must be up).
