@@ -9,19 +9,16 @@
   unit as systemd resolves it (``unit_identity``: its ``Id`` and every one of its ``Names``).
 - Protection: the built-in protected patterns, matched against every name a unit has.
 - ``systemctl show`` parsing, including the quoted word lists of ``Names=`` and ``Environment=``.
-- ``Environment=`` drop-ins: names and values checked, quoted for systemd, parsed back, and written
-  atomically without following links.
+- ``Environment=`` drop-ins: names and values checked, quoted for systemd, parsed back (the set_env
+  module writes them, with ``AnsibleModule.atomic_move``).
 
-Stdlib only; importable on Python >= 3.9. Pure functions except ``is_systemd_host`` and
-``write_atomic``.
+Stdlib only; importable on Python >= 3.9. Pure functions except ``is_systemd_host``.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import contextlib
-import errno
 import fnmatch
 import hashlib
 import os
@@ -355,46 +352,3 @@ def parse_drop_in(text):
         else:
             other.append("line %d: %s=" % (lineno, key.strip()[:40]))
     return env, other
-
-
-def write_atomic(path, text, mode=0o644, dir_mode=0o755, suffix=None):
-    """Write ``text`` to ``path`` atomically, never through a link.
-
-    The temporary file is created exclusively (``O_CREAT|O_EXCL|O_NOFOLLOW``: a file or link planted
-    at its name makes the attempt fail and another name is tried) in the target's directory, given
-    ``mode``, fsynced, and renamed over ``path`` (a rename replaces a link at ``path``, never
-    follows it); then the directory is fsynced. A missing directory is created with ``dir_mode``.
-    ``suffix()`` gives the temporary names (random by default).
-    """
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, dir_mode)
-        os.chmod(directory, dir_mode)
-    suffix = suffix or (lambda: os.urandom(6).hex())
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _attempt in range(16):
-        tmp = os.path.join(directory, ".%s.%s.tmp" % (os.path.basename(path), suffix()))
-        try:
-            fd = os.open(tmp, flags, 0o600)
-            break
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-    else:
-        raise OSError(errno.EEXIST, "no free temporary file name in %s" % directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -15,10 +15,12 @@ short_description: Set environment variables of a systemd service with a drop-in
 version_added: "0.1.0"
 description:
   - Writes the variables into a drop-in of the service,
-    C(/etc/systemd/system/<unit>.d/<drop_in>), as C(Environment=) lines, atomically (a temporary
-    file created exclusively in the same directory, never through a link, fsynced and renamed over the
-    old one; file mode 0644, directory 0755), then runs C(systemctl daemon-reload). This is how the UCX
-    mmap-hook leak is fixed where a service starts (C(UCX_MEM_MMAP_HOOK_MODE=none)).
+    C(/etc/systemd/system/<unit>.d/<drop_in>), as C(Environment=) lines, atomically, the way
+    ansible's own modules write files (a temporary file in the module's temporary directory, created
+    exclusively and fsynced, moved over the old one with C(AnsibleModule.atomic_move), which keeps the
+    SELinux context and attributes of the file it replaces; file mode 0644, directory 0755), then runs
+    C(systemctl daemon-reload). This is how the UCX mmap-hook leak is fixed where a service starts
+    (C(UCX_MEM_MMAP_HOOK_MODE=none)).
   - The name is resolved the way systemd resolves it (one C(systemctl show) call); the drop-in goes to
     the unit's own name (its C(Id)), so an alias writes where the unit reads.
   - The running process keeps its old environment until the service restarts. With
@@ -193,6 +195,7 @@ actions:
 """
 
 import os
+import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -210,7 +213,6 @@ from ansible_collections.fleetops.node.plugins.module_utils.systemd import (
     unit_identity,
     unit_type,
     validate_env,
-    write_atomic,
 )
 
 UNIT_DIR = "/etc/systemd/system"
@@ -248,13 +250,56 @@ def _main_pid(props):
     return int(value) if value.isdigit() else 0
 
 
+def write_file(module, path, text, mode=0o644, dir_mode=0o755):
+    """Write ``text`` to ``path`` as ansible's own modules write files (lineinfile, ansible.posix's).
+
+    The text goes to a temporary file in ``module.tmpdir`` (``tempfile.mkstemp``: created exclusively,
+    never through a link), fsynced, then ``module.atomic_move`` renames it over ``path`` (across
+    filesystems it copies it next to ``path`` first), keeping the SELinux context, owner and
+    attributes of the file it replaces (the default context for a new file). ``atomic_move`` follows
+    a link at ``path``: callers refuse links before calling this. It also gives the file the old
+    one's mode (a new one 0666 & ~umask), so ``mode`` is set afterwards on the file itself, opened
+    without following a link; then the file and the directory are fsynced. A missing directory is
+    created with ``dir_mode``. Raises OSError, or what ``atomic_move`` raises.
+    """
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, dir_mode)
+        os.chmod(directory, dir_mode)
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=module.tmpdir)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        module.atomic_move(tmp, path)
+    finally:
+        module.cleanup(tmp)  # renamed away, unless the move failed
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class EnvDropIn:
     """The Environment= drop-in of one service: ``decide()`` reads (one ``systemctl show``, the drop-in,
     the main process's environ) and refuses or plans; ``act()`` writes, reloads, checks and restarts.
-    ``run(argv) -> (rc, stdout, stderr)`` runs commands."""
+    ``run(argv) -> (rc, stdout, stderr)`` runs commands; ``write(path, text)`` writes the drop-in
+    (``write_file`` with the module)."""
 
-    def __init__(self, run, params, systemctl="systemctl", booted=True, unit_dir=UNIT_DIR, proc="/proc"):
+    def __init__(
+        self, run, write, params, systemctl="systemctl", booted=True, unit_dir=UNIT_DIR, proc="/proc"
+    ):
         self.run = run
+        self.write = write
         self.params = params
         self.systemctl = systemctl
         self.booted = booted
@@ -286,6 +331,12 @@ class EnvDropIn:
         except ValueError as exc:
             raise SetEnvError("Failed to parse systemctl show for %s: %s" % (self.unit, exc), **self.result)
         return blocks[0] if blocks else {}
+
+    def _refuse_links(self):
+        """Neither the drop-in nor its directory may be a link (``atomic_move`` follows one)."""
+        for link in (os.path.dirname(self.path), self.path):
+            if os.path.islink(link):
+                self._fail("%s is a symbolic link; fleetops does not write through or over links" % link)
 
     # ---------------------------------------------------------------------------------- decide
 
@@ -324,9 +375,7 @@ class EnvDropIn:
         path = os.path.join(directory, params["drop_in"])
         self.path = path
         self.result["path"] = path
-        for link in (directory, path):
-            if os.path.islink(link):
-                self._fail("%s is a symbolic link; fleetops does not write through or over links" % link)
+        self._refuse_links()
         before_text = None
         if os.path.lexists(path):
             try:
@@ -419,13 +468,17 @@ class EnvDropIn:
     def act(self):
         result, path = self.result, self.path
         if "daemon-reload" in result["actions"]:
+            self._refuse_links()  # again: one may have been planted since decide()
             try:
                 if self.after_text is None:
                     os.unlink(path)
                 else:
-                    write_atomic(path, self.after_text)
-            except (IOError, OSError) as exc:
-                raise SetEnvError("Failed to write drop-in %s: %s" % (path, exc), **result)
+                    self.write(path, self.after_text)
+            except Exception as exc:  # OSError, or atomic_move's Exception (its cause the OSError)
+                why = str(exc)
+                if not isinstance(exc, OSError) and exc.__cause__ is not None:
+                    why = "%s (%s)" % (why, exc.__cause__)
+                raise SetEnvError("Failed to write drop-in %s: %s" % (path, why), **result)
             rc, out, err = self.run([self.systemctl, "daemon-reload"])
             if rc != 0:
                 raise SetEnvError(
@@ -505,6 +558,7 @@ def main():
     booted = is_systemd_host()
     drop_in = EnvDropIn(
         module.run_command,
+        lambda path, text: write_file(module, path, text),
         params,
         systemctl=module.get_bin_path("systemctl", required=booted) or "systemctl",
         booted=booted,

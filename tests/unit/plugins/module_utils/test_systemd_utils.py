@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import stat
-from pathlib import Path
 
 import pytest
 from ansible_collections.fleetops.node.plugins.module_utils import systemd
@@ -249,34 +247,3 @@ def test_parse_environment() -> None:
 def test_digest() -> None:
     assert systemd.digest_value("none") == "sha256:" + hashlib.sha256(b"none").hexdigest()[:12]
     assert systemd.digest_value("none") != systemd.digest_value("None")
-
-
-def test_write_atomic_never_follows_a_link_planted_at_the_temporary_name(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("keep\n")
-    path = tmp_path / "unit.d" / "50-fleetops-env.conf"
-    path.parent.mkdir()
-    names = iter(["planted", "planted", "free"])
-    (path.parent / ".50-fleetops-env.conf.planted.tmp").symlink_to(victim)
-    systemd.write_atomic(str(path), "new\n", suffix=lambda: next(names))
-    assert victim.read_text() == "keep\n"
-    assert path.read_text() == "new\n"
-    assert stat.S_IMODE(path.lstat().st_mode) == 0o644
-    assert sorted(p.name for p in path.parent.iterdir()) == [".50-fleetops-env.conf.planted.tmp", path.name]
-
-
-def test_write_atomic_replaces_a_link_at_the_target_instead_of_writing_through_it(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("keep\n")
-    path = tmp_path / "x.conf"
-    path.symlink_to(victim)
-    systemd.write_atomic(str(path), "new\n")
-    assert victim.read_text() == "keep\n"
-    assert not path.is_symlink() and path.read_text() == "new\n"
-
-
-def test_write_atomic_gives_up_when_every_name_is_taken(tmp_path: Path) -> None:
-    (tmp_path / ".x.conf.same.tmp").write_text("")
-    with pytest.raises(OSError):
-        systemd.write_atomic(str(tmp_path / "x.conf"), "new\n", suffix=lambda: "same")
-    assert not (tmp_path / "x.conf").exists()

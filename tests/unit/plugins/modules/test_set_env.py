@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.testing import patch_module_args
 from ansible_collections.fleetops.node.plugins.module_utils import systemd
 from ansible_collections.fleetops.node.plugins.modules import set_env
 from hypothesis import given
@@ -123,21 +128,68 @@ def test_a_hand_edited_drop_in_with_broken_quotes_is_refused() -> None:
     )
 
 
-def test_write_atomic_modes_and_no_leftovers(tmp_path: Path) -> None:
+def ansible_module(tmp_path: Path) -> AnsibleModule:
+    """A real AnsibleModule, in-process: its tmpdir and atomic_move are what write_file uses."""
+    module_tmp = tmp_path / "module-tmp"
+    module_tmp.mkdir(exist_ok=True)
+    with patch_module_args({"_ansible_tmpdir": str(module_tmp), "_ansible_no_log": True}):
+        return AnsibleModule(argument_spec={})
+
+
+def test_write_file_modes_and_no_leftovers(tmp_path: Path) -> None:
+    module = ansible_module(tmp_path)
     old = os.umask(0o077)  # modes must not depend on the caller's umask
     try:
         path = tmp_path / "etc" / "vllm.service.d" / "50-fleetops-env.conf"
-        systemd.write_atomic(str(path), "one\n")
+        set_env.write_file(module, str(path), "one\n")
         assert path.read_text() == "one\n"
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
         inode = path.stat().st_ino
-        systemd.write_atomic(str(path), "two\n")
+        path.chmod(0o600)  # atomic_move keeps the old file's mode: write_file sets it again
+        set_env.write_file(module, str(path), "two\n")
         assert path.read_text() == "two\n"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
         assert path.stat().st_ino != inode  # replaced by a rename, never rewritten in place
         assert sorted(p.name for p in path.parent.iterdir()) == ["50-fleetops-env.conf"]
+        assert list((tmp_path / "module-tmp").iterdir()) == []
     finally:
         os.umask(old)
+
+
+def test_write_file_never_follows_a_link_planted_at_the_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = ansible_module(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    path = tmp_path / "unit.d" / "50-fleetops-env.conf"
+    path.parent.mkdir()
+    planted = tmp_path / "module-tmp" / ".50-fleetops-env.conf.planted.tmp"
+    planted.symlink_to(victim)
+    names = iter(["planted", "planted", "free"])
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: names)
+    set_env.write_file(module, str(path), "new\n")
+    assert victim.read_text() == "keep\n"
+    assert path.read_text() == "new\n"
+    assert stat.S_IMODE(path.lstat().st_mode) == 0o644
+    assert [p.name for p in (tmp_path / "module-tmp").iterdir()] == [planted.name]
+
+
+def test_write_file_gives_up_when_every_temporary_name_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = ansible_module(tmp_path)
+    (tmp_path / "module-tmp" / ".x.conf.same.tmp").write_text("")
+
+    def same() -> Iterator[str]:
+        while True:
+            yield "same"
+
+    monkeypatch.setattr(tempfile, "_get_candidate_names", same)
+    with pytest.raises(OSError):
+        set_env.write_file(module, str(tmp_path / "x.conf"), "new\n")
+    assert not (tmp_path / "x.conf").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +226,14 @@ def drop_in(tmp_path: Path, run: FakeSystemctl, **overrides: Any) -> set_env.Env
     (proc / "76").mkdir(parents=True, exist_ok=True)
     if not (proc / "76" / "environ").exists():
         (proc / "76" / "environ").write_bytes(b"PATH=/usr/bin\0UCX_MEM_MMAP_HOOK_MODE=none\0TRICKY=a b\\c\0")
-    return set_env.EnvDropIn(run, params(**overrides), unit_dir=str(tmp_path / "units"), proc=str(proc))
+    module = ansible_module(tmp_path)
+    return set_env.EnvDropIn(
+        run,
+        lambda path, text: set_env.write_file(module, path, text),
+        params(**overrides),
+        unit_dir=str(tmp_path / "units"),
+        proc=str(proc),
+    )
 
 
 def test_decide_digests_values_and_names_what_changes(tmp_path: Path) -> None:
@@ -310,6 +369,53 @@ def test_links_are_refused(tmp_path: Path) -> None:
         set_env.SetEnvError, match="is a symbolic link; fleetops does not write through or over links"
     ):
         drop_in(tmp_path, FakeSystemctl()).decide()
+
+
+@pytest.mark.parametrize("planted", ["drop-in", "directory"])
+def test_a_link_planted_after_deciding_is_refused_before_writing(tmp_path: Path, planted: str) -> None:
+    unit_dir = tmp_path / "units" / "vllm-decode.service.d"
+    run = FakeSystemctl()
+    planner = drop_in(tmp_path, run)
+    planner.decide()
+    victim_dir = tmp_path / "elsewhere"
+    victim_dir.mkdir()
+    victim = victim_dir / "50-fleetops-env.conf"
+    victim.write_text("keep\n")
+    if planted == "drop-in":
+        unit_dir.mkdir(parents=True)
+        (unit_dir / "50-fleetops-env.conf").symlink_to(victim)
+        link = unit_dir / "50-fleetops-env.conf"
+    else:
+        unit_dir.parent.mkdir(parents=True)
+        unit_dir.symlink_to(victim_dir)
+        link = unit_dir
+    with pytest.raises(set_env.SetEnvError) as err:
+        planner.act()
+    assert str(err.value) == (
+        f"Failed to set the environment of vllm-decode.service: {link} is a symbolic link; fleetops does not "
+        "write through or over links"
+    )
+    assert victim.read_text() == "keep\n" and link.is_symlink()
+    assert run.verbs() == ["show"]
+
+
+def test_a_failed_move_is_a_failure_to_write(tmp_path: Path) -> None:
+    unit_dir = tmp_path / "units" / "vllm-decode.service.d"
+    run = FakeSystemctl()
+    planner = drop_in(tmp_path, run)
+    planner.decide()
+    (unit_dir / "50-fleetops-env.conf").mkdir(parents=True)  # rename(2) cannot replace a directory
+    with pytest.raises(set_env.SetEnvError) as err:
+        planner.act()
+    path = unit_dir / "50-fleetops-env.conf"
+    # atomic_move's own message, with the OSError it chained
+    assert re.fullmatch(
+        re.escape(f"Failed to write drop-in {path}: Could not replace '{path}' with '{tmp_path}/module-tmp/")
+        + r"\.50-fleetops-env\.conf\.\w+\.tmp'\. \(\[Errno 21\] Is a directory: .*\)",
+        str(err.value),
+    )
+    assert run.verbs() == ["show"]
+    assert list((tmp_path / "module-tmp").iterdir()) == []
 
 
 @pytest.mark.parametrize(
