@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, REPO, boots, fleetops, wait_for_a_batch
+from tests.helpers import FLEETOPS, REPO, boots, fleetops, kill_tree, wait_for_a_batch
 from tests.paths import KUBECTL_STANDIN
 
 pytestmark = pytest.mark.lab
@@ -145,15 +145,20 @@ def test_lock_refuses_a_second_rollout_and_a_killed_rollout_resumes_without_doub
         cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
+    killed = False
     try:
         # wait until it holds the locks and is inside a batch
         wait_for_a_batch(state)
-        second = _reboot(lab, env, "--canary", "1")
+        # the canary may be down already (its reboot is under way): preflight must not refuse first
+        second = _reboot(lab, env, "--canary", "1", "--preflight-max-unreachable", "100%")
         assert second.rc == 4, second.stderr
         assert "held by a running rollout" in second.stderr  # its holder is alive: never taken
         time.sleep(1.0)  # mid-batch: the reboot is under way
         os.killpg(first.pid, signal.SIGKILL)
+        killed = True
     finally:
+        if not killed:  # a failed assertion above: the next test must not meet this rollout's reboots
+            kill_tree(first.pid)
         first.wait(timeout=30)
     caught = json.loads(state.read_text())
     assert caught["status"] == "running"  # killed: it never got to write anything else
@@ -252,9 +257,10 @@ def test_ctrl_c_stops_after_the_batch_ec2_lease_refuses_another_controller_and_r
             assert _ec2_lease_tags(lab) == {h: [f"fleetops:lease:{rollout_id}"] for h in HOSTS}
             # Another controller (its own state dir: no shared lock file) is refused by the lease.
             other = {**env, "FLEETOPS_STATE_DIR": str(tmp_path / "other-controller")}
+            # (the canary may be down already: the lease must refuse, not preflight)
             second = fleetops(
                 "remediate", "reboot", "-i", str(lab.ec2_inventory_path()), "--apply", "--lease-settle", "0",
-                "--preflight-timeout", "10", env=other, timeout=300,
+                "--preflight-timeout", "10", "--preflight-max-unreachable", "100%", env=other, timeout=300,
             )  # fmt: skip
             assert second.rc == 4, second.stderr
             assert "Failed to take the EC2 lease on 6 instance(s) held by another rollout" in second.stderr
@@ -263,7 +269,7 @@ def test_ctrl_c_stops_after_the_batch_ec2_lease_refuses_another_controller_and_r
             out, _ = first.communicate(timeout=300)
         finally:
             if first.poll() is None:
-                first.kill()
+                kill_tree(first.pid)  # its ansible run too (a session of its own): no reboot goes on
                 first.wait()
     text = stderr.read_text()
     assert first.returncode == 130, text

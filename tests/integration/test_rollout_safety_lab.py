@@ -40,18 +40,20 @@ def _boots(lab: Lab) -> dict[str, tuple[str, int]]:
     return boots(lab, HOSTS)
 
 
-def _run_processes() -> list[str]:
-    """Processes of any fleetops ansible run still alive (they carry FLEETOPS_RUN_DIR), but ssh masters."""
+def _run_processes(env: dict[str, str]) -> list[str]:
+    """Processes of this test's fleetops ansible runs still alive (they carry FLEETOPS_RUN_DIR and the
+    test's own FLEETOPS_STATE_DIR: other labs' runs go on beside it), but ssh masters."""
+    mine = f"\0FLEETOPS_STATE_DIR={env['FLEETOPS_STATE_DIR']}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            environ = b"\0" + Path(f"/proc/{entry}/environ").read_bytes()
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if b"FLEETOPS_RUN_DIR=" in environ and "[mux]" not in argv:
+        if b"\0FLEETOPS_RUN_DIR=" in environ and mine in environ and "[mux]" not in argv:
             found.append(argv)
     return found
 
@@ -93,6 +95,10 @@ def test_sigterm_mid_batch_aborts_at_once_and_resume_reboots_each_host_once(
     try:
         wait_for_a_batch(state)
         time.sleep(0.5)  # inside batch 1's ansible run
+        deadline = time.monotonic() + 60  # the check below can fail: this run's workers are seen
+        while not _run_processes(env):
+            assert time.monotonic() < deadline, "batch 1's ansible run never showed up"
+            time.sleep(0.1)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # to fleetops only, as systemd or a CI runner would
         _out, err = proc.communicate(timeout=60)
@@ -108,7 +114,7 @@ def test_sigterm_mid_batch_aborts_at_once_and_resume_reboots_each_host_once(
     assert saved["status"] == "interrupted" and saved["stopped"]["reason"] == "aborted mid-batch (SIGTERM)"
     assert saved["stopped"]["in_doubt"] and set(saved["stopped"]["in_doubt"]) <= set(HOSTS)
     assert not list(Path(env["FLEETOPS_STATE_DIR"]).glob("locks/*.lock"))  # released
-    assert _run_processes() == []  # the aborted batch's ansible workers were ended too
+    assert _run_processes(env) == []  # the aborted batch's ansible workers were ended too
 
     resumed = fleetops("remediate", "--resume", str(state), "--format", "json", env=env, timeout=600)
     assert resumed.rc == 0, resumed.stderr
