@@ -9,19 +9,25 @@ record of what ran.
   own, alone, after the parallel lane (``-m exclusive``, no xdist). A parallel run refuses to run one.
 - Files run longest first (``SECONDS`` in ids.py, measured), so the long ones do not end the run alone.
 - ``FLEETOPS_TEST_RECORD=PATH`` appends each test's outcome to PATH (one JSON line each): ids.py checks
-  that every listed test ran, and under ``CI=true`` a skipped lab test fails the run.
+  that every listed test ran, and under ``CI=true`` a skipped lab test fails the run. Each test's CPU
+  time goes with it (its setup, call and teardown: the worker, every process it waited for, and its
+  lab's guests, read from the lab's cgroup), so the record says where the suite's CPU goes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fleetops_lab.names import lab_names
 from tests.integration import ids
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -71,15 +77,55 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(os.environ["FLEETOPS_STATE_DIR"], ignore_errors=True)
 
 
+CPU_START = pytest.StashKey[tuple[float, float]]()
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(CPU time of this process and of every process it waited for, CPU time of its lab's guests so
+    far: the lab's cgroup in the unified hierarchy, 0 when no lab is up)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+    guests = 0.0
+    cgroup = Path("/sys/fs/cgroup/unified", lab_names().cgroup_parent, "cpu.stat")
+    with contextlib.suppress(OSError, ValueError):
+        for line in cgroup.read_text().splitlines():
+            if line.startswith("usage_usec "):
+                guests = int(line.split()[1]) / 1e6
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime, guests
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[CPU_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.when == "teardown" and CPU_START in item.stash:  # sent on to the controller by xdist
+        (own0, guests0), (own1, guests1) = item.stash[CPU_START], _cpu_seconds()
+        # a lab taken down in this teardown took its counter with it: its guests' last share is lost
+        guests = guests1 - guests0 if guests1 >= guests0 else 0.0
+        report.user_properties.append(("cpu_seconds", round(own1 - own0 + guests, 1)))
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Record each test's outcome once (in the controller, not in each xdist worker as well)."""
+    """Record each test's outcome once (in the controller, not in each xdist worker as well), and
+    after its teardown the CPU it took."""
     path = os.environ.get("FLEETOPS_TEST_RECORD")
     if not path or WORKER:
         return
+    line: dict[str, object] = {}
     if report.when == "call" or (report.when == "setup" and not report.passed):
         line = {"id": report.nodeid, "outcome": report.outcome, "seconds": round(report.duration, 2)}
         if report.skipped and isinstance(report.longrepr, tuple):
             line["reason"] = str(report.longrepr[2])
+    elif report.when == "teardown":
+        cpu = dict(report.user_properties).get("cpu_seconds")
+        if cpu is not None:
+            line = {"id": report.nodeid, "cpu_seconds": cpu}
+    if line:
         with Path(path).open("a") as fh:
             fh.write(json.dumps(line) + "\n")
 

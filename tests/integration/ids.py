@@ -77,22 +77,56 @@ def collected() -> list[str]:
 
 
 def read_records(paths: list[Path]) -> dict[str, dict[str, object]]:
-    """The last outcome of each test in the records (one JSON object a line)."""
+    """Each test's record: its last outcome and its CPU time (one JSON object a line, a test's lines
+    merged: the outcome after its call, the CPU after its teardown)."""
     outcomes: dict[str, dict[str, object]] = {}
     for path in paths:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             try:
                 record = json.loads(line)
-                outcomes[str(record["id"])] = record
-            except (ValueError, KeyError, TypeError):
+                outcomes.setdefault(str(record["id"]), {}).update(record)
+            except (ValueError, KeyError, TypeError, AttributeError):
                 raise SystemExit(f"ids: {path}:{n}: not a test record: {line[:200]!r}") from None
     return outcomes
+
+
+def cpu_jiffies(stat_line: str) -> tuple[int, int]:
+    """(busy, all) clock ticks of the ``cpu`` line of /proc/stat: busy is all but idle and iowait."""
+    fields = [int(f) for f in stat_line.split()[1:]]
+    if stat_line.split()[:1] != ["cpu"] or len(fields) < 8:
+        raise SystemExit(f"ids: not the cpu line of /proc/stat: {stat_line[:100]!r}")
+    return sum(fields[:8]) - fields[3] - fields[4], sum(fields[:8])
+
+
+def cpu_report(records: dict[str, dict[str, object]], since: str | None, seconds: float | None) -> list[str]:
+    """Where the suite's CPU went: this machine's busy share since ``since`` (a /proc/stat cpu line),
+    the tests' own CPU time, and the files that took most."""
+    lines = []
+    if since is not None:
+        now = Path("/proc/stat").read_text().splitlines()[0]
+        (busy0, all0), (busy1, all1) = cpu_jiffies(since), cpu_jiffies(now)
+        ticks = os.sysconf("SC_CLK_TCK")
+        cores = os.cpu_count() or 1
+        share = (busy1 - busy0) / max(all1 - all0, 1)
+        lines.append(
+            f"integration CPU: {(busy1 - busy0) / ticks:.0f} core-s busy on this machine, {share:.0%} of "
+            f"{cores} cores (a floor of {(busy1 - busy0) / ticks / cores:.0f} s wall on {cores} cores)"
+        )
+    per_file: Counter[str] = Counter()
+    for test_id, record in records.items():
+        cpu = record.get("cpu_seconds")
+        if isinstance(cpu, int | float):
+            per_file[test_id.split("::", 1)[0].rsplit("/", 1)[-1]] += cpu
+    if per_file:
+        top = ", ".join(f"{name} {cpu:.0f}" for name, cpu in per_file.most_common(10))
+        lines.append(f"integration CPU of the tests: {sum(per_file.values()):.0f} core-s; most: {top}")
+    return lines
 
 
 def check(records: dict[str, dict[str, object]], ci: bool) -> list[str]:
     """What is wrong with a run whose outcomes are ``records``, against the list; empty when nothing is."""
     want = listed()
-    problems = [f"listed but did not run: {i}" for i in want if i not in records]
+    problems = [f"listed but did not run: {i}" for i in want if "outcome" not in records.get(i, {})]
     problems += [
         f"ran but is not in tests/integration/ids.txt (python -m tests.integration.ids write): {i}"
         for i in records
@@ -102,7 +136,7 @@ def check(records: dict[str, dict[str, object]], ci: bool) -> list[str]:
         problems += [
             f"skipped under CI=true: {i} ({r.get('reason', '')})"
             for i, r in records.items()
-            if r["outcome"] == "skipped"
+            if r.get("outcome") == "skipped"
         ]
     return problems
 
@@ -115,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     chk = sub.add_parser("check", help="check the records of a run against ids.txt")
     chk.add_argument("records", nargs="+", type=Path)
     chk.add_argument("--seconds", type=float, default=None, help="the suite's wall time, to print")
+    chk.add_argument(
+        "--cpu-since", type=Path, default=None, help="a file holding /proc/stat's cpu line at the start"
+    )
     args = parser.parse_args(argv)
     if args.command == "write":
         ids = collected()
@@ -130,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     problems = check(records, ci=os.environ.get("CI") == "true")
     for problem in problems:
         print(f"ids: {problem}", file=sys.stderr)
-    counts = Counter(str(r["outcome"]) for r in records.values())
+    counts = Counter(str(r.get("outcome")) for r in records.values())
     wall = f" in {args.seconds:.0f} s" if args.seconds is not None else ""
     print(f"integration suite: {len(records)} tests{wall} ({len(listed())} listed)")
     print(f"integration: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    since = args.cpu_since.read_text().strip() if args.cpu_since is not None else None
+    for line in cpu_report(records, since, args.seconds):
+        print(line)
     return 1 if problems or counts["failed"] else 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +38,27 @@ def test_the_list_check_fails_on_a_missing_an_unlisted_and_a_skipped_test(
     skipped = _records({listed[0]: "passed", listed[1]: "skipped"})
     assert ids.check(skipped, ci=False) == []
     assert ids.check(skipped, ci=True) == [f"skipped under CI=true: {listed[1]} (why)"]
+
+
+def test_a_tests_cpu_line_joins_its_outcome_and_a_cpu_line_alone_is_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listed = ["tests/integration/test_a.py::test_one", "tests/integration/test_b.py::test_two"]
+    monkeypatch.setattr(ids, "listed", lambda: listed)
+    record = tmp_path / "record"
+    record.write_text(
+        json.dumps({"id": listed[0], "outcome": "passed", "seconds": 1.0}) + "\n"
+        + json.dumps({"id": listed[0], "cpu_seconds": 3.5}) + "\n"
+        + json.dumps({"id": listed[1], "cpu_seconds": 1.0}) + "\n"  # its outcome never came
+    )  # fmt: skip
+    records = ids.read_records([record])
+    assert records[listed[0]] == {"id": listed[0], "outcome": "passed", "seconds": 1.0, "cpu_seconds": 3.5}
+    assert ids.check(records, ci=True) == [f"listed but did not run: {listed[1]}"]
+    (_, tests) = ids.cpu_report(records, "cpu 100 0 100 700 100 0 0 0 0 0", 10)
+    assert tests == "integration CPU of the tests: 4 core-s; most: test_a.py 4, test_b.py 1"
+    assert ids.cpu_jiffies("cpu 100 5 100 700 100 1 2 3 0 0") == (211, 1011)  # idle, iowait left out
+    with pytest.raises(SystemExit, match="not the cpu line"):
+        ids.cpu_jiffies("cpu0 1 2 3 4 5 6 7 8")
 
 
 def test_the_checked_in_list_is_what_pytest_collects() -> None:
