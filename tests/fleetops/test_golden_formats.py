@@ -44,8 +44,11 @@ from fleetops import auto as auto_mod
 from fleetops import policy as policy_mod
 from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, TaskResult
+from fleetops.api import launch
 from fleetops.errors import FleetopsError, Signalled, UsageError
 from fleetops.exitcodes import ExitCode, signal_exit_code
+from fleetops.policy import records as policy_records
+from fleetops.policy import state as policy_state
 from fleetops.remediations import REMEDIATIONS, REQUIRED
 from fleetops.rollout import audit as audit_mod
 from fleetops.rollout import engine as engine_mod
@@ -74,6 +77,7 @@ def golden(name: str, text: str, tmp_path: Path | None = None) -> None:
     if tmp_path is not None:
         for tmp in sorted({str(tmp_path.resolve()), str(tmp_path)}, key=len, reverse=True):
             text = text.replace(tmp, "<TMP>")
+    text = text.replace(str(REPO), "<REPO>")  # a clean clone elsewhere (CI) produces the same bytes
     path = GOLDEN / name
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,21 +151,21 @@ def clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Clock:
         monkeypatch.setattr(module, "time", frozen)
     monkeypatch.setattr(state_mod, "uuid", SimpleNamespace(uuid4=lambda: uuid.UUID(ROLLOUT_HEX + "0" * 26)))
     monkeypatch.setattr(locks, "secrets", Counter("70c"))
-    monkeypatch.setattr(policy_mod, "secrets", Counter("1d"))
+    monkeypatch.setattr(policy_records, "secrets", Counter("1d"))  # LedgerEntry ids
     monkeypatch.setattr(state_mod.socket, "gethostname", lambda: MACHINE)
     monkeypatch.setattr(auto_mod, "controller_id", lambda: f"{MACHINE}:4242")
     monkeypatch.delenv("SUDO_USER", raising=False)
     monkeypatch.setenv("FLEETOPS_OPERATOR", OPERATOR)
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "home"))
     monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "home" / "audit.jsonl"))
-    real_new = api.new_rollout
+    real_new = launch.new_rollout
 
     def new_rollout(**kwargs: Any) -> state_mod.Rollout:
         rollout = real_new(**kwargs)
         rollout.created = c.now  # its default factory is the real time.time, bound at import
         return rollout
 
-    monkeypatch.setattr(api, "new_rollout", new_rollout)
+    monkeypatch.setattr(launch, "new_rollout", new_rollout)  # where the API starts a rollout
     return c
 
 
@@ -241,10 +245,10 @@ def scanner(hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def _stand_ins(monkeypatch: pytest.MonkeyPatch, runner: Runner, down: dict[str, str] | None = None) -> None:
-    monkeypatch.setattr(api, "PlaybookBatchRunner", lambda playbook, inventory: runner)
-    monkeypatch.setattr(api, "InventoryScanner", lambda *a, **k: scanner)
+    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda playbook, inventory: runner)
+    monkeypatch.setattr(launch, "InventoryScanner", lambda *a, **k: scanner)
     monkeypatch.setattr(
-        api, "preflight", lambda hosts, **k: {h.name: (down or {}).get(h.name) for h in hosts}
+        launch, "preflight", lambda hosts, **k: {h.name: (down or {}).get(h.name) for h in hosts}
     )
 
 
@@ -305,7 +309,7 @@ def test_rollout_state_audit_log_report_and_runner_vars_of_a_reboot(
     run's vars."""
     runner = Runner(clock)
     connection = Ec2Connection(endpoint_url="http://127.0.0.1:1", regions=("us-east-1",))
-    monkeypatch.setattr(api, "connection_for", lambda inventories: connection)
+    monkeypatch.setattr(launch, "connection_for", lambda inventories: connection)
     held: dict[str, str] = {}
 
     def read_locks(n: int, hosts: Sequence[str]) -> None:
@@ -726,8 +730,8 @@ def test_the_checked_in_policy_state_files_still_load(tmp_path: Path) -> None:
     ladder = policy_mod.LadderState.load(GOLDEN / "policy-ladder.json")
     ledger = policy_mod.BudgetLedger.load(GOLDEN / "policy-ledger.json")
     assert ladder.hosts and ledger.entries
-    assert policy_mod._dump(ladder.to_json()) == (GOLDEN / "policy-ladder.json").read_text()
-    assert policy_mod._dump(ledger.to_json()) == (GOLDEN / "policy-ledger.json").read_text()
+    assert policy_state._dump(ladder.to_json()) == (GOLDEN / "policy-ladder.json").read_text()
+    assert policy_state._dump(ledger.to_json()) == (GOLDEN / "policy-ledger.json").read_text()
 
 
 # ---------------------------------------------------------------------------------- extra vars, exit codes
