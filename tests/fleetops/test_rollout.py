@@ -305,11 +305,12 @@ def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _no_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Record any attempt to run a playbook, scan or preflight (none must happen when a guard refuses)."""
     import fleetops.api as api_mod
+    from fleetops.api import launch
 
     calls: list[Any] = []
-    monkeypatch.setattr(api_mod, "preflight", lambda *a, **k: calls.append(("preflight", a)) or {})
+    monkeypatch.setattr(launch, "preflight", lambda *a, **k: calls.append(("preflight", a)) or {})
     monkeypatch.setattr(api_mod, "run_scan", lambda *a, **k: calls.append(("scan", a)) or {})
-    monkeypatch.setattr(api_mod, "PlaybookBatchRunner", lambda *a, **k: calls.append(("runner", a)))
+    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda *a, **k: calls.append(("runner", a)))
     return calls
 
 

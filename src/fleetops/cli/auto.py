@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetops.cli.args import add_format_arg, add_target_args, seconds_range
-from fleetops.cli.plan import add_rollout_args, plan_request
+from fleetops.cli.plan import add_rollout_args, targets_and_caps
 from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
 
 if TYPE_CHECKING:
@@ -79,20 +79,13 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
 def auto_request(args: argparse.Namespace) -> api.AutoRequest:
     from fleetops import api
 
-    caps = plan_request(args, "auto")
     kube = {k: v for k, v in (("kubectl", args.kubectl), ("kubeconfig", args.kubeconfig)) if v}
     return api.AutoRequest(
         policy=args.policy,
-        inventory=caps.inventory,
-        limit=caps.limit,
+        **targets_and_caps(args),
         apply=bool(args.apply),
         sample_seconds=args.sample_seconds,
         state_dir=args.state_dir,
-        group_by=caps.group_by,
-        max_parallel=caps.max_parallel,
-        per_group_max=caps.per_group_max,
-        canary=caps.canary,
-        exclude=caps.exclude,
         host_timeout=args.host_timeout,
         max_unhealthy=args.max_unhealthy,
         not_after=args.not_after,

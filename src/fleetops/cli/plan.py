@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
 from fleetops.cli.args import add_format_arg, add_target_args, argtype
@@ -104,20 +104,25 @@ def add_rollout_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def targets_and_caps(args: argparse.Namespace) -> dict[str, Any]:
+    """The targets and caps given on the command line, as the keywords of the one request built from
+    them (``plan``, ``remediate ACTION`` and ``remediate auto`` share them: ``api.RolloutCaps``)."""
+    return {
+        "inventory": list(args.inventory or []),
+        "limit": args.limit,
+        "group_by": args.group_by,
+        "max_parallel": args.max_parallel,
+        "per_group_max": args.per_group_max,
+        "canary": args.canary,
+        "exclude": list(args.exclude),
+    }
+
+
 def plan_request(args: argparse.Namespace, action: str) -> api.PlanRequest:
-    """The caps and targets given on the command line (plan and remediate share them)."""
+    """The library request for ``fleetops plan``."""
     from fleetops import api
 
-    return api.PlanRequest(
-        action=action,
-        inventory=list(args.inventory or []),
-        limit=args.limit,
-        group_by=args.group_by,
-        max_parallel=args.max_parallel,
-        per_group_max=args.per_group_max,
-        canary=args.canary,
-        exclude=list(args.exclude),
-    )
+    return api.PlanRequest(action=action, **targets_and_caps(args))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

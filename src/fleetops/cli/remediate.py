@@ -30,7 +30,7 @@ from fleetops.cli.args import (
     shown,
     whole_seconds,
 )
-from fleetops.cli.plan import add_rollout_args, plan_request
+from fleetops.cli.plan import add_rollout_args, targets_and_caps
 from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
 from fleetops.errors import UsageError
 from fleetops.remediations import MAX_HOST_TIMEOUT_S, REMEDIATIONS
@@ -346,16 +346,9 @@ def remediation_request(args: argparse.Namespace) -> api.RemediationRequest:
 
     remediation = REMEDIATIONS[args.remediation]
     params = {name: getattr(args, name) for name in remediation.params if hasattr(args, name)}
-    caps = plan_request(args, remediation.name)
     return api.RemediationRequest(
         action=remediation.name,
-        inventory=caps.inventory,
-        limit=caps.limit,
-        group_by=caps.group_by,
-        max_parallel=caps.max_parallel,
-        per_group_max=caps.per_group_max,
-        canary=caps.canary,
-        exclude=caps.exclude,
+        **targets_and_caps(args),
         params=params,
         apply=bool(args.apply),
         max_failures=args.max_failures,

@@ -1,0 +1,468 @@
+"""The library API: what the CLI, the demo, AWX-side code and tests call.
+
+Typed requests in, typed results out; nothing here parses a command line or renders anything.
+Progress goes to callbacks (``on_host`` for scans) or a ``RolloutObserver`` (rollouts); errors are
+``FleetopsError`` subclasses whose ``exit_code`` is an ``ExitCode``.
+
+- ``scan(ScanRequest) -> ScanResult``: one node_health call per host, the ``fleetops.scan/v1`` report.
+- ``plan(PlanRequest) -> PlanResult``: the batches a rollout would run (``fleetops.plan/v1``).
+- ``remediate(RemediationRequest) -> RolloutResult``: a remediation, batch by batch.
+- ``resume(ResumeRequest) -> RolloutResult``: continue a saved rollout.
+- ``report(path) -> RolloutResult``: a saved rollout's report (``fleetops.rollout.engine/v1``).
+- ``auto(AutoRequest) -> AutoResult``: one ``remediate auto`` pass of a policy (``fleetops.auto/v1``).
+- ``stop(StopRolloutRequest) -> StopRolloutResult``: the kill switch.
+- ``drift(DriftRequest) -> DriftResult``: the facts that differ between hosts (``fleetops.drift/v1``).
+
+This module holds the verbs only: the requests and results are ``fleetops.api.requests``'s, the
+launch of a rollout ``fleetops.api.launch``'s and the signal handling ``fleetops.api.signals``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fleetops import auto as auto_mod
+from fleetops import paths
+from fleetops.ansible import facts
+from fleetops.ansible.inventory import load_hosts
+from fleetops.api.launch import execute as _execute
+from fleetops.api.launch import leave_out_gone, plan_hosts
+from fleetops.api.launch import start as _start
+from fleetops.api.launch import targets as _targets
+from fleetops.api.requests import (
+    ROLLOUT_SCHEMA,
+    AutoRequest,
+    AutoResult,
+    DriftRequest,
+    DriftResult,
+    PlanRequest,
+    PlanResult,
+    RemediationRequest,
+    ResumeRequest,
+    RolloutCaps,
+    RolloutLimits,
+    RolloutResult,
+    ScanRequest,
+    ScanResult,
+    StopRolloutRequest,
+    StopRolloutResult,
+    empty_document,
+    needs_reboot,
+    plan_document,
+    report_document,
+    rollout_exit_code,
+    rollout_options,
+    rollout_result,
+)
+from fleetops.api.signals import STOP_MESSAGE, PassSignals, ctrl_c
+from fleetops.errors import UsageError
+from fleetops.exitcodes import ExitCode
+from fleetops.planner import MaxParallel
+from fleetops.policy import SPENT_TAG_KEY, TAG_KEY, Policy, default_policy_path, load_policy
+from fleetops.remediations import REMEDIATIONS
+from fleetops.remediations import get as get_remediation
+from fleetops.rollout import guards
+from fleetops.rollout.budget import FailureBudget
+from fleetops.rollout.engine import GUARDS_KEY, NullObserver, RolloutObserver
+from fleetops.rollout.lease import connection_for, lease_targets
+from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, state_home
+from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
+from fleetops.util import check_writable
+
+__all__ = [
+    "REMEDIATIONS",
+    "ROLLOUT_SCHEMA",
+    "STOP_MESSAGE",
+    "AutoRequest",
+    "AutoResult",
+    "DriftRequest",
+    "DriftResult",
+    "ExitCode",
+    "FailureBudget",
+    "MaxParallel",
+    "NullObserver",
+    "PlanRequest",
+    "PlanResult",
+    "RemediationRequest",
+    "ResumeRequest",
+    "RolloutCaps",
+    "RolloutLimits",
+    "RolloutObserver",
+    "RolloutResult",
+    "ScanRequest",
+    "ScanResult",
+    "StopRolloutRequest",
+    "StopRolloutResult",
+    "auto",
+    "default_inventories",
+    "drift",
+    "needs_reboot",
+    "plan",
+    "plan_document",
+    "remediate",
+    "report",
+    "report_document",
+    "resume",
+    "rollout_exit_code",
+    "scan",
+    "stop",
+]
+
+OnHost = Callable[[str, dict[str, Any]], None]
+# the launch's and the signal handling's own names, as the tests reach them through the API
+_PassSignals = PassSignals
+_ctrl_c = ctrl_c
+_leave_out_gone = leave_out_gone
+
+
+def _plan_hosts(request: PlanRequest, hosts: Sequence[Any]) -> PlanResult:
+    """``request``'s plan of ``hosts`` (already selected)."""
+    return plan_hosts(request.action, request, request.exclude, hosts)
+
+
+# ------------------------------------------------------------------------------------------ scan
+
+
+def scan(
+    request: ScanRequest, on_host: OnHost | None = None, cancel: threading.Event | None = None
+) -> ScanResult:
+    """Scan the hosts; ``on_host`` sees each host's entry as it answers; ``cancel`` stops the scan,
+    keeping what has arrived (exit code INTERRUPTED)."""
+    from fleetops.scan import exit_code
+
+    warning = facts.zombie_warning_default() if request.zombie_warning is None else request.zombie_warning
+    critical = facts.zombie_critical_default() if request.zombie_critical is None else request.zombie_critical
+    if warning > critical:
+        raise UsageError(f"--zombie-warning ({warning}) must not exceed --zombie-critical ({critical})")
+    inventories = paths.resolve_inventories(request.inventory)
+    for inv in inventories:
+        if not inv.exists():
+            raise UsageError(f"inventory not found: {inv}")
+    for out_path in (request.output, request.prometheus):
+        why = check_writable(out_path) if out_path is not None else None
+        if why:
+            raise UsageError(f"cannot write {out_path}: {why}")
+    _targets(inventories, request.limit, None)
+    # the request's scan options (None: the module's default; only what the caller set reaches the
+    # playbook), with the inventories resolved and its own copy of the extra vars
+    opts = ScanOptions(
+        **{f.name: getattr(request, f.name) for f in dataclasses.fields(ScanOptions)}
+        | {
+            "inventory": inventories,
+            "checks": list(request.checks) if request.checks else None,
+            "extravars": dict(request.extravars),
+        }
+    )
+    if request.unit_allowlist is not None:
+        from fleetops.drift import load_unit_allowlist
+
+        opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
+    output = request.output
+    partial = PartialReport(output.with_name(output.name + ".partial")) if output is not None else None
+
+    def seen(host: str, entry: dict[str, Any]) -> None:
+        if partial is not None:
+            partial.add(host, entry)
+        if on_host is not None:
+            on_host(host, entry)
+
+    try:
+        report_ = run_scan(opts, on_host=seen, cancel=cancel)
+    finally:
+        if partial is not None:
+            partial.close(done=False)  # kept until the final report is written
+    if report_["summary"]["hosts"] == 0 and not report_.get("interrupted"):
+        if partial is not None:
+            partial.close(done=True)
+        raise UsageError("no hosts matched the inventory and limit")
+    result = ScanResult(report_, ExitCode.INTERRUPTED if report_.get("interrupted") else exit_code(report_))
+    if output is not None:
+        write_report(output, result.json() + "\n")
+        if partial is not None:
+            partial.close(done=True)
+    if request.prometheus is not None:
+        from fleetops.metrics import write_textfile
+
+        write_textfile(report_, request.prometheus)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+def plan(request: PlanRequest) -> PlanResult:
+    """Load the targeted hosts and plan them with the request's caps (changes nothing)."""
+    inventories = paths.resolve_inventories(request.inventory)
+    return _plan_hosts(request, _targets(inventories, request.limit, request.group_by))
+
+
+# ------------------------------------------------------------------------------------------ rollouts
+
+
+def remediate(
+    request: RemediationRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
+) -> RolloutResult:
+    """Plan and run a remediation batch by batch (a dry run unless ``request.apply``).
+
+    ``handle_signals``: in the main thread, Ctrl-C stops after the current batch and a second one
+    aborts it (the state is saved either way; exit code INTERRUPTED).
+    """
+    obs = observer if observer is not None else NullObserver()
+    remediation = get_remediation(request.action)
+    rollout = _start(request, remediation, obs)
+    if rollout is None:
+        obs.message("nothing to do: no host has a finding this remediation acts on")
+        return RolloutResult(None, empty_document(remediation.name, request.apply), ExitCode.OK)
+    return rollout_result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
+
+
+def resume(
+    request: ResumeRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
+) -> RolloutResult:
+    """Continue a saved rollout: hosts caught mid-batch are probed first, failed ones re-checked."""
+    obs = observer if observer is not None else NullObserver()
+    rollout = Rollout.load(request.state, actions=REMEDIATIONS)
+    if rollout.status == "done":
+        obs.message(f"rollout {rollout.id} is already done")
+        return rollout_result(rollout)
+    rollout.check_resumable()
+    obs.message(f"resuming rollout {rollout.id} ({rollout.action}, status {rollout.status})")
+    settings = rollout.plan.setdefault(GUARDS_KEY, {})
+    if request.not_after is not None:
+        settings["not_after"] = request.not_after.isoformat()
+        obs.message(f"new deadline: --not-after {settings['not_after']}")
+    if request.max_unhealthy is not None:
+        limit = request.max_unhealthy
+        settings["max_unhealthy"] = str(guards.MaxUnhealthy.parse(limit) if isinstance(limit, str) else limit)
+        obs.message(f"new capacity floor: --max-unhealthy {settings['max_unhealthy']}")
+    remediation = get_remediation(rollout.action)
+    return rollout_result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
+
+
+def report(path: Path) -> RolloutResult:
+    """A saved rollout's report; exit code OK only when it is done with every host verified
+    (no failed, timed-out, preflight-skipped or in-doubt host)."""
+    rollout = Rollout.load(path, actions=REMEDIATIONS)
+    s = rollout.summary()
+    done = rollout.status == "done" and not (s["failed"] or s["skipped"] or s["pending"])
+    return RolloutResult(rollout, report_document(rollout), ExitCode.OK if done else ExitCode.FAILED)
+
+
+# ------------------------------------------------------------------------------------------ auto
+
+
+def auto(
+    request: AutoRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
+) -> AutoResult:
+    """One pass: scan, decide per host by the policy, run each action's rollout, remember (with
+    ``apply``). ``fleetops.auto`` says what a pass does and what its exit code means."""
+    obs = observer if observer is not None else NullObserver()
+    policy_path = request.policy if request.policy is not None else default_policy_path()
+    policy = load_policy(policy_path)
+    auto_mod.check_policy_actions(policy, str(policy_path))
+    signals = PassSignals()
+    with signals.installed() if handle_signals else contextlib.nullcontext():
+        return _auto(request, obs, policy, policy_path, handle_signals, signals)
+
+
+def _tag_targets(hosts: Sequence[Any]) -> dict[str, auto_mod.TagTarget]:
+    """Each EC2 host's instance and the ladder and budgets spent its fleetops.io tags show."""
+    hostvars = {h.name: h.hostvars for h in hosts}
+    tags: dict[str, auto_mod.TagTarget] = {}
+    for host, target in lease_targets(hosts).items():
+        shown = hostvars[host].get("ec2_tags") or {}
+        value, spent = shown.get(TAG_KEY), shown.get(SPENT_TAG_KEY)
+        tags[host] = auto_mod.TagTarget(
+            target["instance"],
+            target["region"],
+            str(value) if value else None,
+            str(spent) if spent else None,
+        )
+    return tags
+
+
+def _auto(
+    request: AutoRequest,
+    obs: RolloutObserver,
+    policy: Policy,
+    policy_path: Path,
+    handle_signals: bool,
+    signals: PassSignals,
+) -> AutoResult:
+    inventories = paths.resolve_inventories(request.inventory)
+    hosts = _targets(inventories, request.limit, request.group_by)
+    report_ = run_scan(
+        ScanOptions(inventory=inventories, limit=request.limit, sample_seconds=request.sample_seconds)
+    )
+    if request.exclude:
+        left_out = set(request.exclude)
+        report_ = {
+            **report_,
+            "hosts": {h: e for h, e in (report_.get("hosts") or {}).items() if h not in left_out},
+        }
+        hosts = [h for h in hosts if h.name not in left_out]
+        obs.message(f"left out (--exclude): {' '.join(sorted(left_out))}", "dim")
+    connection = connection_for(inventories) if request.ec2_tags else None
+    tags = _tag_targets(hosts) if connection is not None else {}
+
+    def run_action(action: str, names: Sequence[str], params: Mapping[str, Any]) -> auto_mod.ActionRun:
+        # the pass's caps and limits, unchanged, for each action's rollout over exactly its hosts
+        result = remediate(
+            RemediationRequest(
+                action=action,
+                inventory=inventories,
+                limit=request.limit,
+                hosts=list(names),
+                params=params,
+                apply=request.apply,
+                **rollout_options(request),
+            ),
+            obs,
+            handle_signals=handle_signals,
+        )
+        rollout = result.rollout
+        states = rollout.hosts if rollout is not None else {}
+        return auto_mod.ActionRun(
+            action,
+            tuple(names),
+            params,
+            attempted=frozenset(
+                h for h, st in states.items() if st in (HOST_DONE, HOST_FAILED, HOST_RUNNING)
+            ),
+            done=frozenset(h for h, st in states.items() if st == HOST_DONE),
+            exit_code=result.exit_code,
+            document=result.document,
+        )
+
+    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    result = auto_mod.run_pass(
+        auto_mod.PassInputs(
+            policy=policy,
+            policy_source=str(policy_path),
+            scan_report=report_,
+            group_of={h.name: h.group for h in hosts},
+            state_dir=state_dir,
+            apply=request.apply,
+            tags=tags,
+            connection=connection,
+            extra_params=request.action_params,
+        ),
+        run_action,
+        obs.message,
+        shield=signals.held,
+    )
+    return AutoResult(result, result.document(), result.exit_code)
+
+
+# ------------------------------------------------------------------------------------------ stop
+
+
+def stop(request: StopRolloutRequest) -> StopRolloutResult:
+    """Write the kill switch (``fleetops.rollout.killswitch``): a stop file on this controller and,
+    with an EC2 inventory, the ``fleetops:stop`` tag on the leased instances. Each running rollout
+    asks before every batch, stops after its current one (exit 3) and says who stopped it and why."""
+    from fleetops.rollout import killswitch
+    from fleetops.rollout.state import operator
+
+    scope = request.rollout if request.rollout is not None else "every running rollout"
+    if request.clear:
+        removed = killswitch.clear_stop(request.rollout)
+        line = (
+            f"stop request for {scope} removed"
+            if removed
+            else f"no stop request for {scope} on this controller"
+        )
+        return StopRolloutResult([line], ExitCode.OK)
+    who = operator()
+    reason = request.reason.strip() or "no reason given"
+    path = killswitch.request_stop(request.rollout, reason, who)
+    lines = [f"stop requested for {scope} by {who}: {reason} ({path}); it stops after its current batch"]
+    if request.inventory:
+        lines += _stop_ec2(request.rollout, reason, who, paths.resolve_inventories(request.inventory))
+    return StopRolloutResult(lines, ExitCode.OK)
+
+
+def _stop_ec2(rollout: str | None, reason: str, who: str, inventories: Sequence[Path]) -> list[str]:
+    from fleetops.ansible.collection import module_utils
+    from fleetops.rollout import killswitch
+
+    connection = connection_for(inventories)
+    if connection is None:
+        return ["no fleetops.node.ec2 inventory source: no EC2 stop tag written"]
+    aws = module_utils("aws")
+    settings = connection.settings()
+    lines: list[str] = []
+    session = aws.session(settings)
+    for region in connection.regions or ("us-east-1",):
+        client = aws.client(settings, "ec2", region, aws_session=session, user_agent="fleetops.stop")
+
+        def call(op: str, func: Callable[[], Any], region: str = region) -> Any:
+            return aws.call(settings, op, region, func)
+
+        try:
+            written = killswitch.request_stop_ec2(client, rollout, reason, who, call=call)
+        except aws.AwsError as exc:
+            raise killswitch.KillSwitchError(f"Failed to tag the stop on EC2 ({region}): {exc}") from None
+        if written.instances:
+            lines.append(
+                f"EC2 {region}: {killswitch.STOP_TAG} tagged on {len(written.instances)} leased instance(s)"
+            )
+        else:
+            lines.append(f"EC2 {region}: no instance leased by {rollout or 'any rollout'}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ drift
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """A saved ``fleetops.scan/v1`` report, validated: a bad one is a DocumentError (one line, exit 2)."""
+    from fleetops.schemas import load_scan_report
+
+    return load_scan_report(path)
+
+
+def drift(request: DriftRequest, on_host: OnHost | None = None) -> DriftResult:
+    """One scan (or a saved report): the facts that differ between hosts that should be identical."""
+    from fleetops.drift import DIMENSIONS, DRIFT_CHECKS, build_drift, exit_code
+
+    inventories = list(request.inventory)
+    if not inventories and request.from_report is None:
+        inventories = paths.resolve_inventories(inventories)
+    why = check_writable(request.output) if request.output is not None else None
+    if why:
+        raise UsageError(f"cannot write {request.output}: {why}")
+    hostvars = {h.name: h.hostvars for h in load_hosts(inventories, request.limit)} if inventories else {}
+    if request.from_report is not None:
+        report_ = _read_report(request.from_report)
+        if request.limit and hostvars:
+            report_ = {
+                **report_,
+                "hosts": {h: e for h, e in (report_.get("hosts") or {}).items() if h in hostvars},
+            }
+    else:
+        opts = ScanOptions(
+            inventory=inventories,
+            limit=request.limit,
+            checks=list(DRIFT_CHECKS),
+            host_timeout=request.host_timeout,
+        )
+        report_ = run_scan(opts, on_host=on_host)
+    if not report_.get("hosts"):
+        raise UsageError("no hosts matched the inventory and limit")
+    document = build_drift(report_, hostvars, list(request.group_by or DIMENSIONS))
+    result = DriftResult(document, exit_code(document))
+    if request.output is not None:
+        write_report(request.output, result.json() + "\n")
+    return result
+
+
+def default_inventories() -> list[Path]:
+    """This checkout's localhost inventory as a list ([] when the package runs without its checkout)."""
+    inv = paths.default_inventory()
+    return [inv] if inv is not None else []

@@ -1,0 +1,227 @@
+"""The launch of a rollout: the targets a request selects, its plan, the rollout started from them
+(``start``: names, the remediation's own step, preflight, the guards' settings, the lease's targets),
+and its run under the lock (``execute``: also a resume's)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from fleetops import paths
+from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, load_targets
+from fleetops.api.requests import PlanResult, RemediationRequest, RolloutCaps, plan_document
+from fleetops.api.signals import ctrl_c
+from fleetops.errors import UsageError
+from fleetops.planner import MaxParallel
+from fleetops.planner import plan as plan_batches
+from fleetops.remediations import Remediation
+from fleetops.rollout import guards
+from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
+from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
+from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, Engine, RolloutObserver
+from fleetops.rollout.lease import connection_for, lease_targets
+from fleetops.rollout.locks import locked
+from fleetops.rollout.outcome import HostOutcome
+from fleetops.rollout.preflight import preflight
+from fleetops.rollout.state import (
+    HOST_FAILED,
+    HOST_PENDING,
+    HOST_RUNNING,
+    HOST_SKIPPED,
+    Rollout,
+    RolloutError,
+    new_rollout,
+)
+
+
+def _selection(inventories: Sequence[Path], limit: str | None) -> str:
+    """What selected the hosts, for ``guards.require_targets``' message."""
+    if limit:
+        return f"--limit {limit!r}"
+    return "the inventory " + " ".join(str(p) for p in inventories)
+
+
+def targets(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> list[InventoryHost]:
+    """The hosts ``limit`` selects, refused (UsageError) when there are none or a name is not
+    targeted exactly by a ``--limit`` (``guards.check_target_names``)."""
+    found = load_targets(inventories, limit, group_by)
+    guards.require_targets([h.name for h in found.hosts], _selection(inventories, limit))
+    guards.check_target_names([h.name for h in found.hosts], found.groups)
+    return found.hosts
+
+
+def plan_hosts(
+    action: str, caps: RolloutCaps, exclude: Sequence[str], hosts: Sequence[InventoryHost]
+) -> PlanResult:
+    """The batches of ``hosts`` under ``caps``, ``exclude`` left out."""
+    guards.require_targets([h.name for h in hosts], "the selection")
+    max_parallel = caps.max_parallel
+    if not isinstance(max_parallel, MaxParallel):
+        max_parallel = MaxParallel.parse(str(max_parallel))
+    result = plan_batches(
+        hosts,
+        max_parallel=max_parallel,
+        per_group_max=caps.per_group_max,
+        canary=caps.canary,
+        exclude=list(exclude),
+    )
+    group_by = caps.group_by or "|".join(DEFAULT_GROUP_VARS)
+    return PlanResult(result, group_by, plan_document(action, result, group_by))
+
+
+def start(request: RemediationRequest, remediation: Remediation, observer: RolloutObserver) -> Rollout | None:
+    """The rollout ``request`` asks for, planned and saved nowhere yet; None: nothing to do."""
+    inventories = paths.resolve_inventories(request.inventory)
+    params = remediation.resolve(request.params)
+    extravars = remediation.extravars(params)
+    limit = request.limit
+    # every selected name is checked before anything runs (``fix`` scans first); a step before
+    # planning narrows the selection by exact names, never by a limit joined from them
+    hosts = targets(inventories, limit, request.group_by)
+    if request.hosts is not None:
+        named = set(request.hosts)
+        unknown = sorted(named - {h.name for h in hosts})
+        if unknown:
+            raise UsageError(
+                f"remediate {remediation.name}: host(s) outside the selection: {' '.join(unknown)}"
+            )
+        guards.require_targets(sorted(named), "the hosts named")
+        hosts = [h for h in hosts if h.name in named]
+    if remediation.prepare is not None:
+        extravars, wanted_hosts = remediation.prepare(params, inventories, limit, observer.message)
+        if wanted_hosts is not None:
+            if not wanted_hosts:
+                return None
+            wanted = set(wanted_hosts)
+            if request.hosts is not None:  # the step saw the whole selection: keep the hosts named
+                wanted &= set(request.hosts)
+                if not wanted:
+                    return None
+            unknown = sorted(wanted - {h.name for h in hosts})
+            if unknown:
+                raise UsageError(
+                    f"remediate {remediation.name}: its plan names host(s) outside the selection: {' '.join(unknown)}"
+                )
+            hosts = [h for h in hosts if h.name in wanted]
+    if extravars.get("fleetops_kube_drain") or remediation.name in ("quarantine", "unquarantine"):
+        for target in hosts:
+            node = target.hostvars.get("k8s_node_name") or target.name
+            guards.check_k8s_node_name(str(node), target.name)
+    reasons: dict[str, str | None] = {}
+    exclude = list(request.exclude)
+    if request.apply:
+        reasons = preflight(hosts, timeout=request.preflight_timeout, inventory=inventories)
+        down = {h: why for h, why in reasons.items() if why}
+        for host, why in down.items():
+            observer.message(f"preflight: {host}: {why}", "warning")
+        allowed = request.preflight_max_unreachable.tolerated(len(hosts))
+        if len(down) > allowed:
+            raise RolloutError(
+                f"Failed to start the rollout: preflight found {len(down)} of {len(hosts)} host(s) unreachable, "
+                f"more than the {allowed} allowed (--preflight-max-unreachable); nothing was changed"
+            )
+        if down:
+            exclude += list(down)
+            observer.message(
+                f"preflight: leaving out {len(down)} unreachable host(s); {len(hosts) - len(down)} ok"
+            )
+    planned = plan_hosts(remediation.name, request, exclude, hosts)
+    rollout = new_rollout(
+        action=remediation.name,
+        apply=request.apply,
+        inventory=inventories,
+        extravars=extravars,
+        plan=planned.document,
+        max_failures=request.max_failures.tolerated(planned.plan.hosts),
+        cooldown=remediation.cooldown if request.cooldown is None else request.cooldown,
+        gate=request.gate,
+        state_path=request.state,
+    )
+    rollout.preflight = reasons
+    _set_guards(rollout, request, remediation, hosts)
+    if "fleetops_kube_drain" in rollout.extravars or remediation.name == "quarantine":
+        rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
+    if request.apply and request.ec2_lease:
+        instances = lease_targets(h for h in hosts if h.name in rollout.hosts)
+        if instances and connection_for(inventories) is not None:
+            rollout.lease = {"ttl": request.lease_ttl, "settle": request.lease_settle, "instances": instances}
+    for host, reason in reasons.items():
+        if reason:
+            rollout.hosts[host] = HOST_SKIPPED
+            rollout.results[host] = HostOutcome(status="skipped", msg=f"preflight: {reason}")
+    return rollout
+
+
+def _set_guards(
+    rollout: Rollout, request: RemediationRequest, remediation: Remediation, hosts: Sequence[InventoryHost]
+) -> None:
+    """The guards' settings, kept in the rollout (``engine.GUARDS_KEY``) so a resume keeps them."""
+    limit = request.max_unhealthy if request.max_unhealthy is not None else remediation.max_unhealthy
+    if isinstance(limit, str):
+        limit = guards.MaxUnhealthy.parse(limit)
+    rollout.plan[GUARDS_KEY] = {
+        "max_unhealthy": None if limit is None else str(limit),
+        "not_after": None if request.not_after is None else request.not_after.isoformat(),
+        "group_of": {h.name: h.group for h in hosts},
+    }
+    timeout = remediation.host_timeout if request.host_timeout is None else request.host_timeout
+    rollout.extravars[HOST_TIMEOUT_VAR] = remediation.check_host_timeout(timeout, rollout.extravars)
+
+
+def leave_out_gone(rollout: Rollout, present: frozenset[str], observer: RolloutObserver) -> None:
+    """Hosts a resume would still act on (pending, caught mid-batch, failed) that the inventory no
+    longer lists are left out (skipped, never exit 0): no limit can reach them, and a host missing from
+    a limit is not an error ansible reports. Done hosts stay done (a replaced instance is gone)."""
+    gone = [
+        h for h, s in rollout.hosts.items()
+        if s in (HOST_PENDING, HOST_RUNNING, HOST_FAILED) and h not in present
+    ]  # fmt: skip
+    for host in gone:
+        rollout.hosts[host] = HOST_SKIPPED
+        previous = rollout.results.get(host)
+        rollout.results[host] = HostOutcome(
+            status="skipped",
+            before=previous.before if previous is not None else None,
+            msg=f"resume: {NOT_IN_INVENTORY}: left out, not touched",
+        )
+        observer.message(f"resume: {host} is {NOT_IN_INVENTORY}: left out, not touched", "warning")
+    if gone:
+        rollout.save()
+
+
+def execute(
+    rollout: Rollout,
+    remediation: Remediation,
+    observer: RolloutObserver,
+    break_lock: bool | str,
+    handle_signals: bool,
+) -> Rollout:
+    """Run a started (or resumed) rollout under its hosts' locks, with ``ctrl_c``'s handlers."""
+    inventory = [Path(p) for p in rollout.inventory]
+    # A resume's hosts are checked again: groups may have come since, hosts may have gone.
+    listing = load_targets(inventory)
+    groups, present = listing.groups, frozenset(h.name for h in listing.hosts)
+    leave_out_gone(rollout, present, observer)
+    names = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
+    guards.check_target_names(names, groups)
+    if rollout.apply:
+        ensure_audit_writable()  # never change a host unaudited (AuditError, exit 3, nothing changed)
+    with locked(rollout, names, break_lock, say=lambda line: observer.message(line, "dim")) as held:
+        engine = Engine(
+            rollout=rollout,
+            actions=remediation.actions,
+            runner=PlaybookBatchRunner(remediation.playbook, inventory),
+            scanner=InventoryScanner(inventory, groups, present),
+            observer=observer,
+            gate_check=remediation.gate,
+            probe_vars=remediation.probe_vars,
+            replaces_host=remediation.replaces_host,
+            post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
+            guard=held.guard,
+            ec2_stop=held.ec2_stop,
+        )
+        if rollout.apply:
+            observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")
+        with ctrl_c(engine, observer) if handle_signals else contextlib.nullcontext():
+            return engine.run()
