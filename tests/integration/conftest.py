@@ -35,11 +35,13 @@ if WORKER:
     # Set before any test module runs: Lab(), fleetops-lab and the lab's own processes read it.
     os.environ["FLEETOPS_LAB"] = WORKER
     os.environ.pop("FLEETOPS_LAB_DIR", None)  # one state dir per lab: the lab's own
-    # The product's own state (rollout state and locks, local stop files, the audit log) is machine-wide
-    # by default (/var/lib/fleetops as root): a worker's rollouts, `fleetops stop --all` and locks must
-    # not meet another worker's. A test that passes its own (the `env` fixture) still wins.
-    os.environ["FLEETOPS_STATE_DIR"] = tempfile.mkdtemp(prefix=f"fleetops-state-{WORKER}-")
-    os.environ.pop("FLEETOPS_AUDIT_LOG", None)
+# The product's own state (rollout state and locks, local stop files, the audit log) is machine-wide
+# by default (/var/lib/fleetops as root): a worker's rollouts, `fleetops stop --all` and locks must
+# not meet another worker's, and no run of the suite writes into the machine's. A test that passes
+# its own (the `env` fixture) still wins.
+STATE_DIR = tempfile.mkdtemp(prefix=f"fleetops-state-{WORKER or 'main'}-")
+os.environ["FLEETOPS_STATE_DIR"] = STATE_DIR
+os.environ.pop("FLEETOPS_AUDIT_LOG", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -73,8 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if WORKER:
-        shutil.rmtree(os.environ["FLEETOPS_STATE_DIR"], ignore_errors=True)
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
 CPU_START = pytest.StashKey[tuple[float, float]]()

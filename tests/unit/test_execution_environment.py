@@ -344,7 +344,7 @@ def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(
     assert {
         "fleetops/cli/auto.py",
         "fleetops/auto.py",
-        "fleetops/policy.py",
+        "fleetops/policy/__init__.py",
         "fleetops/policies/default.yml",
     } <= names
     # everything under src/fleetops that is not a cache, and nothing else (no lab, no tests)
@@ -395,4 +395,4 @@ def test_the_wheels_record_is_the_build_cache_key_same_sources_same_record(tmp_p
     # a module deleted from the sources is gone from the next wheel (no stale setuptools build/ reused)
     (copy / "src" / "fleetops" / "drift.py").unlink()
     with zipfile.ZipFile(build("d")) as z:
-        assert "fleetops/drift.py" not in z.namelist() and "fleetops/policy.py" in z.namelist()
+        assert "fleetops/drift.py" not in z.namelist() and "fleetops/policy/__init__.py" in z.namelist()

@@ -1,0 +1,288 @@
+"""The pure decision of one ``remediate auto`` pass, and its record.
+
+:func:`decide` takes the policy, a scan report (``fleetops.scan/v1``), the :class:`LadderState` and
+the :class:`BudgetLedger` and says, per host, the rule that matched, the rung and the action to take
+now or why none (a :class:`Decision`); it changes nothing. Budgets are counted one way,
+:class:`Spending`: what each budgeted action's window holds in the ledger, plus what the pass itself
+decides. After the engine ran the actions, :func:`commit` records them (ladder and ledger) and
+applies the resets the scan showed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from fleetops.policy.language import DEFAULT_SEVERITIES, HUMAN, Budget, Policy, Rule, fmt_duration
+from fleetops.policy.records import RungRecord
+from fleetops.policy.state import BudgetLedger, LadderState
+
+NO_GROUP = "-"  # the group of a host group_of knows nothing about
+
+
+# ---------------------------------------------------------------------------------- budgets
+
+
+def _verdict(
+    action: str, group: str, group_size: int, budget: Budget, fleet: int, in_group: int
+) -> str | None:
+    """Why one more ``action`` is over ``budget`` when ``fleet`` were taken in its window (``in_group``
+    of them in ``group``), or None."""
+    if budget.max is not None and fleet >= budget.max:
+        return f"budget: {action} {budget.max}{budget.per()} across the fleet used"
+    limit = budget.group_limit(group_size)
+    if limit is not None and in_group >= limit[0]:
+        return f"budget: {action} {limit[1]} in group {group} used"
+    return None
+
+
+class Spending:
+    """The budgets as a pass sees them: per budgeted action, the ledger's entries in its window
+    before ``now`` (at most ``now``), across the fleet and per group (counted once, so a pass costs
+    O(hosts + entries)), plus what the pass itself takes (``take``)."""
+
+    def __init__(self, ledger: BudgetLedger, budgets: Mapping[str, Budget], now: float) -> None:
+        self.budgets = budgets
+        self.fleet: Counter[str] = Counter()
+        self.group: Counter[tuple[str, str]] = Counter()
+        for e in ledger.entries:
+            budget = budgets.get(e.action)
+            if budget is not None and now - budget.window_s < e.at <= now:
+                self.fleet[e.action] += 1
+                self.group[(e.action, e.group)] += 1
+
+    def blocked(self, action: str, group: str, group_size: int) -> str | None:
+        """Why the budget forbids one more ``action`` in ``group`` (of ``group_size`` hosts)
+        ("budget: ..."), or None (also when ``action`` has no budget)."""
+        budget = self.budgets.get(action)
+        if budget is None:
+            return None
+        return _verdict(action, group, group_size, budget, self.fleet[action], self.group[(action, group)])
+
+    def take(self, action: str, group: str) -> None:
+        """One more ``action`` in ``group``, decided by this pass."""
+        self.fleet[action] += 1
+        self.group[(action, group)] += 1
+
+
+# ---------------------------------------------------------------------------------- deciding
+
+
+Status = Literal["act", "wait", "budget", "human", "exhausted", "clean", "no_rule", "not_scanned"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one pass decides for one host."""
+
+    host: str
+    group: str
+    status: Status
+    reason: str
+    rule: str | None = None
+    check: str | None = None
+    severity: str | None = None
+    summary: str | None = None
+    rung: int | None = None  # index into the rule's ladder: the rung taken now, waited on or blocked
+    rungs: int = 0  # the ladder's length
+    rung_action: str | None = None  # that rung's action
+    action: str | None = None  # the action to take now (None: none)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    waiting_rules: tuple[str, ...] = ()  # other rules the host matches, after this one
+    reset: tuple[str, ...] = ()  # ladders this scan showed cleared (reset by commit)
+    # of those, the ones whose episode quarantined the host: its taint stays until someone releases it
+    still_quarantined: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The decision as JSON-ready data (for a report or the audit log)."""
+        data = asdict(self)
+        data["params"] = dict(self.params)
+        return data
+
+    def line(self) -> str:
+        """One line for the operator: host, finding, rule and rung, and the action or why none."""
+        parts = [f"{self.host}:"]
+        if self.check is not None:
+            parts.append(f"{self.check} ({self.severity})")
+        if self.rule is not None and self.rung is not None:
+            parts.append(f"rule {self.rule} rung {self.rung + 1}/{self.rungs} {self.rung_action}:")
+        parts.append(self.reason)
+        if self.waiting_rules:
+            parts.append(f"(then: {', '.join(self.waiting_rules)})")
+        return " ".join(parts)
+
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+def _group_sizes(hosts: Collection[str], group_of: Callable[[str], str | None]) -> dict[str, int]:
+    return dict(Counter(group_of(h) or NO_GROUP for h in hosts))
+
+
+def decide(
+    policy: Policy,
+    scan_report: Mapping[str, Any],
+    ladder_state: LadderState,
+    budget_ledger: BudgetLedger,
+    now: float,
+    group_of: Callable[[str], str | None],
+    group_sizes: Mapping[str, int] | None = None,
+) -> list[Decision]:
+    """One decision per host of ``scan_report`` (sorted by name). Pure: nothing passed in changes.
+
+    ``group_of``: a host's budget group (its AZ, say; None: no group). ``group_sizes``: hosts per
+    group, for percent budgets (default: counted from the report's hosts). Actions decided for
+    earlier hosts of the same pass count against the budgets of later ones.
+    """
+    hosts: Mapping[str, Any] = scan_report.get("hosts") or {}
+    sizes = dict(group_sizes) if group_sizes is not None else _group_sizes(list(hosts), group_of)
+    pending = Spending(budget_ledger, policy.budgets, now)
+    return [
+        _decide_host(policy, host, hosts[host], ladder_state, pending, now, group_of(host) or NO_GROUP, sizes)
+        for host in sorted(hosts)
+    ]
+
+
+def _decide_host(
+    policy: Policy,
+    host: str,
+    result: Mapping[str, Any],
+    ladder: LadderState,
+    pending: Spending,
+    now: float,
+    group: str,
+    sizes: Mapping[str, int],
+) -> Decision:
+    status = result.get("status")
+    if status != "ok":
+        msg = f": {result.get('msg')}" if result.get("msg") else ""
+        return Decision(host, group, "not_scanned", f"not scanned ({status}){msg}: ladders left as they are")
+
+    matched: dict[str, tuple[Rule, Mapping[str, Any]]] = {}
+    unmatched: list[Mapping[str, Any]] = []
+    for finding in result.get("findings") or []:
+        rule = policy.rule_for(finding)
+        if rule is None:
+            if finding.get("severity") in DEFAULT_SEVERITIES:
+                unmatched.append(finding)
+            continue
+        best = matched.get(rule.name)
+        if best is None or _SEVERITY_RANK.get(finding.get("severity", ""), 0) > _SEVERITY_RANK.get(
+            best[1].get("severity", ""), 0
+        ):
+            matched[rule.name] = (rule, finding)
+    reset = tuple(r for r in ladder.rules(host) if r not in matched)
+    held = tuple(r for r in reset if _rec(ladder, host, r).quarantined)
+    if not matched:
+        was = "; ".join(f"{r} reset (was at {_rec(ladder, host, r).action})" for r in reset)
+        if held:
+            was += f"; still quarantined by {', '.join(held)}: release it when the host is trusted again"
+        if unmatched:
+            what = ", ".join(sorted({f"{f.get('check')} ({f.get('severity')})" for f in unmatched}))
+            why = f"no rule matches: {what}" + (f"; {was}" if was else "")
+            return Decision(host, group, "no_rule", why, reset=reset, still_quarantined=held)
+        return Decision(
+            host, group, "clean", "clean" + (f"; {was}" if was else ""), reset=reset, still_quarantined=held
+        )
+
+    order = [r.name for r in policy.rules if r.name in matched]
+    rule, finding = matched[order[0]]
+    base = Decision(
+        host,
+        group,
+        "act",
+        "",
+        rule=rule.name,
+        check=str(finding.get("check")),
+        severity=str(finding.get("severity")),
+        summary=str(finding.get("summary", "")),
+        rungs=len(rule.ladder),
+        waiting_rules=tuple(order[1:]),
+        reset=reset,
+        still_quarantined=held,
+    )
+
+    rec = ladder.get(host, rule.name)
+    index, note = _current_rung(rule, rec)
+    if rec is None or index is None:
+        want, why = 0, "first rung" + (f" ({note})" if note else "")
+    else:
+        rung = rule.ladder[index]
+        ago = now - rec.last_tried
+        if rung.action == HUMAN:
+            return replace(
+                base, status="human", rung=index, rung_action=HUMAN,
+                reason=f"needs a human (since {fmt_duration(ago)}): {rung.note or 'no note'}",
+            )  # fmt: skip
+        if ago < rung.clear_after_s:
+            return replace(
+                base, status="wait", rung=index, rung_action=rung.action,
+                reason=f"waiting: rung {rung.action} tried {fmt_duration(ago)} ago, gets {fmt_duration(rung.clear_after_s)}",
+            )  # fmt: skip
+        if index + 1 >= len(rule.ladder):
+            return replace(
+                base, status="exhausted", rung=index, rung_action=rung.action,
+                reason=f"needs a human: ladder exhausted (rung {rung.action} tried {fmt_duration(ago)} ago, "
+                f"the finding persists)",
+            )  # fmt: skip
+        want = index + 1
+        why = f"climbing: rung {rung.action} tried {fmt_duration(ago)} ago did not clear it"
+    rung = rule.ladder[want]
+    if rung.action == HUMAN:
+        return replace(
+            base, status="human", rung=want, rung_action=HUMAN, action=HUMAN,
+            reason=f"needs a human: {rung.note or 'no note'}" + (f" ({why})" if want else ""),
+        )  # fmt: skip
+    size = sizes.get(group, 1)
+    blocked = pending.blocked(rung.action, group, size)
+    if blocked is not None:
+        return replace(base, status="budget", rung=want, rung_action=rung.action, reason=blocked)
+    pending.take(rung.action, group)
+    return replace(
+        base, status="act", rung=want, rung_action=rung.action, action=rung.action, params=dict(rung.params),
+        reason=f"{rung.action} now ({why})",
+    )  # fmt: skip
+
+
+def _rec(ladder: LadderState, host: str, rule: str) -> RungRecord:
+    rec = ladder.get(host, rule)
+    assert rec is not None
+    return rec
+
+
+def _current_rung(rule: Rule, rec: RungRecord | None) -> tuple[int | None, str]:
+    """The index of the rung ``rec`` says was tried, following the rule when the policy changed;
+    None (start over) when that action is no longer in the ladder."""
+    if rec is None:
+        return None, ""
+    if rec.rung < len(rule.ladder) and rule.ladder[rec.rung].action == rec.action:
+        return rec.rung, ""
+    for i, rung in enumerate(rule.ladder):
+        if rung.action == rec.action:
+            return i, ""
+    return None, f"the policy changed: {rec.action} is no longer on this ladder, starting over"
+
+
+def commit(
+    decisions: Collection[Decision],
+    ladder_state: LadderState,
+    budget_ledger: BudgetLedger,
+    now: float,
+    taken: Callable[[Decision], bool] | None = None,
+    controller: str = "",
+) -> None:
+    """Record a pass: every ladder a scan showed cleared is reset, and every action taken (by
+    default every decided action; ``taken`` says which ran) is recorded in the ladder and, but
+    ``human``, in the ledger. ``now``: when the actions finished (a rung's clear time starts then)."""
+    for d in decisions:
+        for rule in d.reset:
+            ladder_state.reset(d.host, rule)
+        if d.action is None or d.rule is None or d.rung is None or d.check is None:
+            continue
+        if taken is not None and not taken(d):
+            continue
+        ladder_state.record(d.host, d.rule, d.check, d.rung, d.action, now)
+        if d.action != HUMAN:
+            budget_ledger.record(d.action, d.host, d.group, now, controller)
