@@ -158,7 +158,7 @@ def test_finish_leaves_a_running_instance_alone(ec2: Endpoint, tmp_path: Path, c
 def test_finish_waits_out_a_slow_stop_then_starts(ec2: Endpoint, tmp_path: Path) -> None:
     """The proxy reports an instance tagged fleetops:stop-seconds=N "stopping" for N s after its stop
     (EC2 is slow, moto is not): finish waits until it is stopped, then starts it."""
-    iid = ec2.launch(**{STOP_SECONDS_TAG: "5"})  # well past the module's start-up
+    iid = ec2.launch(**{STOP_SECONDS_TAG: "12"})  # past the module's start-up, on a loaded machine too
     proxied = client(ec2.proxy.url, REGION)
     proxied.stop_instances(InstanceIds=[iid])
     seen = proxied.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]
