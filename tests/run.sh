@@ -12,7 +12,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VENV:-$repo/.venv}/bin
 export PATH="$bin:$PATH"
-cd "$repo"
+cd "$repo" || exit 2
 logs=$(mktemp -d /tmp/fleetops-test.XXXXXX)
 rc=0 table=() started=$SECONDS
 
@@ -48,7 +48,12 @@ background ee make --no-print-directory ee
 stage lint make --no-print-directory lint
 stage sanity make --no-print-directory sanity
 stage unit "$bin/pytest" -q --durations=20 -n 2 --dist loadfile tests/unit tests/fleetops
-stage integration bash tests/integration/run.sh  # a test that needs a build still running waits on its lock
+# shellcheck disable=SC2317  # called through stage
+integration() {  # the integration suite, its summary kept for the end of the log (the trend)
+  bash tests/integration/run.sh 2>&1 | tee "$logs/integration.log"
+  return "${PIPESTATUS[0]}"
+}
+stage integration integration  # a test that needs a build still running waits on its lock
 wait
 joined prepare
 joined ee
@@ -56,4 +61,5 @@ stage molecule bash tests/molecule/run.sh
 
 echo "== make test: $((SECONDS - started)) s"
 printf '%s\n' "${table[@]}"
+grep -E '^integration( suite| CPU)?' "$logs/integration.log" 2>/dev/null || true
 exit $rc
