@@ -238,8 +238,10 @@ def test_ctrl_c_stops_after_the_batch_ec2_lease_refuses_another_controller_and_r
     state = tmp_path / "sigint.json"
     stderr = tmp_path / "first.stderr"
     before = _boots(lab)
+    # The Ctrl-C below must land before batch 2: in batch 1 or in the cooldown after it (a stop request
+    # ends the cooldown at once), whatever the other controller's refusal took on a loaded machine.
     cmd = [str(FLEETOPS), "remediate", "reboot", "-i", str(lab.ec2_inventory_path()), "--apply",
-           "--per-group-max", "1", "--max-parallel", "100%", "--canary", "1", "--cooldown", "0",
+           "--per-group-max", "1", "--max-parallel", "100%", "--canary", "1", "--cooldown", "15",
            "--lease-settle", "0.5", "--state", str(state), "--format", "json"]  # fmt: skip
     with stderr.open("w") as err:
         first = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=err,
@@ -260,12 +262,12 @@ def test_ctrl_c_stops_after_the_batch_ec2_lease_refuses_another_controller_and_r
             # (the canary may be down already: the lease must refuse, not preflight)
             second = fleetops(
                 "remediate", "reboot", "-i", str(lab.ec2_inventory_path()), "--apply", "--lease-settle", "0",
-                "--preflight-timeout", "10", "--preflight-max-unreachable", "100%", env=other, timeout=300,
+                "--preflight-timeout", "3", "--preflight-max-unreachable", "100%", env=other, timeout=300,
             )  # fmt: skip
             assert second.rc == 4, second.stderr
             assert "Failed to take the EC2 lease on 6 instance(s) held by another rollout" in second.stderr
             assert f"rollout {rollout_id} by " in second.stderr and "expires 20" in second.stderr
-            first.send_signal(signal.SIGINT)  # one Ctrl-C, mid-batch
+            first.send_signal(signal.SIGINT)  # one Ctrl-C, mid-batch (or in the cooldown after it)
             out, _ = first.communicate(timeout=300)
         finally:
             if first.poll() is None:
