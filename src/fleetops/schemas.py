@@ -633,18 +633,22 @@ def parse_json(text: str | bytes, source: str) -> Any:
         raise DocumentError(source, f"not valid JSON: {exc}") from None
 
 
-def read_json(path: Path | str) -> Any:
-    """The parsed content of the file at ``path``; :class:`DocumentError` when unreadable or not JSON."""
+def read_document(path: Path | str) -> bytes:
+    """The bytes of the document file at ``path``; :class:`DocumentError` (one line) when unreadable."""
     source = str(path)
     try:
-        raw = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except FileNotFoundError:
         raise DocumentError(source, "no such file") from None
     except IsADirectoryError:
         raise DocumentError(source, "is a directory, not a file") from None
     except OSError as exc:
         raise DocumentError(source, f"cannot read: {exc.strerror or exc}") from None
-    return parse_json(raw, source)
+
+
+def read_json(path: Path | str) -> Any:
+    """The parsed content of the file at ``path``; :class:`DocumentError` when unreadable or not JSON."""
+    return parse_json(read_document(path), str(path))
 
 
 # ------------------------------------------------------------------------- public entry points

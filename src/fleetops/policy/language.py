@@ -35,6 +35,7 @@ from fleetops.schemas import (
     FieldProblem,
     Severity,
     _raise_validation,  # the one-line DocumentError every document of fleetops uses
+    read_document,
 )
 from fleetops.util import DAY_S, HOUR_S
 
@@ -452,16 +453,7 @@ def validate_policy(data: Any, source: str) -> Policy:
 
 def load_policy(path: Path | str) -> Policy:
     """The policy file at ``path``, validated; DocumentError (one line, exit 2) otherwise."""
-    source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise DocumentError(source, "no such file") from None
-    except IsADirectoryError:
-        raise DocumentError(source, "is a directory, not a file") from None
-    except OSError as exc:
-        raise DocumentError(source, f"cannot read: {exc.strerror or exc}") from None
-    return parse_policy(raw, source)
+    return parse_policy(read_document(path), str(path))
 
 
 def default_policy_path() -> Path:
