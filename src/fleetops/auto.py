@@ -58,7 +58,7 @@ from fleetops.policy import (
     decide,
     file_lock,
 )
-from fleetops.remediations import REMEDIATIONS
+from fleetops.remediations import REMEDIATIONS, ladder_order
 from fleetops.rollout.lease import Ec2Connection
 from fleetops.schemas import DocumentError
 
@@ -66,8 +66,6 @@ AUTO_SCHEMA = "fleetops.auto/v1"
 LADDER_FILE = "ladder.json"
 LEDGER_FILE = "ledger.json"
 PASS_LOCK_TIMEOUT_S = 2.0  # another pass holds the state: fail at once rather than queue behind it
-# the order a pass runs its actions in: cheap and local first, capacity-taking last
-ACTION_ORDER = ("fix", "disable-unit", "set-env", "reclaim", "quarantine", "reboot", "stop-start", "replace")
 REASON_MAX = 200  # the quarantine reason kept in the node's annotation
 # A rollout ended by Ctrl-C, SIGTERM or SIGHUP: the pass starts no further action and exits with it.
 SIGNAL_CODES = frozenset({ExitCode.INTERRUPTED, ExitCode.TERMINATED, ExitCode.HANGUP})
@@ -166,18 +164,12 @@ def check_policy_actions(policy: Policy, source: str) -> None:
                 raise UsageError(
                     f"{where}: fleetops has no such remediation (one of {', '.join(REMEDIATIONS)})"
                 )
-            unknown = sorted(
-                set(rung.params) - set(remediation.params) - set(_FROM_FINDING.get(rung.action, ()))
-            )
+            unknown = sorted(set(rung.params) - set(remediation.params) - set(remediation.from_finding()))
             if unknown:
                 raise UsageError(
                     f"{where}: unknown parameter(s) {', '.join(unknown)} "
                     f"(remediate {rung.action} takes {', '.join(sorted(remediation.params)) or 'none'})"
                 )
-
-
-# parameters a pass fills in from the decision (a rung's params may not set them)
-_FROM_FINDING: dict[str, tuple[str, ...]] = {"quarantine": ("finding", "reason"), "stop-start": ("finding",)}
 
 
 def action_params(d: Decision, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -187,12 +179,14 @@ def action_params(d: Decision, extra: Mapping[str, Mapping[str, Any]]) -> dict[s
     remediation = REMEDIATIONS[d.action]
     params: dict[str, Any] = {k: v for k, v in extra.get(d.action, {}).items() if k in remediation.params}
     params.update(d.params)
-    if d.action == "quarantine":
-        params["finding"] = d.check
-        reason = f"fleetops remediate auto: rule {d.rule} rung {(d.rung or 0) + 1}: {d.summary or d.check}"
-        params["reason"] = reason[:REASON_MAX]
-    elif "finding" in remediation.params and d.check:
-        params["finding"] = d.check
+    for name, source in remediation.from_finding().items():  # what the finding supplies (Param.from_finding)
+        if source == "reason":
+            reason = (
+                f"fleetops remediate auto: rule {d.rule} rung {(d.rung or 0) + 1}: {d.summary or d.check}"
+            )
+            params[name] = reason[:REASON_MAX]
+        elif d.check:
+            params[name] = d.check
     return {k: v for k, v in params.items() if k in remediation.params}
 
 
@@ -207,7 +201,7 @@ def _freeze(value: Any) -> Any:
 def batches(
     decisions: Sequence[Decision], extra: Mapping[str, Mapping[str, Any]]
 ) -> list[tuple[str, dict[str, Any], list[str]]]:
-    """The rollouts a pass runs: one per action and parameter set, in ``ACTION_ORDER``, hosts sorted."""
+    """The rollouts a pass runs: one per action and parameter set, in ``ladder_order()``, hosts sorted."""
     grouped: dict[tuple[str, Any], tuple[dict[str, Any], list[str]]] = {}
     for d in decisions:
         if d.status != "act" or d.action is None or d.action == HUMAN:
@@ -215,7 +209,7 @@ def batches(
         params = action_params(d, extra)
         key = (d.action, _freeze(params))
         grouped.setdefault(key, (params, []))[1].append(d.host)
-    order = {a: i for i, a in enumerate(ACTION_ORDER)}
+    order = {a: i for i, a in enumerate(ladder_order())}
     out = [(action, params, sorted(hosts)) for (action, _k), (params, hosts) in grouped.items()]
     out.sort(key=lambda t: (order.get(t[0], len(order)), t[2]))
     return out

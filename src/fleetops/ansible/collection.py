@@ -138,3 +138,66 @@ def constant(module: str, name: str) -> Any:
             f"Failed to read {name} of {PACKAGE}.plugins.module_utils.{module}: not a constant"
         )
     return copy.deepcopy(known[name])
+
+
+def _keywords(node: ast.AST) -> dict[str, ast.expr] | None:
+    """The entries of ``dict(a=..., b=...)`` or ``{"a": ..., "b": ...}``; None for anything else."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "dict"
+        and not node.args
+    ):
+        return {k.arg: k.value for k in node.keywords if k.arg is not None}
+    if isinstance(node, ast.Dict):
+        return {
+            k.value: v
+            for k, v in zip(node.keys, node.values, strict=True)
+            if isinstance(k, ast.Constant) and isinstance(k.value, str)
+        }
+    return None
+
+
+def _spec_in(tree: ast.Module) -> dict[str, ast.expr] | None:
+    """The options of ``AnsibleModule(argument_spec=dict(...))``, else of the ``spec = dict(...)`` a
+    ``def argument_spec():`` returns (modules whose spec adds module_utils/aws.py's)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                spec = _keywords(kw.value) if kw.arg == "argument_spec" else None
+                if spec is not None:
+                    return spec
+        if isinstance(node, ast.FunctionDef) and node.name == "argument_spec":
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and (spec := _keywords(stmt.value)) is not None:
+                    return spec
+    return None
+
+
+@cache
+def _argument_spec(module: str) -> dict[str, dict[str, ast.expr]]:
+    path = source(f"plugins/modules/{module}.py")
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError) as err:
+        raise FleetopsError(f"Failed to read {path}: {err}") from err
+    spec = _spec_in(tree)
+    if spec is None:
+        raise FleetopsError(
+            f"Failed to read the argument_spec of {PACKAGE}.plugins.modules.{module}: none found"
+        )
+    return {name: _keywords(option) or {} for name, option in spec.items()}
+
+
+def option_spec(module: str, option: str, key: str) -> Any:
+    """``option_spec("set_env", "drop_in", "default")``: a literal of a module's option (its default, its
+    choices), read from the module's argument spec in its source without importing it: module defaults
+    live only there."""
+    where = f"{PACKAGE}.plugins.modules.{module}'s {option}"
+    node = _argument_spec(module).get(option, {}).get(key)
+    if node is None:
+        raise FleetopsError(f"Failed to read the {key} of {where}: not in its argument_spec")
+    try:
+        return ast.literal_eval(node)
+    except ValueError as err:
+        raise FleetopsError(f"Failed to read the {key} of {where}: not a literal ({err})") from err

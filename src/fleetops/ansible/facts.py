@@ -9,11 +9,11 @@ read from the collection's source (``collection.constant``), without importing a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
-from fleetops.ansible.collection import constant, module_utils
+from fleetops.ansible.collection import constant, module_utils, option_spec
 
 # The task actions of a scan: the node_health module, by its full and its short name (scan.yml's call,
 # and the playbook's own scan of a host's replacement).
@@ -59,6 +59,32 @@ def ucx_default_fix() -> str:
 def ucx_fixes() -> dict[str, dict[str, str]]:
     """``{"hooks-off": {"UCX_MEM_MMAP_HOOK_MODE": "none"}, "rcache-bound": {...}}`` (ucx.FIXES)."""
     return {name: dict(env) for name, env in constant("ucx", "FIXES").items()}
+
+
+def module_option(module: str, option: str, key: str = "default") -> Any:
+    """A literal of a module's option: ``module_option("set_env", "drop_in")`` -> its default, read from
+    the module's argument spec (``collection.option_spec``)."""
+    return option_spec(module, option, key)
+
+
+def module_default(module: str, option: str) -> Callable[[], Any]:
+    """A reader of a module option's default, for a parameter's default or help: called when needed."""
+
+    def read() -> Any:
+        return option_spec(module, option, "default")
+
+    read.__name__ = f"{module}.{option}"
+    return read
+
+
+def module_choices(module: str, option: str) -> Callable[[], tuple[str, ...]]:
+    """A reader of a module option's choices."""
+
+    def read() -> tuple[str, ...]:
+        return tuple(option_spec(module, option, "choices"))
+
+    read.__name__ = f"{module}.{option}.choices"
+    return read
 
 
 def protected_unit(name: str, extra: Sequence[str] = ()) -> str | None:

@@ -89,7 +89,8 @@ def start(request: RemediationRequest, remediation: Remediation, observer: Rollo
         guards.require_targets(sorted(named), "the hosts named")
         hosts = [h for h in hosts if h.name in named]
     if remediation.prepare is not None:
-        extravars, wanted_hosts = remediation.prepare(params, inventories, limit, observer.message)
+        more, wanted_hosts = remediation.prepare(params, inventories, limit, observer.message)
+        extravars = {**extravars, **more}
         if wanted_hosts is not None:
             if not wanted_hosts:
                 return None
@@ -104,7 +105,7 @@ def start(request: RemediationRequest, remediation: Remediation, observer: Rollo
                     f"remediate {remediation.name}: its plan names host(s) outside the selection: {' '.join(unknown)}"
                 )
             hosts = [h for h in hosts if h.name in wanted]
-    if extravars.get("fleetops_kube_drain") or remediation.name in ("quarantine", "unquarantine"):
+    if extravars.get("fleetops_kube_drain") or remediation.kubernetes is not None:
         for target in hosts:
             node = target.hostvars.get("k8s_node_name") or target.name
             guards.check_k8s_node_name(str(node), target.name)
@@ -140,7 +141,7 @@ def start(request: RemediationRequest, remediation: Remediation, observer: Rollo
     )
     rollout.preflight = reasons
     _set_guards(rollout, request, remediation, hosts)
-    if "fleetops_kube_drain" in rollout.extravars or remediation.name == "quarantine":
+    if "fleetops_kube_drain" in rollout.extravars or remediation.kubernetes == "cordon":
         rollout.extravars["fleetops_rollout"] = rollout.id  # the node annotation names who cordoned it
     if request.apply and request.ec2_lease:
         instances = lease_targets(h for h in hosts if h.name in rollout.hosts)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from fleetops import values
 from fleetops.ansible.collection import CollectionNotFound
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import DAY_S, HOUR_S
+from fleetops.util import DAY_S
 
 INVENTORY_HELP = "inventory file or directory (repeatable; default: the localhost inventory)"
 
@@ -51,82 +51,6 @@ def add_format_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 0 (the name is historical: 0 is allowed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer from ``low`` to ``high`` (None: no upper bound)."""
-
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}: {text!r}")
-        return value
-
-    convert.__name__ = "integer"
-    return convert
-
-
-def seconds_range(low: float = 0.0, high: float = DAY_S, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number of seconds from ``low`` (``above``: more than ``low``, where
-    ``low`` would mean never or forever) to ``high``."""
-
-    def convert(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number of seconds: {text!r}")
-        if (value <= low if above else value < low) or value > high:
-            bound = f"more than {low:g}" if above else f"at least {low:g}"
-            raise argparse.ArgumentTypeError(f"must be {bound} and at most {high:g}: {text!r}")
-        return value
-
-    convert.__name__ = "seconds"
-    return convert
-
-
-def whole_seconds(low: int = 1, high: int = DAY_S) -> Callable[[str], int]:
-    """An argparse type: whole seconds from ``low`` to ``high``."""
-    convert = int_range(low, high)
-    convert.__name__ = "seconds"
-    return convert
-
-
-def percent(text: str) -> float:
-    try:
-        value = float(text.rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 100: {text!r}")
-    return value
-
-
-def seconds(text: str) -> float:
-    """A finite number of seconds from 0 to an hour (``--sample-seconds``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= HOUR_S:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {HOUR_S}: {text!r}")
-    return value
-
-
 def argtype[T](
     parse: Callable[[str], T],
     *,
@@ -147,6 +71,28 @@ def argtype[T](
 
     convert.__name__ = name or str(getattr(parse, "__name__", "value"))
     return convert
+
+
+# the library's value parsers (fleetops.values) as argparse types
+positive_int = argtype(values.int_range(0))  # an integer >= 0 (the name is historical)
+percent = argtype(values.percent)
+seconds = argtype(values.sample_seconds)  # 0..an hour (--sample-seconds)
+key_value = argtype(values.key_value)
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high`` (None: no upper bound)."""
+    return argtype(values.int_range(low, high))
+
+
+def seconds_range(low: float = 0.0, high: float = DAY_S, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: ``fleetops.values.seconds_range``."""
+    return argtype(values.seconds_range(low, high, above=above))
+
+
+def whole_seconds(low: int = 1, high: int = DAY_S) -> Callable[[str], int]:
+    """An argparse type: whole seconds from ``low`` to ``high``."""
+    return argtype(values.whole_seconds(low, high))
 
 
 # ------------------------------------------------------------------ the rollout's lock and lease

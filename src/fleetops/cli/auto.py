@@ -71,13 +71,14 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
                    help="each action's capacity floor (default: the action's)")  # fmt: skip
     p.add_argument("--not-after", type=not_after, default=None, metavar="TIME",
                    help="no batch of any action starts at or after TIME (ISO 8601 or 90m, 2h)")  # fmt: skip
-    add_kubectl_args(p)  # quarantine's and unquarantine's kubectl
+    add_kubectl_args(p)  # for the actions that act on Kubernetes nodes (quarantine, unquarantine)
     add_format_arg(p)
     p.set_defaults(func=cmd_auto, resume=None)
 
 
 def auto_request(args: argparse.Namespace) -> api.AutoRequest:
     from fleetops import api
+    from fleetops.remediations import REMEDIATIONS
 
     kube = {k: v for k, v in (("kubectl", args.kubectl), ("kubeconfig", args.kubeconfig)) if v}
     return api.AutoRequest(
@@ -90,7 +91,7 @@ def auto_request(args: argparse.Namespace) -> api.AutoRequest:
         max_unhealthy=args.max_unhealthy,
         not_after=args.not_after,
         ec2_tags=not args.no_ec2_tags,
-        action_params={"quarantine": kube, "unquarantine": kube} if kube else {},
+        action_params={r.name: kube for r in REMEDIATIONS.values() if r.kubernetes} if kube else {},
     )
 
 

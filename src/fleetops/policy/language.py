@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from fleetops.remediations import ladder_order
 from fleetops.schemas import (
     DocumentError,
     FieldProblem,
@@ -41,12 +42,15 @@ from fleetops.util import DAY_S, HOUR_S
 
 POLICY_SCHEMA = "fleetops.policy/v1"
 
-# The ladder's actions: the remediations a rung can run, and "human" (a note, nothing runs).
-Action = Literal[
-    "fix", "disable-unit", "set-env", "reclaim", "reboot", "quarantine", "stop-start", "replace", "human"
-]
-ACTIONS: tuple[str, ...] = get_args(Action)
 HUMAN = "human"
+# The ladder's actions: the remediations a rung can run (their declarations: ``ladder_order()``, in the
+# order a pass runs them), and "human" (a note, nothing runs). Checked by pydantic (and the JSON Schema's
+# enum); a plain string to the type checker, as the names are data.
+ACTIONS: tuple[str, ...] = (*ladder_order(), HUMAN)
+if TYPE_CHECKING:
+    Action = str
+else:
+    Action = Literal[ACTIONS]
 # The checks node_health reports (README detector table); a rule naming another is a typo.
 CHECKS = (
     "zombie_memcg",
