@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetops.ansible.collection import module_utils
+from fleetops.documents import DocumentError
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import (
@@ -60,7 +61,6 @@ from fleetops.policy import (
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
 from fleetops.rollout.lease import Ec2Connection
-from fleetops.schemas import DocumentError
 
 AUTO_SCHEMA = "fleetops.auto/v1"
 LADDER_FILE = "ladder.json"

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from fleetops import auto
+from fleetops.documents import DocumentError
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import (
@@ -33,7 +34,6 @@ from fleetops.policy import (
     parse_policy,
 )
 from fleetops.remediations import REMEDIATIONS
-from fleetops.schemas import DocumentError
 
 H = 3600.0
 T0 = 1_800_000_000.0

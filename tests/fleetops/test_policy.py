@@ -29,8 +29,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetops import policy as P
+from fleetops.documents import DocumentError
 from fleetops.remediations import REMEDIATIONS
-from fleetops.schemas import DocumentError, validate_scan_report
+from fleetops.schemas import validate_scan_report
 from tests.paths import FIXTURES, REPO
 
 DEFAULT = REPO / "policies" / "default.yml"

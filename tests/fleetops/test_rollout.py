@@ -22,13 +22,13 @@ from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, TaskResult
 from fleetops.cli.progress import ConsoleObserver
 from fleetops.cli.remediate import _failure_budget
+from fleetops.documents import DocumentError
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import Engine
 from fleetops.rollout.gate import generic_gate
 from fleetops.rollout.outcome import HostOutcome, host_outcome
 from fleetops.rollout.preflight import _ssh_params
 from fleetops.rollout.state import Rollout, new_rollout
-from fleetops.schemas import DocumentError
 from tests.paths import KUBECTL_STANDIN
 
 

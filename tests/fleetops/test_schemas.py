@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetops import schemas
+from fleetops.documents import DocumentError
 from fleetops.errors import UsageError
-from fleetops.schemas import DocumentError
 from tests.paths import FIXTURES, REPO
 
 DOCS = FIXTURES / "documents"

@@ -30,14 +30,14 @@ from pydantic import (
     model_validator,
 )
 
-from fleetops.remediations import ladder_order
-from fleetops.schemas import (
+from fleetops.documents import (  # the one-line DocumentError every document of fleetops uses
     DocumentError,
     FieldProblem,
-    Severity,
-    _raise_validation,  # the one-line DocumentError every document of fleetops uses
+    raise_validation,
     read_document,
 )
+from fleetops.remediations import ladder_order
+from fleetops.schemas import Severity
 from fleetops.util import DAY_S, HOUR_S
 
 POLICY_SCHEMA = "fleetops.policy/v1"
@@ -449,7 +449,7 @@ def validate_policy(data: Any, source: str) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        _raise_validation(exc, source)
+        raise_validation(exc, source)
     except RecursionError:
         raise DocumentError(source, "nested too deeply") from None
     raise AssertionError("unreachable")  # pragma: no cover

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fleetops.documents import DocumentError
 from fleetops.policy.language import Policy, load_policy
-from fleetops.schemas import DocumentError
 
 SCHEMA_NAME = "policy"  # schemas/policy.schema.json
 

@@ -25,6 +25,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleetops.documents import (  # the one-line DocumentError every document of fleetops uses
+    DocumentError,
+    raise_validation,
+    read_json,
+)
 from fleetops.errors import FleetopsError
 from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
@@ -35,12 +40,7 @@ from fleetops.policy.tags import (
     parse_spent_tag,
     spent_tag_value,
 )
-from fleetops.schemas import (
-    MAX_EPOCH,
-    DocumentError,
-    _raise_validation,  # the one-line DocumentError every document of fleetops uses
-    read_json,
-)
+from fleetops.schemas import MAX_EPOCH
 from fleetops.util import atomic_write
 
 LADDER_SCHEMA = "fleetops.policy.ladder/v1"
@@ -122,7 +122,7 @@ def _validated(model: type[BaseModel], data: Any, source: str) -> None:
     try:
         model.model_validate(data)
     except ValidationError as exc:
-        _raise_validation(exc, source)
+        raise_validation(exc, source)
 
 
 def _dump(data: dict[str, Any]) -> str:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from fleetops.documents import DocumentError
 from fleetops.policy.language import ACTIONS, CHECKS, HUMAN, RULE_NAME
 from fleetops.policy.records import LedgerEntry, RungRecord
-from fleetops.schemas import MAX_EPOCH, DocumentError
+from fleetops.schemas import MAX_EPOCH
 
 TAG_KEY = "fleetops.io/ladder"  # the EC2 tag that carries a host's ladders (LadderState.tag_value)
 TAG_MAX = 256  # EC2's limit on a tag value
