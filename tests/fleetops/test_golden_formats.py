@@ -846,3 +846,34 @@ def test_exit_codes() -> None:
         "documents": documents,
     }
     golden("exit-codes.json", dump(codes))
+
+
+def test_a_rollout_resolves_its_targets_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    """The plan's listing is the run's: ansible-inventory runs once per rollout (twice with a --limit:
+    the full listing holds the group names), not again when the run starts; a resume lists again."""
+    from fleetops.ansible import inventory as inventory_mod
+
+    listings: list[str | None] = []
+    real = inventory_mod._list_inventory
+
+    def counted(inventories: Sequence[Path], limit: str | None) -> dict[str, Any]:
+        listings.append(limit)
+        return real(inventories, limit)
+
+    monkeypatch.setattr(inventory_mod, "_list_inventory", counted)
+    _stand_ins(monkeypatch, Runner(clock))
+    inv = _inventory(tmp_path, {"h1": "us-east-1a", "h2": "us-east-1b"})
+    state = tmp_path / "state" / "reclaim.json"
+    request = api.RemediationRequest(
+        action="reclaim", inventory=[inv], params={"min_zombies": 10}, state=state
+    )
+    assert api.remediate(request, handle_signals=False).exit_code == ExitCode.OK
+    assert listings == [None]
+    listings.clear()
+    limited = api.RemediationRequest(
+        action="reclaim", inventory=[inv], limit="h1", params={"min_zombies": 10}
+    )
+    assert api.remediate(limited, handle_signals=False).exit_code == ExitCode.OK
+    assert listings == [None, "h1"]

@@ -71,10 +71,12 @@ def _checked_list(inventories: Sequence[Path], limit: str | None) -> dict[str, A
 
 @dataclass(frozen=True)
 class InventoryTargets:
-    """The hosts a limit selects and every group name of the inventory (for ``guards.check_target_names``)."""
+    """The hosts a limit selects, every group name of the inventory (for ``guards.check_target_names``)
+    and every host name it lists, limit or not (a resume leaves out the hosts gone since)."""
 
     hosts: list[InventoryHost]
     groups: frozenset[str]
+    present: frozenset[str]
 
 
 def load_targets(
@@ -86,8 +88,9 @@ def load_targets(
     group names come from a listing without it (a second ansible-inventory run when there is a limit).
     """
     full = _checked_list(inventories, None)
-    data = _list_inventory(inventories, limit) if limit else full
-    return InventoryTargets(hosts_from_list(data, group_by), groups_from_list(full))
+    every = hosts_from_list(full, group_by)
+    hosts = hosts_from_list(_list_inventory(inventories, limit), group_by) if limit else every
+    return InventoryTargets(hosts, groups_from_list(full), frozenset(h.name for h in every))
 
 
 def load_groups(inventories: Sequence[Path]) -> frozenset[str]:

@@ -31,8 +31,8 @@ from fleetops import paths
 from fleetops.ansible import facts
 from fleetops.ansible.inventory import load_hosts
 from fleetops.api.launch import execute as _execute
-from fleetops.api.launch import leave_out_gone, plan_hosts
-from fleetops.api.launch import start as _start
+from fleetops.api.launch import leave_out_gone, plan_hosts, start_listed
+from fleetops.api.launch import start as _start  # noqa: F401  (tests plan a rollout without running it)
 from fleetops.api.launch import targets as _targets
 from fleetops.api.requests import (
     ROLLOUT_SCHEMA,
@@ -214,11 +214,11 @@ def remediate(
     """
     obs = observer if observer is not None else NullObserver()
     remediation = get_remediation(request.action)
-    rollout = _start(request, remediation, obs)
+    rollout, listing = start_listed(request, remediation, obs)
     if rollout is None:
         obs.message("nothing to do: no host has a finding this remediation acts on")
         return RolloutResult(None, empty_document(remediation.name, request.apply), ExitCode.OK)
-    return rollout_result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
+    return rollout_result(_execute(rollout, remediation, obs, request.break_lock, handle_signals, listing))
 
 
 def resume(

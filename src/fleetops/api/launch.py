@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fleetops import paths
-from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, load_targets
+from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, InventoryTargets, load_targets
 from fleetops.api.requests import PlanResult, RemediationRequest, RolloutCaps, plan_document
 from fleetops.api.signals import ctrl_c
 from fleetops.errors import UsageError
@@ -42,13 +42,18 @@ def _selection(inventories: Sequence[Path], limit: str | None) -> str:
     return "the inventory " + " ".join(str(p) for p in inventories)
 
 
-def targets(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> list[InventoryHost]:
-    """The hosts ``limit`` selects, refused (UsageError) when there are none or a name is not
-    targeted exactly by a ``--limit`` (``guards.check_target_names``)."""
+def selected(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> InventoryTargets:
+    """The inventory's listing with the hosts ``limit`` selects, refused (UsageError) when there are
+    none or a name is not targeted exactly by a ``--limit`` (``guards.check_target_names``)."""
     found = load_targets(inventories, limit, group_by)
     guards.require_targets([h.name for h in found.hosts], _selection(inventories, limit))
     guards.check_target_names([h.name for h in found.hosts], found.groups)
-    return found.hosts
+    return found
+
+
+def targets(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> list[InventoryHost]:
+    """The hosts ``limit`` selects (``selected``)."""
+    return selected(inventories, limit, group_by).hosts
 
 
 def plan_hosts(
@@ -72,13 +77,22 @@ def plan_hosts(
 
 def start(request: RemediationRequest, remediation: Remediation, observer: RolloutObserver) -> Rollout | None:
     """The rollout ``request`` asks for, planned and saved nowhere yet; None: nothing to do."""
+    return start_listed(request, remediation, observer)[0]
+
+
+def start_listed(
+    request: RemediationRequest, remediation: Remediation, observer: RolloutObserver
+) -> tuple[Rollout | None, InventoryTargets]:
+    """``start``, and the inventory listing the rollout was planned from, for ``execute``: the targets
+    are resolved once."""
     inventories = paths.resolve_inventories(request.inventory)
     params = remediation.resolve(request.params)
     extravars = remediation.extravars(params)
     limit = request.limit
     # every selected name is checked before anything runs (``fix`` scans first); a step before
     # planning narrows the selection by exact names, never by a limit joined from them
-    hosts = targets(inventories, limit, request.group_by)
+    listing = selected(inventories, limit, request.group_by)
+    hosts = listing.hosts
     if request.hosts is not None:
         named = set(request.hosts)
         unknown = sorted(named - {h.name for h in hosts})
@@ -93,12 +107,12 @@ def start(request: RemediationRequest, remediation: Remediation, observer: Rollo
         extravars = {**extravars, **more}
         if wanted_hosts is not None:
             if not wanted_hosts:
-                return None
+                return None, listing
             wanted = set(wanted_hosts)
             if request.hosts is not None:  # the step saw the whole selection: keep the hosts named
                 wanted &= set(request.hosts)
                 if not wanted:
-                    return None
+                    return None, listing
             unknown = sorted(wanted - {h.name for h in hosts})
             if unknown:
                 raise UsageError(
@@ -151,7 +165,7 @@ def start(request: RemediationRequest, remediation: Remediation, observer: Rollo
         if reason:
             rollout.hosts[host] = HOST_SKIPPED
             rollout.results[host] = HostOutcome(status="skipped", msg=f"preflight: {reason}")
-    return rollout
+    return rollout, listing
 
 
 def _set_guards(
@@ -197,12 +211,15 @@ def execute(
     observer: RolloutObserver,
     break_lock: bool | str,
     handle_signals: bool,
+    listing: InventoryTargets | None = None,
 ) -> Rollout:
-    """Run a started (or resumed) rollout under its hosts' locks, with ``ctrl_c``'s handlers."""
+    """Run a started (or resumed) rollout under its hosts' locks, with ``ctrl_c``'s handlers.
+    ``listing``: the inventory ``start`` planned from; None (a resume): listed again."""
     inventory = [Path(p) for p in rollout.inventory]
     # A resume's hosts are checked again: groups may have come since, hosts may have gone.
-    listing = load_targets(inventory)
-    groups, present = listing.groups, frozenset(h.name for h in listing.hosts)
+    if listing is None:
+        listing = load_targets(inventory)
+    groups, present = listing.groups, listing.present
     leave_out_gone(rollout, present, observer)
     names = [h for h, s in rollout.hosts.items() if s != HOST_SKIPPED]
     guards.check_target_names(names, groups)
