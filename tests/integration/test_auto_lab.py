@@ -45,11 +45,12 @@ from fleetops_lab.host_faults import (
     remove_crashloop_unit,
     remove_worker_service,
 )
-from tests.helpers import REPO, boots, fleetops
+from tests.helpers import boots, fleetops
+from tests.paths import KUBECTL_STANDIN
 
 pytestmark = pytest.mark.lab
 CRASH, EVENT, UCX, ECC = "lab-01", "lab-02", "lab-03", "lab-04"
-STANDIN = REPO / "tests" / "kubectl_standin" / "kubectl"
+STANDIN = KUBECTL_STANDIN
 KEY = "fleetops.io/quarantine"
 SPENT = "fleetops.io/spent"
 FOREIGN = {"key": "example.com/maintenance", "value": "nic", "effect": "NoSchedule"}

@@ -15,11 +15,12 @@ import pytest
 
 from fleetops_lab import Lab
 from fleetops_lab.host_faults import install_crashloop_unit, remove_crashloop_unit
-from tests.helpers import REPO, fleetops
+from tests.helpers import fleetops
+from tests.paths import KUBECTL_STANDIN
 
 pytestmark = pytest.mark.lab
 SICK, HEALTHY = "lab-01", "lab-02"
-STANDIN = REPO / "tests" / "kubectl_standin" / "kubectl"
+STANDIN = KUBECTL_STANDIN
 KEY = "fleetops.io/quarantine"
 
 
