@@ -410,7 +410,7 @@ def run_pass(
                     )
                     ladder.save(ladder_path)
                     ledger.save(ledger_path, clock())
-                    windows = {a: float(b.window_s) for a, b in inputs.policy.budgets.items()}
+                    windows = {a: float(b.window_s) for a, b in inputs.policy.limits.items()}
                     then = clock()
                     result.tags_after = {
                         h: {TAG_KEY: ladder.tag_value(h), SPENT_TAG_KEY: ledger.tag_value(h, windows, then)}

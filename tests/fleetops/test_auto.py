@@ -127,6 +127,8 @@ def test_the_default_policy_names_only_remediations_that_exist() -> None:
 def test_a_rung_action_fleetops_does_not_have_is_refused_naming_it() -> None:
     text = """
 schema: fleetops.policy/v1
+budgets:
+  fix: {unlimited: true}
 rules:
   - name: crash
     match: [{check: crashloop_unit}]
@@ -405,7 +407,8 @@ def test_exit_codes_say_a_human_is_needed_or_a_host_was_not_scanned(tmp_path: Pa
 def _gpu_policy(*rungs: str) -> str:
     """A policy of one rule, gpu-fatal (any gpu_health finding), with these rungs; one stop-start an hour."""
     return (
-        "schema: fleetops.policy/v1\nbudgets:\n  stop-start: {window: 1h, max: 1}\nrules:\n  - name: gpu-fatal\n"
+        "schema: fleetops.policy/v1\nbudgets:\n  stop-start: {window: 1h, max: 1}\n  quarantine: {unlimited: true}\n"
+        "  reboot: {unlimited: true}\n  replace: {unlimited: true}\nrules:\n  - name: gpu-fatal\n"
         "    match: [{check: gpu_health}]\n    ladder:\n" + "".join(f"      - {r}\n" for r in rungs)
     )
 

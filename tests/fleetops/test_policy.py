@@ -226,6 +226,9 @@ def test_check_command_validates_files(tmp_path: Path) -> None:
 
 MINIMAL = """\
 schema: fleetops.policy/v1
+budgets:
+  fix: {unlimited: true}
+  reboot: {unlimited: true}
 rules:
   - name: r
     match: [{check: ena_resets}]
@@ -254,11 +257,11 @@ rules:
         (MINIMAL + "  - name: r\n    match: [{check: gpu_health}]\n    ladder: [{action: human}]\n",
          "test.yml: rules[1].name: rule 'r' is defined twice"),
         (MINIMAL.replace("  - name: r\n", "  - name: r\n    name: s\n"), "test.yml: not valid YAML: found a duplicate key 'name'"),
-        (MINIMAL + "budgets:\n  reboot: {window: 1h}\n", "test.yml: budgets.reboot: no limit: give max, per_group"),
-        (MINIMAL + "budgets:\n  reboot: {per_group_pct: 0}\n", "test.yml: budgets.reboot.per_group_pct: Input should be greater than 0"),
-        (MINIMAL + "budgets:\n  reboot: {per_group: 1, window: 8d}\n", "test.yml: budgets.reboot.window: must be more than 0 and at most 7d"),
-        (MINIMAL + "budgets:\n  human: {per_group: 1}\n", "test.yml: budgets.human: 'human' runs nothing"),
-        (MINIMAL + "budgets:\n  reimage: {per_group: 1}\n", "test.yml: budgets.reimage: unknown action 'reimage' (known: fix, disable-unit, "),
+        (MINIMAL.replace("reboot: {unlimited: true}", "reboot: {window: 1h}"), "test.yml: budgets.reboot: no limit: give max, per_group"),
+        (MINIMAL.replace("reboot: {unlimited: true}", "reboot: {per_group_pct: 0}"), "test.yml: budgets.reboot.per_group_pct: Input should be greater than 0"),
+        (MINIMAL.replace("reboot: {unlimited: true}", "reboot: {per_group: 1, window: 8d}"), "test.yml: budgets.reboot.window: must be more than 0 and at most 7d"),
+        (MINIMAL.replace("budgets:\n", "budgets:\n  human: {per_group: 1}\n"), "test.yml: budgets.human: 'human' runs nothing"),
+        (MINIMAL.replace("budgets:\n", "budgets:\n  reimage: {per_group: 1}\n"), "test.yml: budgets.reimage: unknown action 'reimage' (known: fix, disable-unit, "),
         (MINIMAL.replace("{check: ena_resets}", "{check: ena_resets, data: {x: {}}}"), "test.yml: rules[0].match[0].data.x: an empty condition"),
         (MINIMAL.replace("{check: ena_resets}", "{check: ena_resets, data: {x: {matches: a}}}"),
          "test.yml: rules[0].match[0].data.x.matches: Extra inputs are not permitted"),
@@ -267,6 +270,23 @@ rules:
         (MINIMAL.replace("name: r", "name: 'Bad Name\u2028'"), "test.yml: rules[0].name: String should match pattern"),
         ("schema: fleetops.policy/v1\nrules:\n  - name: r\n    match: [{check: ena_resets}]\n    ladder:\n      - {action: human, params: {a: 1}}\n",
          "test.yml: rules[0].ladder[0].params: 'human' runs nothing"),
+        (MINIMAL.replace("  reboot: {unlimited: true}\n", ""),
+         "test.yml: rules[0].ladder[0].action: rule r: reboot has no budget: give budgets.reboot a limit"),
+        (MINIMAL.replace("reboot: {unlimited: true}", "reboot: {unlimited: true, max: 3}"),
+         "test.yml: budgets.reboot.unlimited: an unlimited budget has no max"),
+        (MINIMAL.replace("clear_after: 15m", "clear_after: 0s"), "test.yml: rules[0].ladder[0].clear_after: must be more than 0"),
+        (MINIMAL.replace("clear_after: 15m}", "clear_after: 15m, params: {kube_drain: 'false'}}"),
+         "test.yml: rules[0].ladder[0].params.kube_drain: remediate reboot --kube-drain: must be true or false, got 'false'"),
+        (MINIMAL.replace("clear_after: 15m}", "clear_after: 15m, params: {reboot_timeout: 10m}}"),
+         "test.yml: rules[0].ladder[0].params.reboot_timeout: remediate reboot --reboot-timeout: not an integer: '10m'"),
+        (MINIMAL.replace("clear_after: 15m}", "clear_after: 15m, params: {reboot_timeout: '600'}}"),
+         "test.yml: rules[0].ladder[0].params.reboot_timeout: remediate reboot --reboot-timeout: must be a number, got the string '600'"),
+        (MINIMAL.replace("clear_after: 15m}", "clear_after: 15m, params: {drain_timeout: 0}}"),
+         "test.yml: rules[0].ladder[0].params.drain_timeout: remediate reboot --drain-timeout: must be between 1 and 86400: '0'"),
+        (MINIMAL.replace("{action: reboot, clear_after: 15m}", "{action: fix, clear_after: 15m, params: {method: fast}}"),
+         "test.yml: rules[0].ladder[0].params.method: remediate fix --method: must be one of drop_caches, memory_reclaim, both, got 'fast'"),
+        (MINIMAL.replace("{action: reboot, clear_after: 15m}", "{action: fix, clear_after: 15m, params: {protected: sshd}}"),
+         "test.yml: rules[0].ladder[0].params.protected: remediate fix --protected: must be a list, got 'sshd'"),
         (b"schema: fleetops.policy/v1\n\xff\n", "test.yml: not UTF-8 text"),
     ],
 )  # fmt: skip

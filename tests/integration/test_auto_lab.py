@@ -59,6 +59,8 @@ POLICY = """
 schema: fleetops.policy/v1
 budgets:
   stop-start: {{window: 1h, max: {stop_starts}}}
+  quarantine: {{unlimited: true}}
+  fix: {{unlimited: true}}
 rules:
   - name: gpu-fatal
     match:

@@ -3,11 +3,13 @@
 A policy is a YAML file: for each kind of finding (a rule: check, severities, optional data match)
 an ordered **ladder** of actions, each rung with the time it gets to clear the finding before the
 next rung is tried, and per-action **budgets** (at most N per window across the fleet, and per group
-a count and a percent: the smaller wins)::
+a count and a percent: the smaller wins; every action a ladder names needs one, ``{unlimited: true}``
+said outright)::
 
     schema: fleetops.policy/v1
     budgets:
-      reboot: {window: 1h, max: 20, per_group: 2, per_group_pct: 10}
+      quarantine: {window: 1h, max: 20, per_group_pct: 20}
+      stop-start: {window: 1h, max: 10, per_group: 2}
       replace: {window: 1h, per_group: 1}
     rules:
       - name: gpu-fatal

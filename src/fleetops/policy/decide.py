@@ -138,7 +138,7 @@ def decide(
     """
     hosts: Mapping[str, Any] = scan_report.get("hosts") or {}
     sizes = dict(group_sizes) if group_sizes is not None else _group_sizes(list(hosts), group_of)
-    pending = Spending(budget_ledger, policy.budgets, now)
+    pending = Spending(budget_ledger, policy.limits, now)
     return [
         _decide_host(policy, host, hosts[host], ladder_state, pending, now, group_of(host) or NO_GROUP, sizes)
         for host in sorted(hosts)

@@ -36,7 +36,7 @@ from fleetops.documents import (  # the one-line DocumentError every document of
     raise_validation,
     read_document,
 )
-from fleetops.remediations import ladder_order
+from fleetops.remediations import REMEDIATIONS, ladder_order
 from fleetops.schemas import Severity
 from fleetops.util import DAY_S, HOUR_S
 
@@ -197,6 +197,23 @@ class Rung(_Strict):
     def clear_after_s(self) -> int:
         return duration_seconds(self.clear_after) if self.clear_after is not None else 0
 
+    @model_validator(mode="after")
+    def _values(self) -> Self:
+        if self.clear_after is not None and self.clear_after_s == 0:
+            raise FieldProblem(("clear_after",), "must be more than 0: a rung gets time to clear the finding")
+        remediation = REMEDIATIONS.get(self.action)
+        for name, value in self.params.items():
+            param = remediation.parameters_by_name.get(name) if remediation is not None else None
+            if param is None:
+                continue  # an unknown name: auto.check_policy_actions names what the action takes
+            try:
+                param.validate(value)
+            except ValueError as err:
+                raise FieldProblem(
+                    ("params", name), f"remediate {self.action} {param.option}: {err}"
+                ) from None
+        return self
+
 
 class Rule(_Strict):
     name: str = Field(pattern=RULE_NAME, max_length=64)
@@ -232,11 +249,17 @@ class Budget(_Strict):
     per_group_pct: Annotated[float, Field(gt=0, le=100)] | None = Field(
         default=None, description="percent of a group's hosts, rounded down but at least 1"
     )
+    unlimited: bool = Field(
+        default=False, description="no limit: said outright, as an action without a budget is refused"
+    )
 
     @model_validator(mode="after")
     def _limits(self) -> Self:
-        if self.max is None and self.per_group is None and self.per_group_pct is None:
-            raise FieldProblem((), "no limit: give max, per_group or per_group_pct")
+        limited = not (self.max is None and self.per_group is None and self.per_group_pct is None)
+        if self.unlimited and limited:
+            raise FieldProblem(("unlimited",), "an unlimited budget has no max, per_group or per_group_pct")
+        if not self.unlimited and not limited:
+            raise FieldProblem((), "no limit: give max, per_group or per_group_pct (or unlimited: true)")
         if duration_seconds(self.window) == 0 or duration_seconds(self.window) > MAX_WINDOW_S:
             raise FieldProblem(("window",), f"must be more than 0 and at most 7d, got {self.window}")
         return self
@@ -268,7 +291,7 @@ class Policy(_Strict):
     description: str | None = None
     budgets: dict[str, Budget] = Field(
         default_factory=dict,
-        description="per action",
+        description="per action: a limit, or {unlimited: true}; every action a ladder names needs one",
         json_schema_extra={"propertyNames": {"enum": [a for a in ACTIONS if a != HUMAN]}},
     )
     rules: list[Rule] = Field(
@@ -288,7 +311,20 @@ class Policy(_Strict):
             if action not in ACTIONS:
                 known = ", ".join(a for a in ACTIONS if a != HUMAN)
                 raise FieldProblem(("budgets", action), f"unknown action {action!r} (known: {known})")
+        for i, rule in enumerate(self.rules):
+            for j, rung in enumerate(rule.ladder):
+                if rung.action != HUMAN and rung.action not in self.budgets:
+                    raise FieldProblem(
+                        ("rules", i, "ladder", j, "action"),
+                        f"rule {rule.name}: {rung.action} has no budget: give budgets.{rung.action} a limit "
+                        "(max, per_group, per_group_pct) or {unlimited: true}",
+                    )
         return self
+
+    @property
+    def limits(self) -> dict[str, Budget]:
+        """The budgets that limit, per action (an unlimited action is not in it)."""
+        return {a: b for a, b in self.budgets.items() if not b.unlimited}
 
     def rule(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.name == name), None)

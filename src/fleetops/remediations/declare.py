@@ -83,6 +83,40 @@ class Param:
     def required(self) -> bool:
         return self.default is REQUIRED
 
+    def validate(self, value: Any) -> None:
+        """A value given as data (a policy rung's ``params``): ValueError, one line, when the option would
+        refuse it or it is not of the parameter's type (``"false"`` for a flag, ``"10m"`` for seconds)."""
+        if self.kind == "flag":
+            if not isinstance(value, bool):
+                raise ValueError(f"must be true or false, got {value!r}")
+            return
+        if self.kind != "repeat":
+            self._validate_one(value)
+        elif isinstance(value, Mapping):
+            if self.convert is not dict:
+                raise ValueError(f"must be a list, got an object: {value!r}")
+            for k, v in value.items():
+                if not isinstance(k, str) or not k or not isinstance(v, str):
+                    raise ValueError(f"names and values must be strings, got {k!r}: {v!r}")
+        elif isinstance(value, list | tuple):
+            for item in value:
+                self._validate_one(item)
+        else:
+            raise ValueError(f"must be a list, got {value!r}")
+
+    def _validate_one(self, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(f"must be a {'number' if self.parse else 'string'}, got {value!r}")
+        if self.parse is not None:
+            parsed = self.parse(str(value))
+            if isinstance(parsed, int | float) and isinstance(value, str):
+                raise ValueError(f"must be a number, got the string {value!r}")
+        elif not isinstance(value, str):
+            raise ValueError(f"must be a string, got {value!r}")
+        choices = self.choices() if callable(self.choices) else self.choices
+        if choices is not None and value not in tuple(choices):
+            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+
     def wait_labels(self) -> tuple[tuple[str, str], ...]:
         """(label, extra var) for each extra var that is a wait."""
         if self.waits is False:
@@ -154,6 +188,10 @@ class Remediation:
 
     def param(self, name: str) -> Param:
         return self._by_name[name]
+
+    @property
+    def parameters_by_name(self) -> Mapping[str, Param]:
+        return self._by_name
 
     def from_finding(self) -> dict[str, str]:
         """parameter -> what of the finding an auto pass puts there ("check" or "reason")."""
