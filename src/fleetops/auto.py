@@ -91,6 +91,7 @@ class ActionRun:
     exit_code: ExitCode = ExitCode.OK
     error: str | None = None
     document: Mapping[str, Any] | None = None  # the rollout's report (fleetops.rollout.engine/v1)
+    stop_requested: str | None = None  # the kill switch stopped the rollout: why (the pass ends too)
 
 
 # (action, hosts, params) -> ActionRun; the API runs it through the rollout engine
@@ -114,7 +115,7 @@ class PassResult:
         signalled = next((r.exit_code for r in self.runs if r.exit_code in SIGNAL_CODES), None)
         if signalled is not None:
             return signalled
-        if any(d.status == "not_scanned" for d in self.decisions) or any(
+        if any(d.status == "not_scanned" or d.blind for d in self.decisions) or any(
             r.exit_code != ExitCode.OK for r in self.runs
         ):
             return ExitCode.FAILED
@@ -396,6 +397,9 @@ def run_pass(
                         f"{action}: {run.exit_code.name.lower()}; the pass starts no further action",
                         "warning",
                     )
+                    break
+                if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
+                    say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
                     break
         finally:
             if inputs.apply:

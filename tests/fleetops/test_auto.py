@@ -276,6 +276,44 @@ def test_a_rollout_stopped_by_a_signal_ends_the_pass_and_its_caught_hosts_climb(
     assert ladder.get("lab-03", "gpu-fatal") is None
 
 
+def test_a_rollout_the_kill_switch_stopped_ends_the_pass(tmp_path: Path) -> None:
+    """`fleetops stop --all` during the pass's first action: that rollout stops, and the pass starts
+    no further action (before, it went on to quarantine, reboot, stop-start and replace)."""
+
+    class Stopped(Runner):
+        def __call__(self, action: str, hosts: Sequence[str], params: Mapping[str, Any]) -> auto.ActionRun:
+            self.calls.append((action, list(hosts), dict(params)))
+            return auto.ActionRun(action, tuple(hosts), params, attempted=frozenset(hosts),
+                                  exit_code=ExitCode.FAILED, stop_requested="stopped by bob@ctl: freeze")  # fmt: skip
+
+    runner = Stopped()
+    scan = report(**{"lab-01": [CRASHLOOP], "lab-03": [ecc()]})
+    result, lines = run(tmp_path, scan, runner, T0)
+    assert [c[0] for c in runner.calls] == ["fix"]  # quarantine never started
+    assert result.exit_code == ExitCode.FAILED
+    assert any("stopped by bob@ctl: freeze; the pass starts no further action" in line for line in lines)
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-01", "crashloop") is not None  # what it attempted is recorded
+    assert ladder.get("lab-03", "gpu-fatal") is None
+
+
+def test_a_pass_that_cannot_judge_a_ladder_in_progress_fails(tmp_path: Path) -> None:
+    """lab-03's gpu_health detector fails on the next pass: its quarantine ladder is kept (not reset
+    as clean) and the pass exits 3, so an AWX job says something is wrong; lab-01 is handled as usual."""
+    runner = Runner()
+    run(tmp_path, report(**{"lab-03": [ecc()]}), runner, T0)
+    blind = report(**{"lab-01": [CRASHLOOP], "lab-03": []})
+    blind["hosts"]["lab-03"]["errors"] = [{"check": "gpu_health", "msg": "nvidia-smi timed out"}]
+    result, lines = run(tmp_path, blind, runner, T0 + 60)
+    assert result.exit_code == ExitCode.FAILED
+    assert [c[0] for c in runner.calls] == ["quarantine", "fix"]
+    assert any(
+        "ladder kept: its detector failed on the host: gpu-fatal (gpu_health)" in line for line in lines
+    )
+    ladder = LadderState.load(tmp_path / "auto" / auto.LADDER_FILE)
+    assert ladder.get("lab-03", "gpu-fatal") is not None
+
+
 _SIGTERM_PASS = """
 import sys, time
 from pathlib import Path
@@ -555,6 +593,39 @@ def test_api_auto_runs_each_action_on_exactly_the_hosts_it_decided(
     # no host state came back (a stand-in rollout): nothing was attempted, so nothing climbs
     ladder = LadderState.load(tmp_path / "state" / "auto" / auto.LADDER_FILE)
     assert ladder.hosts == {}
+
+
+def test_api_auto_ends_the_pass_when_the_kill_switch_stopped_an_actions_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollout's stop record says a person asked for it (kind kill_switch): api.auto's action
+    reports it and the pass runs nothing after it."""
+    import fleetops.api as api_mod
+    from fleetops.rollout.engine import STOP_KILL_SWITCH
+    from fleetops.rollout.state import new_rollout
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inv = _static_inventory(tmp_path, {"lab-01": "a", "lab-03": "c"})
+    monkeypatch.setattr(
+        api_mod, "run_scan", lambda opts, **k: report(**{"lab-01": [CRASHLOOP], "lab-03": [ecc()]})
+    )
+    seen: list[str] = []
+
+    def remediate(request: api_mod.RemediationRequest, observer: Any = None, **k: Any) -> Any:
+        seen.append(request.action)
+        rollout = new_rollout(action=request.action, apply=True, inventory=[inv], extravars={},
+                              plan={"batches": [list(request.hosts or [])]}, max_failures=0, cooldown=0.0,
+                              gate=True, state_path=tmp_path / f"{request.action}.json")  # fmt: skip
+        rollout.status = "stopped"
+        rollout.stopped = {"after_batch": 0, "reason": "stopped by bob@ctl: freeze", "pending": [],
+                           "kind": STOP_KILL_SWITCH}  # fmt: skip
+        return api_mod.RolloutResult(rollout, {"recorded": True}, ExitCode.FAILED)
+
+    monkeypatch.setattr(api_mod, "remediate", remediate)
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=True))
+    assert seen == ["fix"]
+    assert result.exit_code == ExitCode.FAILED
+    assert result.result.runs[0].stop_requested == "stopped by bob@ctl: freeze"
 
 
 def test_a_remediation_request_naming_hosts_acts_on_those_only(

@@ -408,6 +408,30 @@ def run_pass(
     return decisions
 
 
+def test_a_failed_detector_keeps_its_ladder_instead_of_reading_as_clean(
+    default: P.Policy, tmp_path: Path
+) -> None:
+    """A scan whose ena_resets detector failed on the host cannot say the NIC is fine: the ladder in
+    progress is kept (not reset, its rung's time still counting) and the decision says so; a rule
+    whose detector ran is still reset."""
+    ladder, ledger = P.LadderState(), P.BudgetLedger()
+    sick = report({"a-1": [ena_finding(tmp_path)]})
+    assert one(run_pass(default, sick, ladder, ledger, T0), "a-1").action == "reboot"
+    blind = report({"a-1": []})
+    blind["hosts"]["a-1"]["errors"] = [{"check": "ena_resets", "msg": "cannot read ethtool: timed out"}]
+    d = one(run_pass(default, blind, ladder, ledger, T0 + 10 * MIN), "a-1")
+    assert (d.status, d.reset, d.blind) == ("clean", (), ("ena-resets",))
+    assert d.reason == "clean; ladder kept: its detector failed on the host: ena-resets (ena_resets)"
+    assert d.to_dict()["blind"] == ("ena-resets",)
+    rec = ladder.get("a-1", "ena-resets")
+    assert rec is not None and rec.rung == 0  # kept: the next pass with a working detector climbs from here
+    other = report({"a-1": []})
+    other["hosts"]["a-1"]["errors"] = [{"check": "cpu_starvation", "msg": "no /proc/pressure"}]
+    d = one(run_pass(default, other, ladder, ledger, T0 + 20 * MIN), "a-1")
+    assert (d.status, d.reset, d.blind) == ("clean", ("ena-resets",), ())
+    assert "blind" not in d.to_dict()  # documents of passes without one are as before
+
+
 def test_the_ladder_climbs_only_after_the_clear_time_and_resets_on_a_clean_scan(
     default: P.Policy, tmp_path: Path
 ) -> None:

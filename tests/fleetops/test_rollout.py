@@ -830,6 +830,27 @@ def test_the_kill_switch_stops_after_the_current_batch_saying_who_and_why(
     assert runner.batches == [["a"]] and "fleetops stop --all" in str(rollout.stopped)
 
 
+def test_a_kill_switch_stop_is_marked_as_asked_for_and_a_breaker_stop_is_not(
+    tmp_path: Path, state_home: Path
+) -> None:
+    """An auto pass ends when a person stopped one of its rollouts (rollout.stopped["kind"]), and
+    goes on after a breaker or a deadline: the mark is what tells them apart."""
+    from fleetops.rollout import killswitch
+    from fleetops.rollout.engine import STOP_KILL_SWITCH
+
+    engine, runner = _scripted(tmp_path, [["a"], ["b"]])
+    runner.on_batch = lambda n: killswitch.request_stop(None, "freeze", "bob@ctl")
+    rollout = engine.run()
+    assert rollout.stopped is not None and rollout.stopped.get("kind") == STOP_KILL_SWITCH
+    assert json.loads(Path(str(rollout.state_path)).read_text())["stopped"]["kind"] == STOP_KILL_SWITCH
+    killswitch.clear_stop(None)
+    engine, runner = _scripted(tmp_path, [["a"], ["b"]])
+    engine.rollout.state_path = str(tmp_path / "state2.json")
+    runner.fail["a"] = "exploded"
+    rollout = engine.run()
+    assert rollout.status == "stopped" and rollout.stopped is not None and "kind" not in rollout.stopped
+
+
 def test_report_says_which_hosts_keep_the_exit_code_non_zero_and_why(
     tmp_path: Path, state_home: Path
 ) -> None:

@@ -68,7 +68,7 @@ from fleetops.remediations import REMEDIATIONS
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
 from fleetops.rollout.budget import FailureBudget
-from fleetops.rollout.engine import GUARDS_KEY, NullObserver, RolloutObserver
+from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, state_home
 from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
@@ -327,6 +327,7 @@ def _auto(
         )
         rollout = result.rollout
         states = rollout.hosts if rollout is not None else {}
+        stopped = (rollout.stopped or {}) if rollout is not None else {}
         return auto_mod.ActionRun(
             action,
             tuple(names),
@@ -337,6 +338,7 @@ def _auto(
             done=frozenset(h for h, st in states.items() if st == HOST_DONE),
             exit_code=result.exit_code,
             document=result.document,
+            stop_requested=str(stopped.get("reason")) if stopped.get("kind") == STOP_KILL_SWITCH else None,
         )
 
     state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"

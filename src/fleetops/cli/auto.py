@@ -26,8 +26,10 @@ DESCRIPTION = (
 )
 EPILOG = (
     "exit codes: 0 every finding handled, waiting or held by a budget; 1 a host needs a human (its "
-    "ladder reached `human` or ran out); 2 bad input (policy, options); 3 a host could not be scanned or "
-    "an action's rollout did not finish every host; 4 another pass (or rollout) holds the state or the hosts; "
+    "ladder reached `human` or ran out); 2 bad input (policy, options); 3 a host could not be scanned, a "
+    "detector a ladder in progress relies on failed on a host (the ladder is kept), or an action's rollout "
+    "did not finish every host (`fleetops stop` of one ends the pass); 4 another pass (or rollout) holds the "
+    "state or the hosts; "
     "130 / 143 / 129 Ctrl-C, SIGTERM or SIGHUP stopped the pass (no further action started, what was "
     "attempted recorded)"
 )

@@ -94,11 +94,16 @@ class Decision:
     reset: tuple[str, ...] = ()  # ladders this scan showed cleared (reset by commit)
     # of those, the ones whose episode quarantined the host: its taint stays until someone releases it
     still_quarantined: tuple[str, ...] = ()
+    # ladders in progress that this scan cannot judge: a detector of the rule failed on the host, so
+    # the finding may well be there; kept as they are, and the pass fails (it is not clean)
+    blind: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The decision as JSON-ready data (for a report or the audit log)."""
         data = asdict(self)
         data["params"] = dict(self.params)
+        if not self.blind:
+            del data["blind"]  # the documents of passes before it, unchanged
         return data
 
     def line(self) -> str:
@@ -173,18 +178,36 @@ def _decide_host(
             best[1].get("severity", ""), 0
         ):
             matched[rule.name] = (rule, finding)
-    reset = tuple(r for r in ladder.rules(host) if r not in matched)
+    failed = {str(e.get("check")) for e in result.get("errors") or [] if isinstance(e, Mapping)}
+    blind = tuple(
+        r
+        for r in ladder.rules(host)
+        if r not in matched and failed & _rule_checks(policy, r, _rec(ladder, host, r))
+    )
+    reset = tuple(r for r in ladder.rules(host) if r not in matched and r not in blind)
     held = tuple(r for r in reset if _rec(ladder, host, r).quarantined)
     if not matched:
         was = "; ".join(f"{r} reset (was at {_rec(ladder, host, r).action})" for r in reset)
+        if blind:
+            kept = ", ".join(
+                f"{r} ({', '.join(sorted(failed & _rule_checks(policy, r, _rec(ladder, host, r))))})"
+                for r in blind
+            )
+            was = (f"{was}; " if was else "") + f"ladder kept: its detector failed on the host: {kept}"
         if held:
             was += f"; still quarantined by {', '.join(held)}: release it when the host is trusted again"
         if unmatched:
             what = ", ".join(sorted({f"{f.get('check')} ({f.get('severity')})" for f in unmatched}))
             why = f"no rule matches: {what}" + (f"; {was}" if was else "")
-            return Decision(host, group, "no_rule", why, reset=reset, still_quarantined=held)
+            return Decision(host, group, "no_rule", why, reset=reset, still_quarantined=held, blind=blind)
         return Decision(
-            host, group, "clean", "clean" + (f"; {was}" if was else ""), reset=reset, still_quarantined=held
+            host,
+            group,
+            "clean",
+            "clean" + (f"; {was}" if was else ""),
+            reset=reset,
+            still_quarantined=held,
+            blind=blind,
         )
 
     order = [r.name for r in policy.rules if r.name in matched]
@@ -202,6 +225,7 @@ def _decide_host(
         waiting_rules=tuple(order[1:]),
         reset=reset,
         still_quarantined=held,
+        blind=blind,
     )
 
     rec = ladder.get(host, rule.name)
@@ -244,6 +268,12 @@ def _decide_host(
         base, status="act", rung=want, rung_action=rung.action, action=rung.action, params=dict(rung.params),
         reason=f"{rung.action} now ({why})",
     )  # fmt: skip
+
+
+def _rule_checks(policy: Policy, name: str, rec: RungRecord) -> set[str]:
+    """The checks a ladder's rule matches on (a rule the policy no longer has: the check it recorded)."""
+    rule = policy.rule(name)
+    return {m.check for m in rule.match} if rule is not None else {rec.check}
 
 
 def _rec(ladder: LadderState, host: str, rule: str) -> RungRecord:

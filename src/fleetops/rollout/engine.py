@@ -40,6 +40,8 @@ from fleetops.rollout.outcome import HostOutcome, host_outcome, notes_of
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_PENDING, HOST_RUNNING, HOST_SKIPPED, Rollout
 
 GUARDS_KEY = "guards"  # rollout.plan[GUARDS_KEY]: {"max_unhealthy", "not_after", "group_of"}
+# rollout.stopped["kind"] of a rollout the kill switch stopped (`fleetops stop`): a person asked for it
+STOP_KILL_SWITCH = "kill_switch"
 HOST_TIMEOUT_VAR = "fleetops_host_timeout"  # the playbooks' per-task time limit (seconds)
 
 # What every batch run passes to the remediation playbooks (their `serial` / `max_fail_percentage` knobs):
@@ -183,6 +185,7 @@ class Engine:
     abort_requested: threading.Event = field(default_factory=threading.Event)
     abort_reason: str = "aborted mid-batch (Ctrl-C twice)"
     abort_signal: int | None = None  # the signal that aborted the rollout (SIGTERM, SIGHUP): exit 128+N
+    stop_kind: str | None = None  # STOP_KILL_SWITCH when the kill switch stopped it
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     running_since: float = 0.0
 
@@ -388,6 +391,7 @@ class Engine:
         if request is not None:
             if request.rollout == r.id and request.raw is None:
                 killswitch.clear_stop(r.id)  # honoured: our own stop file goes
+            self.stop_kind = STOP_KILL_SWITCH
             return request.describe()
         reason = self.guard() if self.guard is not None else None
         if reason:
@@ -543,5 +547,7 @@ class Engine:
             or f"{r.failures()} failed host(s), more than the {r.max_failures} tolerated (--max-failures)",
             "pending": r.pending(),
         }
+        if self.stop_kind is not None:  # a person asked for it: an auto pass ends with it too
+            r.stopped["kind"] = self.stop_kind
         r.save()
         self.observer.stopped(r, breaker=reason is None)
