@@ -109,14 +109,19 @@ class PassResult:
     # with apply, every EC2 host's two tags as this pass leaves them (written or already so)
     tags_after: dict[str, dict[str, str | None]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # hosts whose ladder or spent tag could not be written: another controller would not see what this
+    # pass did there (the pass fails; the state directory has it)
+    tag_failures: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
         signalled = next((r.exit_code for r in self.runs if r.exit_code in SIGNAL_CODES), None)
         if signalled is not None:
             return signalled
-        if any(d.status == "not_scanned" or d.blind for d in self.decisions) or any(
-            r.exit_code != ExitCode.OK for r in self.runs
+        if (
+            any(d.status == "not_scanned" or d.blind for d in self.decisions)
+            or any(r.exit_code != ExitCode.OK for r in self.runs)
+            or self.tag_failures
         ):
             return ExitCode.FAILED
         if any(d.status in ("human", "exhausted") for d in self.decisions):
@@ -124,6 +129,12 @@ class PassResult:
         return ExitCode.OK
 
     def document(self) -> dict[str, Any]:
+        doc = self._document()
+        if self.tag_failures:  # absent when none: the documents of passes before it, unchanged
+            doc["tag_failures"] = sorted(set(self.tag_failures))
+        return doc
+
+    def _document(self) -> dict[str, Any]:
         return {
             "schema": AUTO_SCHEMA,
             "apply": self.apply,
@@ -265,8 +276,11 @@ def write_tags(
     targets: Mapping[str, TagTarget],
     new: Mapping[str, str | None],
     key: str = TAG_KEY,
+    failed: Callable[[str, str], None] | None = None,
 ) -> dict[str, str | None]:
-    """Write (or delete) each host's tag ``key`` whose value changed; returns what was written."""
+    """Write (or delete) each host's tag ``key`` whose value changed; returns what was written. A host
+    whose write fails is told to ``failed`` (host, why) and the others are still written; without
+    ``failed``, the first failure raises (FleetopsError)."""
     lease_utils = module_utils("lease")
     aws = module_utils("aws")
     changed = {h: v for h, v in new.items() if h in targets and targets[h].shown(key) != v}
@@ -274,18 +288,23 @@ def write_tags(
         return {}
     regions = {targets[h].instance: targets[h].region for h in changed}
     tags = lease_utils.Ec2Tags(connection.settings(), regions, user_agent="fleetops.auto")
-    try:
-        for host, value in sorted(changed.items()):
-            t = targets[host]
-            old = t.shown(key)
+    written: dict[str, str | None] = {}
+    for host, value in sorted(changed.items()):
+        t = targets[host]
+        old = t.shown(key)
+        try:
             if value is None:
                 if old is not None:
                     tags.delete([t.instance], key, old)
             else:
                 tags.write([t.instance], key, value)
-    except aws.AwsError as exc:
-        raise FleetopsError(f"Failed to write the tags {key}: {exc}") from None
-    return changed
+        except aws.AwsError as exc:
+            if failed is None:
+                raise FleetopsError(f"Failed to write the tags {key}: {exc}") from None
+            failed(host, f"Failed to write its tag {key} ({t.instance}): {exc}")
+            continue
+        written[host] = value
+    return written
 
 
 # ------------------------------------------------------------------------------ the pass
@@ -421,18 +440,22 @@ def run_pass(
                         for h in inputs.tags
                     }
                     if inputs.connection is not None and inputs.tags:
-                        try:
-                            result.tag_writes = write_tags(
-                                inputs.connection,
-                                inputs.tags,
-                                {h: t[TAG_KEY] for h, t in result.tags_after.items()},
-                            )
-                            result.spent_writes = write_tags(
-                                inputs.connection,
-                                inputs.tags,
-                                {h: t[SPENT_TAG_KEY] for h, t in result.tags_after.items()},
-                                SPENT_TAG_KEY,
-                            )
-                        except FleetopsError as exc:
-                            warn(f"{exc}; the state directory has the ladders and the budgets spent")
+
+                        def tag_failed(host: str, why: str) -> None:
+                            result.tag_failures.append(host)
+                            warn(f"{host}: {why}; the state directory has its ladders and the budgets spent")
+
+                        result.tag_writes = write_tags(
+                            inputs.connection,
+                            inputs.tags,
+                            {h: t[TAG_KEY] for h, t in result.tags_after.items()},
+                            failed=tag_failed,
+                        )
+                        result.spent_writes = write_tags(
+                            inputs.connection,
+                            inputs.tags,
+                            {h: t[SPENT_TAG_KEY] for h, t in result.tags_after.items()},
+                            SPENT_TAG_KEY,
+                            failed=tag_failed,
+                        )
     return result

@@ -314,6 +314,51 @@ def test_a_pass_that_cannot_judge_a_ladder_in_progress_fails(tmp_path: Path) -> 
     assert ladder.get("lab-03", "gpu-fatal") is not None
 
 
+def test_a_failed_tag_write_fails_the_pass_and_every_other_host_is_still_written(tmp_path: Path) -> None:
+    """A real moto_server: lab-02's instance id is one EC2 refuses (InvalidID: its CreateTags fails), lab-01's and lab-03's tags
+    are still written (before, the first failure skipped every later host, and both tags), and the
+    pass exits 3 naming lab-02 instead of 0 with a warning."""
+    from fleetops.rollout.lease import Ec2Connection
+    from fleetops_lab.ec2sim import MotoServer, client, launch_many
+
+    server = MotoServer()
+    url = server.start()
+    try:
+        ids = launch_many(url, "us-east-1", 2)
+        targets = {
+            "lab-01": auto.TagTarget(ids[0], "us-east-1", None),
+            "lab-02": auto.TagTarget("i-zzzz", "us-east-1", None),
+            "lab-03": auto.TagTarget(ids[1], "us-east-1", None),
+        }
+        lines: list[str] = []
+        inputs = auto.PassInputs(
+            policy=load_policy(default_policy_path()),
+            policy_source="default",
+            scan_report=report(**{h: [ecc()] for h in targets}),
+            group_of={h: f"az-{h}" for h in targets},
+            state_dir=tmp_path / "auto",
+            apply=True,
+            tags=targets,
+            connection=Ec2Connection(
+                endpoint_url=url, aws_access_key="testing", aws_secret_key="testing", regions=("us-east-1",)
+            ),
+        )
+        result = auto.run_pass(inputs, Runner(), lambda text, style: lines.append(text), clock=lambda: T0)
+        written = {
+            t["ResourceId"]: t["Key"]
+            for t in client(url, "us-east-1").describe_tags(Filters=[{"Name": "resource-id", "Values": ids}])[
+                "Tags"
+            ]
+        }
+    finally:
+        server.stop()
+    assert result.tag_failures == ["lab-02", "lab-02"]  # its ladder tag and its spent tag
+    assert result.exit_code == ExitCode.FAILED
+    assert sorted(result.tag_writes) == ["lab-01", "lab-03"]
+    assert set(written) == set(ids)  # both live instances got their tags
+    assert any(line.startswith("lab-02: Failed to write its tag fleetops.io/ladder") for line in lines)
+
+
 _SIGTERM_PASS = """
 import sys, time
 from pathlib import Path
