@@ -92,6 +92,9 @@ class ActionRun:
     error: str | None = None
     document: Mapping[str, Any] | None = None  # the rollout's report (fleetops.rollout.engine/v1)
     stop_requested: str | None = None  # the kill switch stopped the rollout: why (the pass ends too)
+    # the remediation found nothing to do on these hosts (``fix``'s own scan: a protected unit, a fault
+    # gone by then): the rung could not act; it counts as tried, so the ladder climbs after its clear time
+    cannot_act: frozenset[str] = frozenset()
 
 
 # (action, hosts, params) -> ActionRun; the API runs it through the rollout engine
@@ -120,7 +123,7 @@ class PassResult:
             return signalled
         if (
             any(d.status == "not_scanned" or d.blind for d in self.decisions)
-            or any(r.exit_code != ExitCode.OK for r in self.runs)
+            or any(r.exit_code != ExitCode.OK or r.cannot_act for r in self.runs)
             or self.tag_failures
         ):
             return ExitCode.FAILED
@@ -410,7 +413,13 @@ def run_pass(
                     run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
                     say(f"{action}: {exc}", "error")
                 result.runs.append(run)
-                attempted.update((h, action) for h in run.attempted)
+                attempted.update((h, action) for h in run.attempted | run.cannot_act)
+                if run.cannot_act:
+                    say(
+                        f"{action}: nothing to do on {' '.join(sorted(run.cannot_act))}: the rung could not act; "
+                        "it counts as tried, and the ladder climbs after its clear time",
+                        "warning",
+                    )
                 if run.exit_code in SIGNAL_CODES:  # Ctrl-C or SIGTERM stopped that rollout: stop the pass
                     say(
                         f"{action}: {run.exit_code.name.lower()}; the pass starts no further action",

@@ -673,6 +673,36 @@ def test_api_auto_ends_the_pass_when_the_kill_switch_stopped_an_actions_rollout(
     assert result.result.runs[0].stop_requested == "stopped by bob@ctl: freeze"
 
 
+def test_a_rung_that_finds_nothing_to_do_counts_as_tried_and_fails_the_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fix's own scan finds nothing it may do (the crash-looping unit is protected): before, the ladder
+    stayed at rung 1 and every pass exited 0 deciding fix again; now the rung counts as tried (the
+    ladder climbs after its clear time) and the pass exits 3 saying so."""
+    import fleetops.api as api_mod
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inv = _static_inventory(tmp_path, {"lab-01": "a"})
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: report(**{"lab-01": [CRASHLOOP]}))
+    lines: list[str] = []
+
+    class Observer(api_mod.NullObserver):
+        def message(self, text: str, style: str = "") -> None:
+            lines.append(text)
+
+    def remediate(request: api_mod.RemediationRequest, observer: Any = None, **k: Any) -> Any:
+        return api_mod.RolloutResult(None, api_mod.empty_document(request.action, request.apply), ExitCode.OK)
+
+    monkeypatch.setattr(api_mod, "remediate", remediate)
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=True), Observer())
+    assert result.exit_code == ExitCode.FAILED
+    assert result.result.runs[0].cannot_act == {"lab-01"}
+    assert any("fix: nothing to do on lab-01: the rung could not act" in line for line in lines)
+    ladder = LadderState.load(tmp_path / "state" / "auto" / auto.LADDER_FILE)
+    rec = ladder.get("lab-01", "crashloop")
+    assert rec is not None and rec.action == "fix"
+
+
 def test_a_remediation_request_naming_hosts_acts_on_those_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

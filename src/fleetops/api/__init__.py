@@ -52,6 +52,7 @@ from fleetops.api.requests import (
     StopRolloutRequest,
     StopRolloutResult,
     empty_document,
+    is_empty_document,
     needs_reboot,
     plan_document,
     report_document,
@@ -339,6 +340,10 @@ def _auto(
             exit_code=result.exit_code,
             document=result.document,
             stop_requested=str(stopped.get("reason")) if stopped.get("kind") == STOP_KILL_SWITCH else None,
+            # no rollout: the remediation's own step found nothing to do on any of them
+            cannot_act=frozenset(names)
+            if rollout is None and is_empty_document(result.document)
+            else frozenset(),
         )
 
     state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"

@@ -208,6 +208,11 @@ def empty_document(action: str, apply: bool) -> dict[str, Any]:
                                                         "pending": 0, "skipped": 0}}  # fmt: skip
 
 
+def is_empty_document(document: Mapping[str, Any]) -> bool:
+    """``document`` is ``empty_document``'s: the remediation found nothing to do."""
+    return document == empty_document(str(document.get("action")), bool(document.get("apply")))
+
+
 def rollout_exit_code(rollout: Rollout) -> ExitCode:
     """OK only when every host is done (verified): a failed, timed-out, preflight-skipped or
     unverified (still in doubt) host, or a stopped rollout, is FAILED; an interrupted one INTERRUPTED,
