@@ -22,8 +22,8 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from fractions import Fraction
 from typing import Protocol
@@ -311,3 +311,32 @@ def _water_fill(left: dict[str, int], global_cap: int, group_cap: int) -> list[d
             heapq.heappush(heap, item)
         batches.append(counts)
     return batches
+
+
+def one_per_batch(plan_: Plan, key_of: Callable[[str], str | None], what: str) -> Plan:
+    """``plan_`` with no two hosts of one key (an Auto Scaling group, say) in a batch: the second and
+    later are moved to batches of their own right after it, in order. Hosts without a key are left
+    as they are. A note says how many hosts were moved, and why (``what``)."""
+    out: list[list[str]] = []
+    moved: set[str] = set()
+    for batch in plan_.batches:
+        rest = list(batch)
+        while rest:
+            seen: set[str] = set()
+            now: list[str] = []
+            later: list[str] = []
+            for host in rest:
+                key = key_of(host)
+                if key is None or key not in seen:
+                    now.append(host)
+                    if key is not None:
+                        seen.add(key)
+                else:
+                    later.append(host)
+            out.append(now)
+            moved.update(later)
+            rest = later
+    if not moved:
+        return plan_
+    note = f"{len(moved)} host(s) moved to later batches: {what}"
+    return replace(plan_, batches=out, notes=[*plan_.notes, note])

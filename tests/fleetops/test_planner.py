@@ -359,3 +359,16 @@ def test_batches_are_as_full_as_the_caps_allow_until_the_end(
     lens = [len(b) for b in p.batches]
     assert lens == sorted(lens, reverse=True)
     assert lens[0] == min(global_cap, sum(min(n, per_group_max) for n in sizes))
+
+
+def test_one_per_batch_splits_only_hosts_sharing_a_key_keeping_order() -> None:
+    from fleetops.planner import one_per_batch
+
+    keys = {"a1": "A", "a2": "A", "a3": "A", "b1": "B", "b2": "B", "n1": None}
+    p = plan([Host(h, "g") for h in keys], max_parallel="100%", per_group_max=None, canary=1)
+    assert p.batches == [["a1"], ["a2", "a3", "b1", "b2", "n1"]]
+    split = one_per_batch(p, keys.get, "why")
+    assert split.batches == [["a1"], ["a2", "b1", "n1"], ["a3", "b2"]]
+    assert split.notes[-1] == "2 host(s) moved to later batches: why"
+    assert sorted(h for b in split.batches for h in b) == sorted(keys)  # nobody lost or doubled
+    assert one_per_batch(p, lambda h: None, "why") is p  # nothing to split: the same plan

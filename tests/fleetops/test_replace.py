@@ -157,3 +157,30 @@ def test_registry_and_cli_options() -> None:
     assert REPLACE.check_host_timeout(1201, xv) == 1201
     with pytest.raises(UsageError, match="--host-timeout 1200 must be more than --timeout 600 \\+ --timeout"):
         REPLACE.check_host_timeout(1200, xv)
+
+
+def test_hosts_of_one_auto_scaling_group_are_never_replaced_in_one_batch(tmp_path: Path) -> None:
+    """Two instances of one group replaced at once could not tell their new instances apart (each read
+    the first new one): the plan puts them in batches of their own, one after the other, while hosts of
+    other groups (and hosts in none) keep their batches; `fleetops plan` shows the same split."""
+    from fleetops import api
+
+    def host(group: str | None, az: str) -> str:
+        tags = f"ec2_tags: {{'aws:autoscaling:groupName': {group}}}, " if group else ""
+        return f"{{ansible_connection: local, {tags}fleetops_az: {az}}}"
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n"
+        f"    a1: {host('gpu-a', 'us-east-1a')}\n"
+        f"    a2: {host('gpu-a', 'us-east-1b')}\n"
+        f"    a3: {host('gpu-a', 'us-east-1c')}\n"
+        f"    b1: {host('gpu-b', 'us-east-1a')}\n"
+        f"    c1: {host(None, 'us-east-1b')}\n"
+    )
+    request = dict(inventory=[inv], max_parallel="100%", per_group_max=None, canary=0)
+    plan = api.plan(api.PlanRequest(action="replace", **request))  # type: ignore[arg-type]
+    assert plan.document["batches"] == [["a1", "b1", "c1"], ["a2"], ["a3"]]
+    assert plan.document["notes"][-1].startswith("2 host(s) moved to later batches: one replacement per Auto")
+    reboot = api.plan(api.PlanRequest(action="reboot", **request))  # type: ignore[arg-type]
+    assert [sorted(b) for b in reboot.document["batches"]] == [["a1", "a2", "a3", "b1", "c1"]]  # as planned

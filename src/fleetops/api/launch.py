@@ -13,9 +13,9 @@ from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, Invent
 from fleetops.api.requests import PlanResult, RemediationRequest, RolloutCaps, plan_document
 from fleetops.api.signals import ctrl_c
 from fleetops.errors import UsageError
-from fleetops.planner import MaxParallel
+from fleetops.planner import MaxParallel, one_per_batch
 from fleetops.planner import plan as plan_batches
-from fleetops.remediations import Remediation
+from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.rollout import guards
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
@@ -71,6 +71,11 @@ def plan_hosts(
         canary=caps.canary,
         exclude=list(exclude),
     )
+    remediation = REMEDIATIONS.get(action)
+    if remediation is not None and remediation.one_per_batch is not None:
+        key, why = remediation.one_per_batch
+        hostvars = {h.name: h.hostvars for h in hosts}
+        result = one_per_batch(result, lambda name: key(hostvars.get(name) or {}), why)
     group_by = caps.group_by or "|".join(DEFAULT_GROUP_VARS)
     return PlanResult(result, group_by, plan_document(action, result, group_by))
 

@@ -238,3 +238,15 @@ def reboot_phase(p: Mapping[str, Any], xv: dict[str, Any]) -> dict[str, Any]:
 def unquarantine_findings(p: Mapping[str, Any], xv: dict[str, Any]) -> dict[str, Any]:
     """What the scan before the run found per host (``unquarantine_prepare`` fills it in)."""
     return {**xv, "fleetops_unquarantine_findings": {}}
+
+
+# ---------------------------------------------------------------------------------- replace's batches
+
+ASG_TAG = "aws:autoscaling:groupName"  # the tag EC2 Auto Scaling puts on every instance of a group
+
+
+def auto_scaling_group(hostvars: Mapping[str, Any]) -> str | None:
+    """The Auto Scaling group of an EC2 inventory host (its ``ec2_tags``), or None."""
+    tags = hostvars.get("ec2_tags")
+    group = tags.get(ASG_TAG) if isinstance(tags, Mapping) else None
+    return str(group) if group else None

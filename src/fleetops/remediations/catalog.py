@@ -455,5 +455,10 @@ register(
         gate=b.replace_gate,
         host_timeout=REPLACE_HOST_TIMEOUT_S,
         replaces_host=True,
+        one_per_batch=(
+            b.auto_scaling_group,
+            "one replacement per Auto Scaling group at a time (two at once could not tell their new "
+            "instances apart)",
+        ),
     )
 )

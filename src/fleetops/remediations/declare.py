@@ -168,6 +168,9 @@ class Remediation:
     # The playbook replaces each host by a new one (replace): the gate judges the playbook's own scan of
     # the new host (gate.replacement_entry) instead of scanning the old one, which is gone.
     replaces_host: bool = False
+    # Optional: (hostvars -> a key, None: none) hosts sharing a key never share a batch (replace: the
+    # Auto Scaling group, whose new instances could not be told apart), and why, for the plan's note
+    one_per_batch: tuple[Callable[[Mapping[str, Any]], str | None], str] | None = None
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
