@@ -775,6 +775,18 @@ def test_the_ec2_tag_carries_a_hosts_ladders_to_another_controller() -> None:
         many.record("h", f"rule-number-{i:02d}", "gpu_health", 0, "quarantine", T0 + i)
     tag = many.tag_value("h")
     assert tag is not None and len(tag) <= P.TAG_MAX and tag.startswith("rule-number-11=")  # newest first
+    # a full tag never loses the ladder that quarantined the host, however old: its taint would stay forever
+    crowded = P.LadderState()
+    crowded.record("h", "gpu-fatal", "gpu_health", 0, "quarantine", T0 - HOUR)
+    for i in range(12):
+        crowded.record("h", f"rule-number-{i:02d}", "ena_resets", 0, "reboot", T0 + i)
+    tag = crowded.tag_value("h")
+    assert tag is not None and len(tag) <= P.TAG_MAX and tag.startswith("gpu-fatal=0:quarantine:")
+    assert ";rule-number-11=" in tag  # then the newest
+    back = P.LadderState()
+    back.merge_tag("h", tag, "tag")
+    rec = back.get("h", "gpu-fatal")
+    assert rec is not None and rec.quarantined
     for bad in ("gpu-fatal", "gpu-fatal=1:stop-start:1:2:2:1", "gpu-fatal=1:reimage:1:2:2:1:gpu_health",
                 "Gpu=1:reboot:1:2:2:1:gpu_health", "gpu-fatal=1:reboot:5:2:2:1:gpu_health"):  # fmt: skip
         with pytest.raises(DocumentError, match=r"^tag of i-0abc: entry 1 is not rule=rung:action:"):

@@ -31,12 +31,14 @@ def check_tag_length(value: str, source: str) -> None:
 
 
 def ladder_tag_value(rules: Mapping[str, RungRecord]) -> str | None:
-    """One host's ladders (rule -> record) as the value of ``TAG_KEY``: the most recently tried
-    first, what does not fit in TAG_MAX characters left out; None: no ladder (delete the tag).
+    """One host's ladders (rule -> record) as the value of ``TAG_KEY``: the ladders that quarantined
+    the host first (dropping one would forget the quarantine, and its taint would never be released),
+    then the most recently tried; what does not fit in TAG_MAX characters left out; None: no ladder
+    (delete the tag).
 
     ``rule=rung:action:first_tried:last_tried:tries:quarantined:check`` joined by ``;``."""
     parts: list[str] = []
-    for rule, rec in sorted(rules.items(), key=lambda kv: (-kv[1].last_tried, kv[0])):
+    for rule, rec in sorted(rules.items(), key=lambda kv: (not kv[1].quarantined, -kv[1].last_tried, kv[0])):
         part = (
             f"{rule}={rec.rung}:{rec.action}:{int(rec.first_tried)}:{int(rec.last_tried)}:{rec.tries}:"
             f"{int(rec.quarantined)}:{rec.check}"
