@@ -44,7 +44,9 @@ GAUGES = (
     Gauge("scan_host_duration_seconds", "Time the node_health module took on the host", ("host",), "host"),
     Gauge("memcg_total", "Memory cgroups the kernel holds (live + dying; host-wide)", ("host",), "host"),
     Gauge("memcg_live", "Live memory cgroups (directories) in the scanned scope", ("host",), "host"),
-    Gauge("memcg_zombies", "Dying (zombie) memory cgroups; absent where it cannot be known", ("host",), "host"),
+    Gauge(
+        "memcg_zombies", "Dying (zombie) memory cgroups; absent where it cannot be known", ("host",), "host"
+    ),
     Gauge(
         "memcg_id_headroom",
         "Memory cgroup IDs left before the 65,535 limit (mkdir fails: ENOSPC)",
@@ -239,7 +241,9 @@ def _subjects(findings, add):
         if finding["check"] == "gpu_health":
             for code in (data.get("xid") or {}).values():
                 for pci in code.get("pcis") or ():
-                    by_gpu[code.get("severity") or finding["severity"], str(pci)] += int(code.get("count") or 1)
+                    by_gpu[code.get("severity") or finding["severity"], str(pci)] += int(
+                        code.get("count") or 1
+                    )
             for gpu in data.get("gpus") or ():
                 pci = gpu.get("pci_bus_id") or gpu.get("index")
                 if pci is not None:
@@ -287,7 +291,7 @@ def render(series, extra_labels=()):
         gauge = BY_NAME[name]
         if len(labels) != len(gauge.labels):
             raise ValueError("gauge %s takes labels %s, got %d values" % (name, gauge.labels, len(labels)))
-        by_family[name].append((list(zip(gauge.labels, labels)), value))
+        by_family[name].append(([(gauge.labels[i], labels[i]) for i in range(len(labels))], value))
     lines = []
     for gauge in GAUGES:
         samples = by_family[gauge.name]
@@ -298,10 +302,7 @@ def render(series, extra_labels=()):
         lines.append("# TYPE %s gauge" % full)
         added = [(k, v) for k, v in extra if k not in gauge.labels]
         for pairs, value in samples:
-            if pairs and pairs[0][0] == "host":
-                pairs = pairs[:1] + added + pairs[1:]
-            else:
-                pairs = added + pairs
+            pairs = pairs[:1] + added + pairs[1:] if pairs and pairs[0][0] == "host" else added + pairs
             text = ",".join('%s="%s"' % (k, escape_label_value(v)) for k, v in pairs)
             lines.append("%s%s %s" % (full, "{%s}" % text if text else "", format_value(value)))
     return "\n".join(lines) + "\n" if lines else ""
