@@ -239,6 +239,12 @@ def _ucx_growth(facts, findings, params):
 def validate(params):
     """The first problem with the options, or None."""
     params = dict(DEFAULTS, **params)
+    unknown = [name for name in params["checks"] or () if name not in DETECTORS]
+    if unknown:
+        return "checks: unknown detector(s) %s (known: %s)" % (
+            ", ".join(map(str, unknown)),
+            ", ".join(DETECTORS),
+        )
     for key in (
         "sample_seconds",
         "zombie_warning",

@@ -51,6 +51,10 @@ class ConfigError(Exception):
     """The configuration file is missing, unreadable or wrong (exit 2, one line)."""
 
 
+class TextfileError(Exception):
+    """The textfile's place is refused: a symbolic link for a folder, something not a file (exit 1)."""
+
+
 def load_config(path):
     """The checked configuration at ``path``: host, instance_id, az, textfile, params."""
     try:
@@ -151,7 +155,7 @@ def write_textfile(path, text):
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as err:
         if err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(folder):
-            raise OSError(err.errno, "%s is a symbolic link: refused" % folder)
+            raise TextfileError("%s is a symbolic link: refused" % folder)
         raise
     tmp = ".%s.%d.tmp" % (name, os.getpid())
     try:
@@ -160,7 +164,7 @@ def write_textfile(path, text):
         except FileNotFoundError:
             current = None
         if current is not None and not (stat.S_ISREG(current.st_mode) or stat.S_ISLNK(current.st_mode)):
-            raise OSError(errno.EEXIST, "%s exists and is not a regular file: refused" % path)
+            raise TextfileError("%s exists and is not a regular file: refused" % path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, TEXTFILE_MODE, dir_fd=dir_fd)
         try:
             os.fchmod(fd, TEXTFILE_MODE)  # whatever the umask
@@ -204,7 +208,7 @@ def main(argv=None):
     except ConfigError as err:
         sys.stderr.write("%s: %s\n" % (PROG, err))
         return 2
-    except OSError as err:
+    except (OSError, TextfileError) as err:
         sys.stderr.write("%s: Failed to write the textfile: %s\n" % (PROG, err))
         return 1
     for error in result["errors"]:
