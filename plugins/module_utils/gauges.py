@@ -178,10 +178,10 @@ def host_series(host, entry):
         return out
     findings = entry.get("findings") or []
     counts = collections.Counter((f["check"], f["severity"]) for f in findings)
-    sevs = severities(sev for _, sev in counts)
+    sevs = severities(sev for _check, sev in counts)
     for sev in sevs:
-        add("findings", (sev,), sum(n for (_, s), n in counts.items() if s == sev))
-    for check in dict.fromkeys(list(entry.get("checks") or ()) + [c for c, _ in counts]):
+        add("findings", (sev,), sum(n for (_check, s), n in counts.items() if s == sev))
+    for check in dict.fromkeys(list(entry.get("checks") or ()) + [c for c, _sev in counts]):
         for sev in sevs:
             add("check_findings", (check, sev), counts[check, sev])
     by_check = collections.Counter()

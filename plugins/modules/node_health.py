@@ -447,17 +447,15 @@ duration_ms:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.fleetops.node.plugins.module_utils.health import (  # noqa: F401 (DETECTORS, DEFAULTS: for tests)
-    ARGUMENT_SPEC,
-    DEFAULTS,
-    DETECTORS,
-    run_checks,
-    validate,
-)
+from ansible_collections.fleetops.node.plugins.module_utils import health
 
 # The detectors, their options and run_checks live in module_utils/health.py: the host timer's runner
-# (playbooks/detector_timer.yml) runs the same code without Ansible.
-_validate = validate
+# (playbooks/detector_timer.yml) runs the same code without Ansible. Their names here, for callers and tests.
+ARGUMENT_SPEC = health.ARGUMENT_SPEC
+DEFAULTS = health.DEFAULTS
+DETECTORS = health.DETECTORS
+run_checks = health.run_checks
+_validate = health.validate
 
 
 def main():
@@ -465,7 +463,7 @@ def main():
         argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
-    problem = validate(module.params)
+    problem = _validate(module.params)
     if problem:
         module.fail_json(msg="Failed to validate node_health options: %s" % problem)
     params = dict(module.params, _run=module.run_command, _docker=module.get_bin_path("docker"))
