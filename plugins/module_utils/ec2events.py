@@ -21,7 +21,6 @@ __metaclass__ = type
 
 import json
 
-from ansible.module_utils.urls import open_url
 from ansible_collections.fleetops.node.plugins.module_utils.findings import make_finding
 
 CHECK = "ec2_scheduled_event"
@@ -73,8 +72,20 @@ def parse_imds_events(text):
     return [e for e in (_norm(item, "imds") for item in data if isinstance(item, dict)) if e]
 
 
-def fetch_imds(base_url=IMDS_URL, timeout=0.5):
-    """IMDSv2: a session token, then the events document. Returns (events, error)."""
+def _ansible_open_url(url, **kwargs):
+    # Imported here, not at the top: the host timer's runner (module_utils.textfile, stdlib only, no ansible
+    # on the host) passes its own opener, and must be able to import this file.
+    from ansible.module_utils.urls import open_url
+
+    return open_url(url, **kwargs)
+
+
+def fetch_imds(base_url=IMDS_URL, timeout=0.5, opener=None):
+    """IMDSv2: a session token, then the events document. Returns (events, error).
+
+    ``opener(url, method=..., timeout=..., headers=...)`` returns a response with ``read()``; default
+    ansible's ``open_url``."""
+    open_url = opener or _ansible_open_url
     try:
         token = (
             open_url(
@@ -98,7 +109,7 @@ def fetch_imds(base_url=IMDS_URL, timeout=0.5):
         return [], "IMDS not reachable: %s" % exc
 
 
-def collect(inventory_events=None, imds=IMDS_MODES[0], imds_url=IMDS_URL, timeout=0.5):
+def collect(inventory_events=None, imds=IMDS_MODES[0], imds_url=IMDS_URL, timeout=0.5, opener=None):
     """Facts: the merged events, and where they came from."""
     events = [
         e
@@ -110,7 +121,7 @@ def collect(inventory_events=None, imds=IMDS_MODES[0], imds_url=IMDS_URL, timeou
     if imds == "auto":
         facts["on_ec2"] = bool(ask)
     if ask:
-        found, error = fetch_imds(imds_url, timeout)
+        found, error = fetch_imds(imds_url, timeout, opener)
         facts["imds"] = error is None
         facts["imds_error"] = error
         for event in found:

@@ -32,6 +32,7 @@ SECONDS = {
     "test_ee.py": 209,
     "test_stop_start_lab.py": 172,
     "test_ucx_lab.py": 170,
+    "test_detector_timer_lab.py": 145,  # measured 2026-12-03, alone on a named lab
     "test_crashloop_lab.py": 130,
     "test_replace_lab.py": 122,
     "test_rollout_guards_lab.py": 115,

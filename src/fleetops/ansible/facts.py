@@ -1,7 +1,8 @@
 """Facts that live once, in the collection's plugins/module_utils, as the controller reads them.
 
 The severity order (``findings.SEVERITIES``), the zombie thresholds' defaults
-(``memcg.DEFAULT_THRESHOLDS``) and the UCX environment fixes (``ucx.FIXES``). Only this layer loads
+(``memcg.DEFAULT_THRESHOLDS``), the UCX environment fixes (``ucx.FIXES``) and the Prometheus gauges
+(``gauges.GAUGES``, shared with the host timer's writer). Only this layer loads
 the collection's code; scan, planner, fix and the CLI import these names from here. The constants are
 read from the collection's source (``collection.constant``), without importing ansible: the CLI's
 ``--help`` shows them.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import cache
+from types import ModuleType
 from typing import Any
 
 from fleetops.ansible.collection import constant, module_utils, option_spec
@@ -85,6 +87,12 @@ def module_choices(module: str, option: str) -> Callable[[], tuple[str, ...]]:
 
     read.__name__ = f"{module}.{option}.choices"
     return read
+
+
+def gauges() -> ModuleType:
+    """The collection's gauge definitions (gauges.GAUGES: name, help, labels, scope) and ``host_series``,
+    the values of one host's scan entry: the same the host timer writes on each host."""
+    return module_utils("gauges")
 
 
 def protected_unit(name: str, extra: Sequence[str] = ()) -> str | None:
