@@ -7,6 +7,7 @@ the module against moto is tests/unit/plugins/modules/test_ec2_stop_start.py.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,4 +183,47 @@ def test_a_dry_run_refuses_a_host_without_an_instance_id(tmp_path: Path) -> None
     assert outcome.msg == (
         "here has no ec2_instance_id hostvar: stop-start needs an EC2 instance (a host of the "
         "fleetops.node.ec2 inventory); the host was not touched"
+    )
+
+
+def test_an_auto_scaling_groups_instance_is_refused_and_left_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped member of an Auto Scaling group is replaced by the group, outside every budget and
+    floor: stop-start leaves it out, skipped with one line saying why (exit 3); the other host runs."""
+    from fleetops import api
+    from fleetops.api import launch
+    from fleetops.exitcodes import ExitCode
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "home"))
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n"
+        "    m1: {ansible_connection: local, ec2_tags: {'aws:autoscaling:groupName': gpu-pool}}\n"
+        "    s1: {ansible_connection: local}\n"
+    )
+    ran: list[list[str]] = []
+
+    def runner(hosts: Sequence[str], extravars: dict[str, Any], **k: Any) -> Any:
+        from fleetops.ansible.runner import PlaybookRun
+
+        ran.append(list(hosts))
+        return PlaybookRun(status="successful", rc=0)
+
+    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda playbook, inventory: runner)
+    lines: list[str] = []
+
+    class Observer(api.NullObserver):
+        def message(self, text: str, style: str = "") -> None:
+            lines.append(text)
+
+    result = api.remediate(api.RemediationRequest(action="stop-start", inventory=[inv]), Observer())
+    assert ran == [["s1"]]  # the dry run of the other host; m1 never reaches the playbook
+    assert result.rollout is not None and result.rollout.hosts["m1"] == "skipped"
+    assert result.rollout.results["m1"].msg.startswith(
+        "refused: it is an instance of the Auto Scaling group gpu-pool"
+    )
+    assert result.exit_code == ExitCode.FAILED
+    assert any(
+        line.startswith("m1: refused: it is an instance of the Auto Scaling group gpu-pool") for line in lines
     )

@@ -19,7 +19,7 @@ from fleetops.remediations import REMEDIATIONS, Remediation
 from fleetops.rollout import guards
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
-from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, Engine, RolloutObserver
+from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, REFUSED, Engine, RolloutObserver
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.locks import locked
 from fleetops.rollout.outcome import HostOutcome
@@ -130,8 +130,18 @@ def start_listed(
             guards.check_k8s_node_name(str(node), target.name)
     reasons: dict[str, str | None] = {}
     exclude = list(request.exclude)
+    refused = {
+        h.name: REFUSED + why for h in hosts if remediation.refuse and (why := remediation.refuse(h.hostvars))
+    }
+    for host, why in refused.items():
+        observer.message(f"{host}: {why}", "warning")
+    exclude += list(refused)
     if request.apply:
-        reasons = preflight(hosts, timeout=request.preflight_timeout, inventory=inventories)
+        reasons = preflight(
+            [h for h in hosts if h.name not in refused],
+            timeout=request.preflight_timeout,
+            inventory=inventories,
+        )
         down = {h: why for h, why in reasons.items() if why}
         for host, why in down.items():
             observer.message(f"preflight: {host}: {why}", "warning")
@@ -170,6 +180,9 @@ def start_listed(
         if reason:
             rollout.hosts[host] = HOST_SKIPPED
             rollout.results[host] = HostOutcome(status="skipped", msg=f"preflight: {reason}")
+    for host, why in refused.items():
+        rollout.hosts[host] = HOST_SKIPPED
+        rollout.results[host] = HostOutcome(status="skipped", msg=why)
     return rollout, listing
 
 

@@ -250,3 +250,15 @@ def auto_scaling_group(hostvars: Mapping[str, Any]) -> str | None:
     tags = hostvars.get("ec2_tags")
     group = tags.get(ASG_TAG) if isinstance(tags, Mapping) else None
     return str(group) if group else None
+
+
+def refuse_group_member(hostvars: Mapping[str, Any]) -> str | None:
+    """stop-start refuses an Auto Scaling group's instance: the group counts a stopped member as
+    unhealthy and replaces it, a replacement outside every budget and capacity floor."""
+    group = auto_scaling_group(hostvars)
+    if group is None:
+        return None
+    return (
+        f"it is an instance of the Auto Scaling group {group}, which would replace it once stopped "
+        "(a replacement outside every budget and floor): use remediate replace, or put it in Standby first"
+    )

@@ -396,6 +396,7 @@ register(
             ),
         ),
         gate=b.stop_start_gate,
+        refuse=b.refuse_group_member,
         probe_vars={"fleetops_probe_only": True},
         cooldown=10.0,
         host_timeout=STOP_START_HOST_TIMEOUT_S,

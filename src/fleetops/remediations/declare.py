@@ -171,6 +171,9 @@ class Remediation:
     # Optional: (hostvars -> a key, None: none) hosts sharing a key never share a batch (replace: the
     # Auto Scaling group, whose new instances could not be told apart), and why, for the plan's note
     one_per_batch: tuple[Callable[[Mapping[str, Any]], str | None], str] | None = None
+    # Optional: (hostvars -> why this remediation must not touch the host, or None); a refused host is
+    # left out untouched, skipped with "refused: <why>" (the rollout then exits 3; it is not unhealthy)
+    refuse: Callable[[Mapping[str, Any]], str | None] | None = None
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

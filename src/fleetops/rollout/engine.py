@@ -42,6 +42,8 @@ from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_PENDING, HOST_RU
 GUARDS_KEY = "guards"  # rollout.plan[GUARDS_KEY]: {"max_unhealthy", "not_after", "group_of"}
 # rollout.stopped["kind"] of a rollout the kill switch stopped (`fleetops stop`): a person asked for it
 STOP_KILL_SWITCH = "kill_switch"
+# the message of a host the remediation refused (Remediation.refuse): left out untouched, so not unhealthy
+REFUSED = "refused: "
 HOST_TIMEOUT_VAR = "fleetops_host_timeout"  # the playbooks' per-task time limit (seconds)
 
 # What every batch run passes to the remediation playbooks (their `serial` / `max_fail_percentage` knobs):
@@ -131,6 +133,10 @@ class NullObserver:
 
 class _Aborted(Exception):
     """abort() was called while a batch ran."""
+
+
+def _refused(outcome: HostOutcome | None) -> bool:
+    return outcome is not None and outcome.status == "skipped" and (outcome.msg or "").startswith(REFUSED)
 
 
 class _Violation(Exception):
@@ -418,7 +424,11 @@ class Engine:
         group_of: dict[str, str | None] = dict(guard_settings(r).get("group_of") or {})
         for host in r.hosts:
             group_of.setdefault(host, None)
-        unhealthy = [h for h, s in r.hosts.items() if s in (HOST_FAILED, HOST_SKIPPED)]
+        unhealthy = [
+            h
+            for h, s in r.hosts.items()
+            if s in (HOST_FAILED, HOST_SKIPPED) and not _refused(r.results.get(h))
+        ]
         parsed = guards.MaxUnhealthy.parse(str(limit))
         by_group: dict[str | None, list[str]] = {}
         for host in batch:
