@@ -703,6 +703,41 @@ def test_a_rung_that_finds_nothing_to_do_counts_as_tried_and_fails_the_pass(
     assert rec is not None and rec.action == "fix"
 
 
+def test_a_host_its_remediation_refused_counts_as_tried_so_the_ladder_climbs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop-start refuses an Auto Scaling group's instance (skipped, "refused: ..."): the pass exits 3
+    and the rung counts as tried, so the next pass after its clear time climbs to replace rather than
+    asking for the refused stop-start forever."""
+    import fleetops.api as api_mod
+    from fleetops.rollout.engine import REFUSED
+    from fleetops.rollout.outcome import HostOutcome
+    from fleetops.rollout.state import new_rollout
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inv = _static_inventory(tmp_path, {"lab-03": "c"})
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: report(**{"lab-03": [ecc()]}))
+
+    def remediate(request: api_mod.RemediationRequest, observer: Any = None, **k: Any) -> Any:
+        rollout = new_rollout(action=request.action, apply=True, inventory=[inv], extravars={},
+                              plan={"batches": []}, max_failures=0, cooldown=0.0, gate=True,
+                              state_path=tmp_path / f"{request.action}.json")  # fmt: skip
+        rollout.hosts = {"lab-03": "skipped"}
+        rollout.results["lab-03"] = HostOutcome(status="skipped", msg=REFUSED + "an Auto Scaling group's")
+        return api_mod.RolloutResult(rollout, {"recorded": True}, ExitCode.FAILED)
+
+    monkeypatch.setattr(api_mod, "remediate", remediate)
+    policy = tmp_path / "p.yml"
+    policy.write_text(
+        _gpu_policy("{action: stop-start, clear_after: 30m}", "{action: replace, clear_after: 2h}")
+    )
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=True, policy=policy))
+    assert result.exit_code == ExitCode.FAILED
+    assert result.result.runs[0].cannot_act == {"lab-03"}
+    rec = LadderState.load(tmp_path / "state" / "auto" / auto.LADDER_FILE).get("lab-03", "gpu-fatal")
+    assert rec is not None and rec.action == "stop-start"
+
+
 def test_a_remediation_request_naming_hosts_acts_on_those_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,7 +69,7 @@ from fleetops.remediations import REMEDIATIONS
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
 from fleetops.rollout.budget import FailureBudget
-from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver
+from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, state_home
 from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
@@ -340,10 +340,12 @@ def _auto(
             exit_code=result.exit_code,
             document=result.document,
             stop_requested=str(stopped.get("reason")) if stopped.get("kind") == STOP_KILL_SWITCH else None,
-            # no rollout: the remediation's own step found nothing to do on any of them
+            # no rollout: the remediation's own step found nothing to do on any of them; or it refused some
             cannot_act=frozenset(names)
             if rollout is None and is_empty_document(result.document)
-            else frozenset(),
+            else frozenset(
+                h for h, out in (rollout.results if rollout is not None else {}).items() if refused(out)
+            ),
         )
 
     state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"

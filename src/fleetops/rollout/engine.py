@@ -135,7 +135,8 @@ class _Aborted(Exception):
     """abort() was called while a batch ran."""
 
 
-def _refused(outcome: HostOutcome | None) -> bool:
+def refused(outcome: HostOutcome | None) -> bool:
+    """The host was refused by its remediation (``REFUSED``): left out untouched."""
     return outcome is not None and outcome.status == "skipped" and (outcome.msg or "").startswith(REFUSED)
 
 
@@ -427,7 +428,7 @@ class Engine:
         unhealthy = [
             h
             for h, s in r.hosts.items()
-            if s in (HOST_FAILED, HOST_SKIPPED) and not _refused(r.results.get(h))
+            if s in (HOST_FAILED, HOST_SKIPPED) and not refused(r.results.get(h))
         ]
         parsed = guards.MaxUnhealthy.parse(str(limit))
         by_group: dict[str | None, list[str]] = {}
