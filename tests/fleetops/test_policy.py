@@ -812,6 +812,19 @@ def test_record_once_skips_an_action_it_has_within_a_second_however_the_entries_
     assert [(e.action, e.host, e.at) for e in ledger.entries] == [("fix", "a-1", T0 + 2)]
 
 
+def test_rewriting_the_spent_tag_keeps_what_another_controller_budgets_and_this_one_does_not() -> None:
+    """Controller B's policy budgets replace, this one's only reboot: the replace B spent, read from the
+    host's tag, stays in the tag this controller writes back (for up to the longest window, after the
+    entries this one counts); this controller's own unbudgeted actions (fix) are not added."""
+    ledger = P.BudgetLedger()
+    ledger.merge_tag("h", "az-a", f"replace:{int(T0 - HOUR)}", "tag of i-0abc", T0)
+    ledger.record("reboot", "h", "az-a", T0 - 60, "me")
+    ledger.record("fix", "h", "az-a", T0 - 30, "me")
+    windows = {"reboot": float(HOUR)}
+    assert ledger.tag_value("h", windows, T0) == f"reboot:{int(T0 - 60)};replace:{int(T0 - HOUR)}"
+    assert ledger.tag_value("h", windows, T0 + P.MAX_WINDOW_S) is None  # past the longest window: gone
+
+
 def test_the_spent_tag_carries_the_budgeted_actions_of_their_windows_to_another_controller() -> None:
     mine = P.BudgetLedger()
     mine.record("stop-start", "a-1", "az-a", T0 - 2 * HOUR)  # outside its 1h window: not carried

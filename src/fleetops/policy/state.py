@@ -35,6 +35,7 @@ from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
 from fleetops.policy.tags import (
     CLOCK_SKEW_S,
+    FROM_TAG,
     ladder_tag_value,
     parse_ladder_tag,
     parse_spent_tag,
@@ -290,7 +291,7 @@ class BudgetLedger:
         for action, at in parse_spent_tag(value, source):
             if at > now + CLOCK_SKEW_S or now - at > MAX_WINDOW_S:
                 continue
-            added += self.record_once(action, host, group, min(at, now), controller="tag")
+            added += self.record_once(action, host, group, min(at, now), controller=FROM_TAG)
         return added
 
     def prune(self, now: float, keep: float = MAX_WINDOW_S) -> None:

@@ -13,10 +13,11 @@ import re
 from collections.abc import Iterable, Mapping
 
 from fleetops.documents import DocumentError
-from fleetops.policy.language import ACTIONS, CHECKS, HUMAN, RULE_NAME
+from fleetops.policy.language import ACTIONS, CHECKS, HUMAN, MAX_WINDOW_S, RULE_NAME
 from fleetops.policy.records import LedgerEntry, RungRecord
 from fleetops.schemas import MAX_EPOCH
 
+FROM_TAG = "tag"  # LedgerEntry.controller of an entry read from a host's spent tag (another controller's)
 TAG_KEY = "fleetops.io/ladder"  # the EC2 tag that carries a host's ladders (LadderState.tag_value)
 TAG_MAX = 256  # EC2's limit on a tag value
 SPENT_TAG_KEY = "fleetops.io/spent"  # the budgeted actions taken on a host (BudgetLedger.tag_value)
@@ -81,16 +82,27 @@ def spent_tag_value(
 ) -> str | None:
     """The actions taken on ``host`` that a budget still counts (``windows``: action -> its budget's
     window, seconds) as the value of ``SPENT_TAG_KEY``: ``action:epoch`` joined by ``;``, the most
-    recent first, one per action and second, at most TAG_MAX characters (the oldest left out).
+    recent first, one per action and second, at most TAG_MAX characters (the oldest left out); then
+    the entries another controller's tag brought (``FROM_TAG``) for actions this policy does not budget,
+    kept up to MAX_WINDOW_S: that controller budgets them, and rewriting the tag must not erase them.
     None: nothing to carry (delete the tag)."""
     seen: set[tuple[str, int]] = set()
-    parts: list[str] = []
+    counted: list[LedgerEntry] = []
+    carried: list[LedgerEntry] = []
     for e in sorted(entries, key=lambda e: (-e.at, e.action)):
-        window = windows.get(e.action)
         key = (e.action, int(e.at))
-        if e.host != host or window is None or not now - window < e.at <= now or key in seen:
+        if e.host != host or key in seen:
+            continue
+        window = windows.get(e.action)
+        if window is not None and now - window < e.at <= now:
+            counted.append(e)
+        elif window is None and e.controller == FROM_TAG and now - MAX_WINDOW_S < e.at <= now:
+            carried.append(e)
+        else:
             continue
         seen.add(key)
+    parts: list[str] = []
+    for e in [*counted, *carried]:
         part = f"{e.action}:{int(e.at)}"
         if len(";".join([*parts, part])) > TAG_MAX:
             break
