@@ -357,6 +357,12 @@ class PassInputs:
     tags: Mapping[str, TagTarget] = field(default_factory=dict)  # EC2 hosts: their instance and tag
     connection: Ec2Connection | None = None  # where to write the tags (None: no EC2)
     extra_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # every host of the inventory -> its group, a limit or --exclude notwithstanding: groups are sized
+    # (percent budgets) over the whole fleet (None: the selection is the fleet)
+    fleet: Mapping[str, str | None] | None = None
+    # the EC2 hosts outside the selection: their ladder and spent tags count against the budgets too
+    # (read, never written)
+    fleet_tags: Mapping[str, TagTarget] = field(default_factory=dict)
 
 
 def run_pass(
@@ -376,21 +382,27 @@ def run_pass(
         result.warnings.append(line)
         say(line, "warning")
 
-    def group_of(host: str) -> str | None:
-        return inputs.group_of.get(host)
+    fleet = inputs.fleet if inputs.fleet is not None else inputs.group_of
 
-    sizes = Counter(group_of(h) or NO_GROUP for h in inputs.group_of)  # the whole selection's groups
+    def group_of(host: str) -> str | None:
+        return inputs.group_of.get(host) if host in inputs.group_of else fleet.get(host)
+
+    sizes = Counter(group_of(h) or NO_GROUP for h in {*fleet, *inputs.group_of})  # the whole fleet's groups
     with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
         ladder, ledger = _load_state(ladder_path, ledger_path)
         now = clock()
+        read = {
+            **inputs.fleet_tags,
+            **inputs.tags,
+        }  # every EC2 host's tags count; the selection's are written
         merge_tags(
             ladder,
             ledger,
-            {h: t.value for h, t in inputs.tags.items() if t.value},
+            {h: t.value for h, t in read.items() if t.value},
             group_of,
             now,
             warn,
-            spent={h: t.spent for h, t in inputs.tags.items() if t.spent},
+            spent={h: t.spent for h, t in read.items() if t.spent},
         )
         result.decisions = decide(inputs.policy, inputs.scan_report, ladder, ledger, now, group_of, sizes)
         for d in result.decisions:

@@ -738,6 +738,51 @@ def test_a_host_its_remediation_refused_counts_as_tried_so_the_ladder_climbs(
     assert rec is not None and rec.action == "stop-start"
 
 
+def test_a_pass_limited_to_some_hosts_sizes_groups_and_reads_tags_over_the_whole_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass with -l over 2 hosts of a 4-host group: reboot's 50% budget is 2 of the group's 4 (not 1 of
+    the 2 selected); a stop-start spent on a host outside the limit (its spent tag) counts against the
+    1-an-hour budget; the tags of hosts outside the limit are read, never written."""
+    import fleetops.api as api_mod
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inv = tmp_path / "inv.yml"
+    rows = {"n1": "", "n2": "", "n3": "", "n4": f"'fleetops.io/spent': 'stop-start:{int(time.time()) - 60}'"}
+    inv.write_text("all:\n  hosts:\n" + "".join(
+        f"    {h}: {{ansible_connection: local, fleetops_az: a, ec2_instance_id: i-0{i}, ec2_region: us-east-1, "
+        f"ec2_tags: {{{tags}}}}}\n" for i, (h, tags) in enumerate(rows.items())
+    ))  # fmt: skip
+    ena = {"check": "ena_resets", "severity": "warning", "summary": "resets", "data": {}}
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: report(**{"n1": [ena], "n2": [ena]}))
+    monkeypatch.setattr(api_mod, "connection_for", lambda inventories: object())
+    seen: list[tuple[str, list[str]]] = []
+
+    def remediate(request: api_mod.RemediationRequest, observer: Any = None, **k: Any) -> Any:
+        seen.append((request.action, list(request.hosts or [])))
+        return api_mod.RolloutResult(None, {"recorded": True}, ExitCode.OK)
+
+    monkeypatch.setattr(api_mod, "remediate", remediate)
+    policy = tmp_path / "p.yml"
+    policy.write_text(
+        "schema: fleetops.policy/v1\nbudgets:\n  reboot: {per_group_pct: 50}\n  stop-start: {max: 1}\n"
+        "rules:\n  - name: nic\n    match: [{check: ena_resets}]\n    ladder:\n"
+        "      - {action: reboot, clear_after: 1h}\n"
+    )
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], limit="n1:n2", apply=False, policy=policy))
+    assert seen == [("reboot", ["n1", "n2"])]  # 50% of the group's 4 hosts: both
+    assert {d.host: d.status for d in result.result.decisions} == {"n1": "act", "n2": "act"}
+    seen.clear()
+    policy.write_text(
+        policy.read_text().replace(
+            "{action: reboot, clear_after: 1h}", "{action: stop-start, clear_after: 1h}"
+        )
+    )
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], limit="n1:n2", apply=False, policy=policy))
+    assert seen == []  # n4's stop-start a minute ago spent the hour's one, though n4 is outside the limit
+    assert all(d.status == "budget" for d in result.result.decisions)
+
+
 def test_a_remediation_request_naming_hosts_acts_on_those_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,6 +77,7 @@ class InventoryTargets:
     hosts: list[InventoryHost]
     groups: frozenset[str]
     present: frozenset[str]
+    every: list[InventoryHost]  # every host of the inventory, limit or not
 
 
 def load_targets(
@@ -90,7 +91,7 @@ def load_targets(
     full = _checked_list(inventories, None)
     every = hosts_from_list(full, group_by)
     hosts = hosts_from_list(_list_inventory(inventories, limit), group_by) if limit else every
-    return InventoryTargets(hosts, groups_from_list(full), frozenset(h.name for h in every))
+    return InventoryTargets(hosts, groups_from_list(full), frozenset(h.name for h in every), every)
 
 
 def load_groups(inventories: Sequence[Path]) -> frozenset[str]:

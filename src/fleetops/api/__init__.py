@@ -32,6 +32,7 @@ from fleetops.ansible import facts
 from fleetops.ansible.inventory import load_hosts
 from fleetops.api.launch import execute as _execute
 from fleetops.api.launch import leave_out_gone, plan_hosts, start_listed
+from fleetops.api.launch import selected as _selected
 from fleetops.api.launch import start as _start  # noqa: F401  (tests plan a rollout without running it)
 from fleetops.api.launch import targets as _targets
 from fleetops.api.requests import (
@@ -296,7 +297,8 @@ def _auto(
     signals: PassSignals,
 ) -> AutoResult:
     inventories = paths.resolve_inventories(request.inventory)
-    hosts = _targets(inventories, request.limit, request.group_by)
+    listing = _selected(inventories, request.limit, request.group_by)
+    hosts = listing.hosts
     report_ = run_scan(
         ScanOptions(inventory=inventories, limit=request.limit, sample_seconds=request.sample_seconds)
     )
@@ -310,6 +312,9 @@ def _auto(
         obs.message(f"left out (--exclude): {' '.join(sorted(left_out))}", "dim")
     connection = connection_for(inventories) if request.ec2_tags else None
     tags = _tag_targets(hosts) if connection is not None else {}
+    selection = {h.name for h in hosts}
+    others = [h for h in listing.every if h.name not in selection]  # outside the limit or --exclude
+    fleet_tags = _tag_targets(others) if connection is not None else {}
 
     def run_action(action: str, names: Sequence[str], params: Mapping[str, Any]) -> auto_mod.ActionRun:
         # the pass's caps and limits, unchanged, for each action's rollout over exactly its hosts
@@ -355,6 +360,8 @@ def _auto(
             policy_source=str(policy_path),
             scan_report=report_,
             group_of={h.name: h.group for h in hosts},
+            fleet={h.name: h.group for h in listing.every},
+            fleet_tags=fleet_tags,
             state_dir=state_dir,
             apply=request.apply,
             tags=tags,
