@@ -299,7 +299,7 @@ def test_a_host_that_needs_a_human_fails_the_job_and_names_it(tmp_path: Path) ->
         (2, "bad input (the policy or an option)"),
         (
             3,
-            "a host could not be scanned or a detector a ladder in progress relies on failed on it, or an action's rollout did not finish every host (or `fleetops stop` stopped it, which ends the pass)",
+            "a host could not be scanned, a detector its ladder relies on failed, a rung could not act, or an action's rollout did not finish (or was stopped)",
         ),
         (4, "another pass or rollout holds the state"),
         (143, "the pass was stopped (SIGTERM)"),
