@@ -95,6 +95,9 @@ class ActionRun:
     # the remediation found nothing to do on these hosts (``fix``'s own scan: a protected unit, a fault
     # gone by then): the rung could not act; it counts as tried, so the ladder climbs after its clear time
     cannot_act: frozenset[str] = frozenset()
+    # a host its action replaced (replace) -> its new instance (id, region): the spent tag goes there too,
+    # as the old instance is gone and an inventory of running instances never lists it again
+    replacements: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 # (action, hosts, params) -> ActionRun; the API runs it through the rollout engine
@@ -115,6 +118,7 @@ class PassResult:
     # hosts whose ladder or spent tag could not be written: another controller would not see what this
     # pass did there (the pass fails; the state directory has it)
     tag_failures: list[str] = field(default_factory=list)
+    carried: dict[str, str] = field(default_factory=dict)  # new instance id -> the spent tag written on it
 
     @property
     def exit_code(self) -> ExitCode:
@@ -135,6 +139,8 @@ class PassResult:
         doc = self._document()
         if self.tag_failures:  # absent when none: the documents of passes before it, unchanged
             doc["tag_failures"] = sorted(set(self.tag_failures))
+        if self.carried:
+            doc["spent_tags_carried"] = dict(self.carried)
         return doc
 
     def _document(self) -> dict[str, Any]:
@@ -479,4 +485,19 @@ def run_pass(
                             SPENT_TAG_KEY,
                             failed=tag_failed,
                         )
+                        # a replaced host's budget record travels to its new instance
+                        new = {
+                            iid: (TagTarget(iid, region, None, None), result.tags_after[host][SPENT_TAG_KEY])
+                            for r in result.runs
+                            for host, (iid, region) in r.replacements.items()
+                            if host in result.tags_after and result.tags_after[host][SPENT_TAG_KEY]
+                        }
+                        carried = write_tags(
+                            inputs.connection,
+                            {iid: target for iid, (target, _v) in new.items()},
+                            {iid: value for iid, (_t, value) in new.items()},
+                            SPENT_TAG_KEY,
+                            failed=tag_failed,
+                        )
+                        result.carried = {iid: v for iid, v in carried.items() if v is not None}
     return result

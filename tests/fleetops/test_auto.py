@@ -8,6 +8,7 @@ by tests/integration/test_auto_lab.py); the policy, its state files and their lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -357,6 +358,58 @@ def test_a_failed_tag_write_fails_the_pass_and_every_other_host_is_still_written
     assert sorted(result.tag_writes) == ["lab-01", "lab-03"]
     assert set(written) == set(ids)  # both live instances got their tags
     assert any(line.startswith("lab-02: Failed to write its tag fleetops.io/ladder") for line in lines)
+
+
+def test_a_replaced_hosts_spent_tag_travels_to_its_new_instance(tmp_path: Path) -> None:
+    """A real moto_server: lab-01 is replaced by a new instance. Its spent tag (the replace, budgeted)
+    is written on the new instance too: the old one is terminated, and an inventory of running
+    instances (AWX's) never lists it again, so the record of the spend would be lost with it."""
+    from fleetops.rollout.lease import Ec2Connection
+    from fleetops_lab.ec2sim import MotoServer, client, launch_many
+
+    server = MotoServer()
+    url = server.start()
+    try:
+        old, new = launch_many(url, "us-east-1", 2)
+
+        class Replacing(Runner):
+            def __call__(
+                self, action: str, hosts: Sequence[str], params: Mapping[str, Any]
+            ) -> auto.ActionRun:
+                run = super().__call__(action, hosts, params)
+                return dataclasses.replace(run, replacements={"lab-01": (new, "us-east-1")})
+
+        policy = (
+            _gpu_policy("{action: replace, clear_after: 2h}")
+            .replace("  replace: {unlimited: true}\n", "")
+            .replace("budgets:\n", "budgets:\n  replace: {window: 1h, max: 1}\n")
+        )
+        inputs = auto.PassInputs(
+            policy=parse_policy(policy, "p.yml"),
+            policy_source="p.yml",
+            scan_report=report(**{"lab-01": [ecc()]}),
+            group_of={"lab-01": "az-a"},
+            state_dir=tmp_path / "auto",
+            apply=True,
+            tags={"lab-01": auto.TagTarget(old, "us-east-1", None)},
+            connection=Ec2Connection(
+                endpoint_url=url, aws_access_key="testing", aws_secret_key="testing", regions=("us-east-1",)
+            ),
+        )
+        result = auto.run_pass(inputs, Replacing(), lambda text, style: None, clock=lambda: T0)
+        tags = {
+            (t["ResourceId"], t["Key"]): t["Value"]
+            for t in client(url, "us-east-1").describe_tags(
+                Filters=[{"Name": "resource-id", "Values": [old, new]}]
+            )["Tags"]
+        }
+    finally:
+        server.stop()
+    spent = f"replace:{int(T0)}"
+    assert tags[(old, SPENT_TAG_KEY)] == spent
+    assert tags[(new, SPENT_TAG_KEY)] == spent  # the record survives the old instance
+    assert (new, TAG_KEY) not in tags  # the ladder stays the old host's: the new one starts clean
+    assert result.carried == {new: spent} and result.document()["spent_tags_carried"] == {new: spent}
 
 
 _SIGTERM_PASS = """
@@ -781,6 +834,45 @@ def test_a_pass_limited_to_some_hosts_sizes_groups_and_reads_tags_over_the_whole
     result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], limit="n1:n2", apply=False, policy=policy))
     assert seen == []  # n4's stop-start a minute ago spent the hour's one, though n4 is outside the limit
     assert all(d.status == "budget" for d in result.result.decisions)
+
+
+def test_api_auto_finds_the_new_instance_a_replace_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replace module's result names the new instance: api.auto hands it to the pass (which writes
+    the spent tag there; the write itself is tested against moto above)."""
+    import fleetops.api as api_mod
+    from fleetops.rollout.outcome import HostOutcome
+    from fleetops.rollout.state import new_rollout
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    n1: {ansible_connection: local, ec2_instance_id: i-0old, ec2_region: eu-west-1}\n"
+    )
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: report(**{"n1": [ecc()]}))
+    monkeypatch.setattr(api_mod, "connection_for", lambda inventories: object())  # a dry run: nothing written
+
+    def remediate(request: api_mod.RemediationRequest, observer: Any = None, **k: Any) -> Any:
+        rollout = new_rollout(action=request.action, apply=True, inventory=[inv], extravars={},
+                              plan={"batches": [["n1"]]}, max_failures=0, cooldown=0.0, gate=True,
+                              state_path=tmp_path / "r.json")  # fmt: skip
+        rollout.hosts = {"n1": "done"}
+        rollout.results["n1"] = HostOutcome(
+            status="ok", result={"new_instances": [{"instance_id": "i-0new"}, {"instance_id": "i-0other"}]}
+        )
+        return api_mod.RolloutResult(rollout, {"recorded": True}, ExitCode.OK)
+
+    monkeypatch.setattr(api_mod, "remediate", remediate)
+    monkeypatch.setattr(
+        api_mod,
+        "_tag_targets",
+        lambda hosts: {h.name: auto.TagTarget("i-0old", "eu-west-1", None) for h in hosts},
+    )
+    policy = tmp_path / "p.yml"
+    policy.write_text(_gpu_policy("{action: replace, clear_after: 2h}"))
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=False, policy=policy))
+    assert result.result.runs[0].replacements == {"n1": ("i-0new", "eu-west-1")}
 
 
 def test_a_remediation_request_naming_hosts_acts_on_those_only(

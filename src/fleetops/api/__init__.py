@@ -334,6 +334,15 @@ def _auto(
         rollout = result.rollout
         states = rollout.hosts if rollout is not None else {}
         stopped = (rollout.stopped or {}) if rollout is not None else {}
+        results = rollout.results if rollout is not None and get_remediation(action).replaces_host else {}
+        replacements = {
+            host: (str(new["instance_id"]), tags[host].region)
+            for host in names
+            if states.get(host) == HOST_DONE and host in tags and host in results
+            for r in results[host].task_results()
+            for new in (r.get("new_instances") or [])[:1]
+            if isinstance(new, Mapping) and new.get("instance_id")
+        }
         return auto_mod.ActionRun(
             action,
             tuple(names),
@@ -345,6 +354,7 @@ def _auto(
             exit_code=result.exit_code,
             document=result.document,
             stop_requested=str(stopped.get("reason")) if stopped.get("kind") == STOP_KILL_SWITCH else None,
+            replacements=replacements,
             # no rollout: the remediation's own step found nothing to do on any of them; or it refused some
             cannot_act=frozenset(names)
             if rollout is None and is_empty_document(result.document)
