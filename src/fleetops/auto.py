@@ -44,6 +44,7 @@ from fleetops.documents import DocumentError
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import (
+    FROM_LADDER_TAG,
     HUMAN,
     MAX_WINDOW_S,
     NO_GROUP,
@@ -266,7 +267,7 @@ def merge_tags(
         for rec in ladder.hosts.get(host, {}).values():
             if rec.action == HUMAN or now - rec.last_tried > MAX_WINDOW_S or rec.last_tried > now:
                 continue
-            ledger.record_once(rec.action, host, group_of(host) or NO_GROUP, rec.last_tried, controller="tag")
+            ledger.record_once(rec.action, host, group_of(host) or NO_GROUP, rec.last_tried, FROM_LADDER_TAG)
 
 
 @dataclass(frozen=True)

@@ -823,6 +823,14 @@ def test_rewriting_the_spent_tag_keeps_what_another_controller_budgets_and_this_
     windows = {"reboot": float(HOUR)}
     assert ledger.tag_value("h", windows, T0) == f"reboot:{int(T0 - 60)};replace:{int(T0 - HOUR)}"
     assert ledger.tag_value("h", windows, T0 + P.MAX_WINDOW_S) is None  # past the longest window: gone
+    # a rung another controller's ladder tag shows is counted where budgeted, but never carried on as spent
+    from fleetops import auto
+
+    ladder, other = P.LadderState(), P.BudgetLedger()
+    tag = f"crash=0:fix:{int(T0 - 60)}:{int(T0 - 60)}:1:0:crashloop_unit"
+    auto.merge_tags(ladder, other, {"h": tag}, lambda h: "az-a", T0, lambda line: None)
+    assert [(e.action, e.controller) for e in other.entries] == [("fix", P.FROM_LADDER_TAG)]
+    assert other.tag_value("h", windows, T0) is None
 
 
 def test_the_spent_tag_carries_the_budgeted_actions_of_their_windows_to_another_controller() -> None:

@@ -125,7 +125,7 @@ from fleetops.policy.state import (
     controller_id,
     file_lock,
 )
-from fleetops.policy.tags import CLOCK_SKEW_S, SPENT_TAG_KEY, TAG_KEY, TAG_MAX
+from fleetops.policy.tags import CLOCK_SKEW_S, FROM_LADDER_TAG, FROM_TAG, SPENT_TAG_KEY, TAG_KEY, TAG_MAX
 
 __all__ = [
     "ACTIONS",
@@ -133,6 +133,8 @@ __all__ = [
     "CLOCK_SKEW_S",
     "DEFAULT_SEVERITIES",
     "DURATION_PATTERN",
+    "FROM_LADDER_TAG",
+    "FROM_TAG",
     "HUMAN",
     "LADDER_SCHEMA",
     "LEDGER_SCHEMA",

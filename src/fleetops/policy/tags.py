@@ -18,6 +18,7 @@ from fleetops.policy.records import LedgerEntry, RungRecord
 from fleetops.schemas import MAX_EPOCH
 
 FROM_TAG = "tag"  # LedgerEntry.controller of an entry read from a host's spent tag (another controller's)
+FROM_LADDER_TAG = "ladder-tag"  # ... of one inferred from a rung in a host's ladder tag (not carried on)
 TAG_KEY = "fleetops.io/ladder"  # the EC2 tag that carries a host's ladders (LadderState.tag_value)
 TAG_MAX = 256  # EC2's limit on a tag value
 SPENT_TAG_KEY = "fleetops.io/spent"  # the budgeted actions taken on a host (BudgetLedger.tag_value)
