@@ -6,7 +6,9 @@ fleetops writes four kinds of documents that it, or an operator, later feeds bac
 document               written by                                  read back by
 =====================  ==========================================  ===================================
 rollout state          ``Rollout.save`` (rollout/state.py)         ``remediate --resume``, ``report``
-scan report            ``fleetops scan -o`` (scan.build_report)    ``drift --from``
+scan report            ``fleetops scan -o`` (scan.build_report),   ``drift --from``, ``merge``
+                       ``fleetops merge -o`` (merge.merge)
+scan partial, line 1   ``scan -o``'s ``FILE.partial`` header        ``merge`` (validate_partial_header)
 drift report           ``fleetops drift -o`` (drift.build_drift)   tools, AWX, a later ``drift --from``
 plan                   ``fleetops plan --format json``             tools; embedded in every state
 =====================  ==========================================  ===================================
