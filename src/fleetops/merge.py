@@ -133,11 +133,8 @@ def report_source(path: Path, data: Any) -> Source:
 def partial_source(path: Path, raw: bytes) -> Source:
     """A killed shard's ``.partial``: its answers, and its targets without one as not_scanned."""
     source = str(path)
-    try:
-        text = raw.decode("utf-8", errors="replace")  # a killed writer may tear the last character too
-    except UnicodeDecodeError:  # pragma: no cover - errors="replace" never raises
-        raise DocumentError(source, "not UTF-8 text") from None
-    header, answered = read_partial_text(text)
+    # a killed writer may tear the last character too: that line is skipped (read_partial_text)
+    header, answered = read_partial_text(raw.decode("utf-8", errors="replace"))
     if header is None:
         raise DocumentError(source, f"not a {PARTIAL_SCHEMA} file: its first line is no header")
     validate_partial_header(header, f"{source}: line 1")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -228,24 +230,34 @@ def run_scan(
         if not targets:
             return report_document({}, started=started, finished=time.time(), shard=opts.shard,
                                    options=opts.record())  # fmt: skip
-        limit = ",".join(targets)
+        # exactly these names, one a line in a limit file (ansible's --limit @FILE): joined with commas, a
+        # shard of a large fleet passes Linux's 128 KiB limit on one argument (7,500 EC2 names: 210 KB)
+        limit_dir = tempfile.mkdtemp(prefix="fleetops-shard-")  # 0700
+        atomic_write(Path(limit_dir, "limit"), "\n".join(targets))
+        limit = f"@{Path(limit_dir, 'limit')}"
+    else:
+        limit_dir = None
 
     def on_result(tr: TaskResult) -> None:
         if on_host is not None and (tr.action in SCAN_ACTIONS or tr.status in ("unreachable", "failed")):
             on_host(tr.host, host_entry([tr]))
 
-    run = run_playbook(
-        RunnerOptions(
-            playbook=SCAN_PLAYBOOK,
-            inventory=opts.inventory,
-            limit=limit,
-            extravars=opts.playbook_vars(),
-            forks=opts.runner_forks(),
-            connect_timeout=opts.connect_timeout(),
-        ),
-        on_result=on_result,
-        cancel=cancel,
-    )
+    try:
+        run = run_playbook(
+            RunnerOptions(
+                playbook=SCAN_PLAYBOOK,
+                inventory=opts.inventory,
+                limit=limit,
+                extravars=opts.playbook_vars(),
+                forks=opts.runner_forks(),
+                connect_timeout=opts.connect_timeout(),
+            ),
+            on_result=on_result,
+            cancel=cancel,
+        )
+    finally:
+        if limit_dir is not None:
+            shutil.rmtree(limit_dir, ignore_errors=True)
     if opts.shard is not None:
         targeted = list(targets or ())
     elif run.interrupted:

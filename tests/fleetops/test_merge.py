@@ -408,6 +408,7 @@ class FakeRunner:
 
     def __init__(self, die_after: int | None = None) -> None:
         self.limits: list[str | None] = []
+        self.hosts: list[list[str]] = []  # the names each run's limit file held
         self.die_after = die_after
 
     def __call__(
@@ -417,8 +418,11 @@ class FakeRunner:
         cancel: threading.Event | None = None,
     ) -> PlaybookRun:
         self.limits.append(opts.limit)
+        limit = str(opts.limit)
+        assert limit.startswith("@"), limit  # a shard's names go in a limit file, one a line
+        self.hosts.append(Path(limit[1:]).read_text().split("\n"))
         run = PlaybookRun(status="successful", rc=0)
-        for n, host in enumerate(str(opts.limit).split(",")):
+        for n, host in enumerate(self.hosts[-1]):
             if self.die_after is not None and n == self.die_after:
                 raise KeyboardInterrupt
             result = {k: v for k, v in HOSTS[host].items() if k != "status"}
@@ -440,7 +444,8 @@ def test_scan_shard_runs_exactly_its_hosts_and_records_the_shard(
         out = tmp_path / f"shard{i}.json"
         result = api.scan(api.ScanRequest(inventory=[inventory], shard=Shard(i, 3), output=out))
         mine = [h for h in selected if Shard(i, 3).holds(h)]
-        assert mine and fake.limits[-1] == ",".join(mine)  # exact names, no pattern
+        assert mine and fake.hosts[-1] == mine  # exact names, no pattern
+        assert not Path(str(fake.limits[-1])[1:]).exists()  # the limit file is gone after the run
         assert list(result.report["hosts"]) == mine and result.report["shard"] == {"index": i, "count": 3}
         assert not out.with_name(out.name + ".partial").exists()
         reports.append(out)
