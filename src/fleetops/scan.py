@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +23,8 @@ from fleetops.ansible.facts import SCAN_ACTIONS
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import SCAN_SCHEMA, atomic_write, open_append
+from fleetops.util import SCAN_SCHEMA, atomic_write, digest_value, open_append
+from fleetops.values import Shard
 
 SCHEMA = SCAN_SCHEMA
 SCAN_PLAYBOOK = "fleetops.node.scan"
@@ -35,6 +38,7 @@ MAX_FORKS = 100
 # sshd hangs (unreachable, with ssh's own reason) before the task timeout fires.
 CONNECT_TIMEOUT_S = 10
 NOT_SCANNED_MSG = "no answer before the scan was interrupted"
+NO_RESULT_MSG = "no result: the scan ended without an answer from this host"
 PARTIAL_SCHEMA = "fleetops.scan.partial/v1"
 
 
@@ -52,6 +56,8 @@ class ScanOptions:
     forks: int | None = None  # None: min(targeted hosts, MAX_FORKS)
     host_timeout: int = 120
     extravars: dict[str, Any] = field(default_factory=dict)
+    # --shard I/N: only the selected hosts that shard holds (fleetops.values.Shard), named exactly
+    shard: Shard | None = None
 
     def runner_forks(self) -> int:
         return self.forks or MAX_FORKS
@@ -73,6 +79,20 @@ class ScanOptions:
             xv["fleetops_checks"] = list(self.checks)
         xv.update(self.extravars)
         return xv
+
+    def record(self) -> dict[str, Any]:
+        """What decides the scan's findings, as its report records it (``options``): the checks and
+        thresholds as given (None: the module's default) and a digest of the extra vars (a -e value
+        may be a secret). ``fleetops merge`` refuses reports whose options differ."""
+        extra = json.dumps(self.extravars, sort_keys=True, default=str) if self.extravars else None
+        return {
+            "checks": sorted(self.checks) if self.checks else None,
+            "sample_seconds": self.sample_seconds,
+            "zombie_warning": self.zombie_warning,
+            "zombie_critical": self.zombie_critical,
+            "headroom_critical_pct": self.headroom_critical_pct,
+            "extra_vars": digest_value(extra) if extra is not None else None,
+        }
 
 
 def host_entry(results: Sequence[TaskResult]) -> dict[str, Any]:
@@ -105,25 +125,52 @@ def host_entry(results: Sequence[TaskResult]) -> dict[str, Any]:
     return entry
 
 
-def not_scanned_entry() -> dict[str, Any]:
+def not_scanned_entry(msg: str = NOT_SCANNED_MSG) -> dict[str, Any]:
     """A targeted host that never answered (the scan was interrupted first)."""
-    return {"status": "not_scanned", "msg": NOT_SCANNED_MSG, "findings": [], "facts": {}}
+    return {"status": "not_scanned", "msg": msg, "findings": [], "facts": {}}
 
 
 def build_report(
-    run: PlaybookRun, *, started: float, finished: float, targeted: Sequence[str] = ()
+    run: PlaybookRun,
+    *,
+    started: float,
+    finished: float,
+    targeted: Sequence[str] = (),
+    shard: Shard | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The report; ``targeted`` hosts that have no result (an interrupted scan) show as not_scanned."""
+    """The report; ``targeted`` hosts that have no result (an interrupted scan) show as not_scanned.
+    ``shard`` and ``options``, when given, are recorded (``fleetops merge`` reads them)."""
     answered = {h: host_entry(run.results_for(h)) for h in run.hosts()}
-    missing = {h: not_scanned_entry() for h in targeted if h not in answered}
+    why = NOT_SCANNED_MSG if run.interrupted else NO_RESULT_MSG
+    missing = {h: not_scanned_entry(why) for h in targeted if h not in answered}
     hosts = {h: (answered.get(h) or missing[h]) for h in sorted({**answered, **missing})}
+    return report_document(
+        hosts, started=started, finished=finished, interrupted=run.interrupted, shard=shard, options=options
+    )
+
+
+def report_document(
+    hosts: dict[str, dict[str, Any]],
+    *,
+    started: float,
+    finished: float,
+    interrupted: bool = False,
+    shard: Shard | None = None,
+    options: dict[str, Any] | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """The ``fleetops.scan/v1`` document of ``hosts`` (sorted by name), with its summary."""
     return {
         "schema": SCHEMA,
         "started_at": _iso(started),
         "duration_s": round(finished - started, 3),
-        "hosts": hosts,
+        **({"shard": shard.to_dict()} if shard is not None else {}),
+        **({"options": options} if options is not None else {}),
+        **more,
+        "hosts": {h: hosts[h] for h in sorted(hosts)},
         "summary": summarize(hosts),
-        **({"interrupted": True} if run.interrupted else {}),
+        **({"interrupted": True} if interrupted else {}),
     }
 
 
@@ -151,37 +198,80 @@ def exit_code(report: dict[str, Any]) -> ExitCode:
     return ExitCode.OK
 
 
+def shard_hosts(hosts: Sequence[str], shard: Shard | None) -> list[str]:
+    """The ``hosts`` that ``shard`` holds (all of them when there is no shard), in their order."""
+    return list(hosts) if shard is None else [h for h in hosts if shard.holds(h)]
+
+
 def run_scan(
     opts: ScanOptions,
     on_host: Callable[[str, dict[str, Any]], None] | None = None,
     cancel: threading.Event | None = None,
+    targets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Scan every targeted host in one playbook run and return the report.
 
     ``on_host`` gets each host's entry as it answers. When ``cancel`` stops the run, the report is
     marked interrupted and lists the targeted hosts that never answered as ``not_scanned`` (the one
-    case that lists the inventory: a normal run pays nothing for it).
+    case that lists the inventory, unless the caller gave the ``targets`` it listed).
+
+    With ``opts.shard`` the scan runs on exactly the targets that shard holds (``targets``: those
+    hosts, already selected; None: the inventory is listed for them), each shown in the report,
+    ``not_scanned`` when it gave no answer; a shard that holds none of them is an empty report,
+    nothing run (an empty selection never means all).
     """
     started = time.time()
+    limit = opts.limit
+    if opts.shard is not None:
+        if targets is None:
+            from fleetops.ansible.inventory import load_hosts
+
+            targets = shard_hosts([h.name for h in load_hosts(opts.inventory, opts.limit)], opts.shard)
+        if not targets:
+            return report_document({}, started=started, finished=time.time(), shard=opts.shard,
+                                   options=opts.record())  # fmt: skip
+        # exactly these names, one a line in a limit file (ansible's --limit @FILE): joined with commas, a
+        # shard of a large fleet passes Linux's 128 KiB limit on one argument (7,500 EC2 names: 210 KB)
+        limit_dir = tempfile.mkdtemp(prefix="fleetops-shard-")  # 0700
+        atomic_write(Path(limit_dir, "limit"), "\n".join(targets))
+        limit = f"@{Path(limit_dir, 'limit')}"
+    else:
+        limit_dir = None
 
     def on_result(tr: TaskResult) -> None:
         if on_host is not None and (tr.action in SCAN_ACTIONS or tr.status in ("unreachable", "failed")):
             on_host(tr.host, host_entry([tr]))
 
-    run = run_playbook(
-        RunnerOptions(
-            playbook=SCAN_PLAYBOOK,
-            inventory=opts.inventory,
-            limit=opts.limit,
-            extravars=opts.playbook_vars(),
-            forks=opts.runner_forks(),
-            connect_timeout=opts.connect_timeout(),
-        ),
-        on_result=on_result,
-        cancel=cancel,
+    try:
+        run = run_playbook(
+            RunnerOptions(
+                playbook=SCAN_PLAYBOOK,
+                inventory=opts.inventory,
+                limit=limit,
+                extravars=opts.playbook_vars(),
+                forks=opts.runner_forks(),
+                connect_timeout=opts.connect_timeout(),
+            ),
+            on_result=on_result,
+            cancel=cancel,
+        )
+    finally:
+        if limit_dir is not None:
+            shutil.rmtree(limit_dir, ignore_errors=True)
+    if opts.shard is not None:
+        targeted = list(targets or ())
+    elif run.interrupted:
+        targeted = list(targets) if targets is not None else targeted_hosts(opts)
+    else:
+        targeted = []
+    return build_report(
+        run,
+        started=started,
+        finished=time.time(),
+        targeted=targeted,
+        shard=opts.shard,
+        options=opts.record(),
     )
-    targeted = targeted_hosts(opts) if run.interrupted else []
-    return build_report(run, started=started, finished=time.time(), targeted=targeted)
 
 
 def targeted_hosts(opts: ScanOptions) -> list[str]:
@@ -197,13 +287,23 @@ def targeted_hosts(opts: ScanOptions) -> list[str]:
 class PartialReport:
     """The scan so far, one JSON line per host as it answers, so an interrupted scan keeps it.
 
-    Line 1 is ``{"schema": "fleetops.scan.partial/v1", "started_at": ...}``; each next line is
-    ``{"host": NAME, "entry": {...}}`` with the entry as in the final report. Appending a line is
-    O(1) per host at any fleet size (rewriting a whole report per host would be quadratic).
-    The file is removed once the final report has been written (``close(done=True)``).
+    Line 1 is ``{"schema": "fleetops.scan.partial/v1", "started_at": ...}``, with, when the caller
+    knows them, ``"targets"`` (every host the scan targets, before any answer: a scan killed half way
+    still says which hosts it did not scan), ``"shard"`` and ``"options"`` (as the report records them);
+    each next line is ``{"host": NAME, "entry": {...}}`` with the entry as in the final report.
+    Appending a line is O(1) per host at any fleet size (rewriting a whole report per host would be
+    quadratic). The file is removed once the final report has been written (``close(done=True)``).
+    ``fleetops merge`` reads it (``read_partial_file``) in place of a killed shard's report.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        targets: Sequence[str] | None = None,
+        shard: Shard | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.path = path
         self.hosts = 0
         try:  # append-only, 0600, never through a symbolic link planted at the path
@@ -212,7 +312,15 @@ class PartialReport:
             why = "a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
             raise UsageError(f"cannot write {path}: {why}") from None
         self._fh: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8")
-        self._write({"schema": PARTIAL_SCHEMA, "started_at": _iso(time.time())})
+        header: dict[str, Any] = {"schema": PARTIAL_SCHEMA, "started_at": _iso(time.time())}
+        if targets is not None:
+            header["targets"] = list(targets)
+        if shard is not None:
+            header["shard"] = shard.to_dict()
+        if options is not None:
+            header["options"] = options
+        self._write(header)
+        self.targeted = targets is not None
 
     def add(self, host: str, entry: dict[str, Any]) -> None:
         self._write({"host": host, "entry": entry})
@@ -228,7 +336,7 @@ class PartialReport:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-        if done or not self.hosts:
+        if done or not (self.hosts or self.targeted):  # the targets alone say what was not scanned
             self.path.unlink(missing_ok=True)
 
 
@@ -240,15 +348,26 @@ def write_report(path: Path, text: str) -> None:
 
 def read_partial(path: Path) -> dict[str, dict[str, Any]]:
     """Host entries from a partial file (a torn last line, from a killed scan, is skipped)."""
+    return read_partial_text(path.read_text(encoding="utf-8"))[1]
+
+
+def read_partial_text(text: str) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    """A partial file's header (its first line, None when that is not one) and host entries (a torn
+    line, from a killed scan, is skipped)."""
+    header: dict[str, Any] | None = None
     hosts: dict[str, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(text.splitlines()):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "host" in record and isinstance(record.get("entry"), dict):
+        if not isinstance(record, dict):
+            continue
+        if number == 0 and record.get("schema") == PARTIAL_SCHEMA:
+            header = record
+        elif "host" in record and isinstance(record.get("entry"), dict):
             hosts[str(record["host"])] = record["entry"]
-    return hosts
+    return header, hosts
 
 
 def _iso(ts: float) -> str:

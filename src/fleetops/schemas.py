@@ -6,7 +6,9 @@ fleetops writes four kinds of documents that it, or an operator, later feeds bac
 document               written by                                  read back by
 =====================  ==========================================  ===================================
 rollout state          ``Rollout.save`` (rollout/state.py)         ``remediate --resume``, ``report``
-scan report            ``fleetops scan -o`` (scan.build_report)    ``drift --from``
+scan report            ``fleetops scan -o`` (scan.build_report),   ``drift --from``, ``merge``
+                       ``fleetops merge -o`` (merge.merge)
+scan partial, line 1   ``scan -o``'s ``FILE.partial`` header        ``merge`` (validate_partial_header)
 drift report           ``fleetops drift -o`` (drift.build_drift)   tools, AWX, a later ``drift --from``
 plan                   ``fleetops plan --format json``             tools; embedded in every state
 =====================  ==========================================  ===================================
@@ -373,17 +375,76 @@ class ScanSummary(_Open):
     errors: NonNegInt = 0
 
 
+class ScanShard(_Open):
+    """``fleetops scan --shard I/N``: the hosts whose name's SHA-256 modulo N is I - 1."""
+
+    index: Annotated[int, Field(ge=1)]
+    count: Annotated[int, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _index_in_count(self) -> Self:
+        if self.index > self.count:
+            raise FieldProblem(("index",), f"is {self.index}, more than the count {self.count}")
+        return self
+
+
+class ScanOptionsRecord(_Open):
+    """What decides a scan's findings (``ScanOptions.record``); null: the module's default."""
+
+    checks: list[str] | None = None
+    sample_seconds: Seconds | None = None
+    zombie_warning: int | None = None
+    zombie_critical: int | None = None
+    headroom_critical_pct: float | None = None
+    extra_vars: str | None = Field(default=None, description="a digest of the extra vars (sha256:...)")
+
+
+class MergedSource(_Open):
+    path: str
+    shard: ScanShard | None = None
+    partial: bool = Field(
+        description="a killed scan's .partial file: its hosts without an answer are not_scanned"
+    )
+    hosts: NonNegInt
+    not_scanned: NonNegInt = 0
+
+
+class MergedFrom(_Open):
+    """``fleetops merge``: the reports (or .partial files) the report was joined from."""
+
+    sources: list[MergedSource]
+    notes: list[str] = Field(default_factory=list)
+
+
 class ScanReport(_Open):
-    """``fleetops scan -o FILE`` / ``--format json``: what ``drift --from`` reads."""
+    """``fleetops scan -o FILE`` / ``--format json`` / ``fleetops merge``: what ``drift --from`` and
+    ``merge`` read."""
 
     model_config = ConfigDict(title=SCAN_SCHEMA)
 
     schema_: Literal["fleetops.scan/v1"] = Field(alias="schema")
     started_at: str
     duration_s: Seconds
+    shard: ScanShard | None = Field(default=None, description="--shard I/N: absent for the whole selection")
+    options: ScanOptionsRecord | None = Field(default=None, description="absent in older reports")
+    merged: MergedFrom | None = Field(
+        default=None, description="fleetops merge: absent in a scan's own report"
+    )
     hosts: dict[str, ScanHost]
     summary: ScanSummary
     interrupted: bool = False
+
+
+class ScanPartialHeader(_Open):
+    """The first line of a scan's ``FILE.partial`` (``fleetops.scan.partial/v1``; scan.PartialReport)."""
+
+    schema_: Literal["fleetops.scan.partial/v1"] = Field(alias="schema")
+    started_at: str
+    targets: list[HostName] | None = Field(
+        default=None, description="every targeted host; absent in older files"
+    )
+    shard: ScanShard | None = None
+    options: ScanOptionsRecord | None = None
 
 
 # ------------------------------------------------------------ drift report (fleetops.drift/v1)
@@ -522,6 +583,11 @@ def validate_state(data: Any, source: str, actions: Collection[str] | None = Non
 def validate_scan_report(data: Any, source: str) -> dict[str, Any]:
     """``data`` if it is a ``fleetops.scan/v1`` report, else DocumentError."""
     return _validate(ScanReport, data, source)
+
+
+def validate_partial_header(data: Any, source: str) -> dict[str, Any]:
+    """``data`` if it is the first line of a scan's ``.partial`` file, else DocumentError."""
+    return _validate(ScanPartialHeader, data, source)
 
 
 def validate_drift_report(data: Any, source: str) -> dict[str, Any]:

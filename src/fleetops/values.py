@@ -7,8 +7,10 @@ comes from a command line, a policy or the API.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fleetops.util import DAY_S, HOUR_S
 
@@ -86,3 +88,52 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise ValueError(f"expected KEY=VALUE, got {text!r}")
     return name, value
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (1-based): the hosts whose name's SHA-256, as a number, leaves
+    ``index - 1`` when divided by ``count``. A host's shard depends on its name and ``count`` only, so
+    hosts joining or leaving the fleet never move another host to another shard."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"the shard count must be at least 1: {self}")
+        if not 1 <= self.index <= self.count:
+            raise ValueError(f"the shard index must be between 1 and {self.count}: {self}")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def holds(self, host: str) -> bool:
+        """Whether ``host`` is in this shard."""
+        return shard_of(host, self.count) == self.index
+
+    def to_dict(self) -> dict[str, int]:
+        """As a report records it: ``{"index": I, "count": N}``."""
+        return {"index": self.index, "count": self.count}
+
+
+def shard_of(host: str, count: int) -> int:
+    """The shard (1..``count``) that holds ``host``: its name's SHA-256 modulo ``count``, plus one."""
+    digest = hashlib.sha256(host.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest, "big") % count + 1
+
+
+def shard(text: str) -> Shard:
+    """``I/N`` (``--shard``): shard I of N, 1 <= I <= N."""
+    index, sep, count = text.partition("/")
+    if not sep:
+        raise ValueError(f"expected I/N (shard I of N, 1 <= I <= N), got {text!r}")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise ValueError(f"expected I/N with whole numbers I and N, got {text!r}") from None
+    if n < 1:
+        raise ValueError(f"the shard count N must be at least 1: {text!r}")
+    if not 1 <= i <= n:
+        raise ValueError(f"the shard index I must be between 1 and N ({n}): {text!r}")
+    return Shard(i, n)

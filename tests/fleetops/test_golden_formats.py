@@ -41,6 +41,7 @@ import yaml
 
 from fleetops import api, drift, scan, schemas
 from fleetops import auto as auto_mod
+from fleetops import merge as _merge  # noqa: F401  (loaded: its MergeError is in test_exit_codes)
 from fleetops import policy as policy_mod
 from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, TaskResult

@@ -45,6 +45,7 @@ SECONDS = {
     "test_scan_leak.py": 35,
     "test_secrets_lab.py": 26,
     "test_scan_lab.py": 23,
+    "test_scan_shards_lab.py": 22,
     "test_lab_named.py": 20,
     "test_lab.py": 17,
     "test_scan_zombies.py": 16,

@@ -5,6 +5,7 @@ Progress goes to callbacks (``on_host`` for scans) or a ``RolloutObserver`` (rol
 ``FleetopsError`` subclasses whose ``exit_code`` is an ``ExitCode``.
 
 - ``scan(ScanRequest) -> ScanResult``: one node_health call per host, the ``fleetops.scan/v1`` report.
+- ``merge(MergeRequest) -> MergeResult``: shard reports (``scan --shard I/N``) as one scan's report.
 - ``plan(PlanRequest) -> PlanResult``: the batches a rollout would run (``fleetops.plan/v1``).
 - ``remediate(RemediationRequest) -> RolloutResult``: a remediation, batch by batch.
 - ``resume(ResumeRequest) -> RolloutResult``: continue a saved rollout.
@@ -41,6 +42,8 @@ from fleetops.api.requests import (
     AutoResult,
     DriftRequest,
     DriftResult,
+    MergeRequest,
+    MergeResult,
     PlanRequest,
     PlanResult,
     RemediationRequest,
@@ -73,7 +76,7 @@ from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, state_home
-from fleetops.scan import PartialReport, ScanOptions, run_scan, write_report
+from fleetops.scan import PartialReport, ScanOptions, run_scan, shard_hosts, write_report
 from fleetops.util import check_writable
 
 __all__ = [
@@ -87,6 +90,8 @@ __all__ = [
     "ExitCode",
     "FailureBudget",
     "MaxParallel",
+    "MergeRequest",
+    "MergeResult",
     "NullObserver",
     "PlanRequest",
     "PlanResult",
@@ -103,6 +108,7 @@ __all__ = [
     "auto",
     "default_inventories",
     "drift",
+    "merge",
     "needs_reboot",
     "plan",
     "plan_document",
@@ -149,7 +155,8 @@ def scan(
         why = check_writable(out_path) if out_path is not None else None
         if why:
             raise UsageError(f"cannot write {out_path}: {why}")
-    _targets(inventories, request.limit, None)
+    # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
+    targets = shard_hosts([h.name for h in _targets(inventories, request.limit, None)], request.shard)
     # the request's scan options (None: the module's default; only what the caller set reaches the
     # playbook), with the inventories resolved and its own copy of the extra vars
     opts = ScanOptions(
@@ -165,7 +172,14 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     output = request.output
-    partial = PartialReport(output.with_name(output.name + ".partial")) if output is not None else None
+    partial = None
+    if output is not None:
+        partial = PartialReport(
+            output.with_name(output.name + ".partial"),
+            targets=targets,
+            shard=opts.shard,
+            options=opts.record(),
+        )
 
     def seen(host: str, entry: dict[str, Any]) -> None:
         if partial is not None:
@@ -174,11 +188,11 @@ def scan(
             on_host(host, entry)
 
     try:
-        report_ = run_scan(opts, on_host=seen, cancel=cancel)
+        report_ = run_scan(opts, on_host=seen, cancel=cancel, targets=targets)
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written
-    if report_["summary"]["hosts"] == 0 and not report_.get("interrupted"):
+    if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
         if partial is not None:
             partial.close(done=True)
         raise UsageError("no hosts matched the inventory and limit")
@@ -191,6 +205,22 @@ def scan(
         from fleetops.metrics import write_textfile
 
         write_textfile(report_, request.prometheus)
+    return result
+
+
+def merge(request: MergeRequest) -> MergeResult:
+    """Join shard reports into the report one scan of all their hosts would have written (its exit
+    code too); a ``MergeError`` (exit 2, one line) when they are not the parts of one scan. Changes
+    nothing but ``request.output``, written only when the merge succeeds."""
+    from fleetops.merge import merge as merge_reports
+
+    why = check_writable(request.output) if request.output is not None else None
+    if why:
+        raise UsageError(f"cannot write {request.output}: {why}")
+    merged = merge_reports(list(request.reports))
+    result = MergeResult(merged.report, merged.exit_code, merged.notes)
+    if request.output is not None:
+        write_report(request.output, result.json() + "\n")
     return result
 
 

@@ -55,6 +55,25 @@ class ScanResult:
         return json.dumps(self.report, indent=2, sort_keys=False)
 
 
+@dataclass
+class MergeRequest:
+    """``fleetops merge``: shard reports (``scan --shard I/N -o FILE``, or a killed shard's
+    ``FILE.partial``) to join into the report of one scan of them all."""
+
+    reports: Sequence[Path]
+    output: Path | None = None  # also write the merged JSON report here (atomically)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    report: dict[str, Any]  # fleetops.scan/v1, with "merged": its sources and notes
+    exit_code: ExitCode  # the exit code the one scan would have had (scan.exit_code)
+    notes: list[str]  # what the operator should know: partial shards, hosts not scanned
+
+    def json(self) -> str:
+        return json.dumps(self.report, indent=2, sort_keys=False)
+
+
 # ------------------------------------------------------------------------------------------ rollout caps
 
 

@@ -1,4 +1,4 @@
-"""fleetops command line: scan, plan, remediate, report, drift.
+"""fleetops command line: scan, merge, plan, remediate, report, drift.
 
 Exit codes (fleetops.exitcodes.ExitCode): 0 clean; 1 warning or critical findings; 2 usage or
 configuration error; 3 a host unreachable or failed (or a detector could not run); 4 hosts locked;
@@ -33,6 +33,7 @@ from fleetops.cli.args import (
     percent,
     positive_int,
     seconds,
+    shard,
     shown,
 )
 from fleetops.cli.errors import run_main
@@ -122,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds one host may take, connecting included: a host that does not answer ssh is "
         "unreachable after min(S/2, ansible's timeout of 10) s (default: 120; 0: no limit)",
     )
+    scan.add_argument(
+        "--shard",
+        type=shard,
+        metavar="I/N",
+        help="scan only shard I of N (1 <= I <= N) of the selected hosts, by a hash of each host's name "
+        "(a host stays in its shard as the fleet changes); join the N reports with `fleetops merge`",
+    )
     scan.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     scan.add_argument(
         "--unit-allowlist",
@@ -156,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetops.cli.drift import register as register_drift
 
     register_drift(sub)
+    from fleetops.cli.merge import register as register_merge
+
+    register_merge(sub)
     return parser
 
 
@@ -211,6 +222,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         unit_allowlist=args.unit_allowlist,
         output=args.output,
         prometheus=args.prometheus,
+        shard=args.shard,
     )
     for spec in args.extra_vars:
         request.extravars.update(parse_extra_vars(spec))

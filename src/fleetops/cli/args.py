@@ -78,6 +78,7 @@ positive_int = argtype(values.int_range(0))  # an integer >= 0 (the name is hist
 percent = argtype(values.percent)
 seconds = argtype(values.sample_seconds)  # 0..an hour (--sample-seconds)
 key_value = argtype(values.key_value)
+shard = argtype(values.shard)  # I/N (--shard)
 
 
 def int_range(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -1,0 +1,290 @@
+"""`fleetops merge`: shard reports joined into the one report the unsharded scan would have written.
+
+Each input is a ``fleetops.scan/v1`` report (``fleetops scan --shard I/N -o FILE``) or, for a shard
+that was killed before it wrote one, its ``FILE.partial`` (``fleetops.scan.partial/v1``: the targets
+first, then one line per host that answered). The merge is the same report as one scan of the whole
+selection: the same hosts and entries, the summary counted again from them (``scan.summarize``), and
+so the same exit code (``scan.exit_code``). What it refuses (``MergeError``, exit 2, one line):
+
+- reports of different schema versions;
+- a mix of shard reports and reports that are not shards, shards of different counts (``1/4`` with
+  ``2/3``), a shard given twice, a missing shard (its hosts are unknown here: a merge without them
+  would look like the whole fleet and could exit 0), a host in a shard that does not hold it;
+- a host in two reports (overlapping shards or limits);
+- different options (checks, thresholds, extra vars): named field by field.
+
+A partial file's targets without an answer are ``not_scanned``, never dropped; an older partial file
+without its targets cannot say which hosts it missed: the merged report says so in its notes.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetops.documents import DocumentError, parse_json, read_document
+from fleetops.errors import UsageError
+from fleetops.exitcodes import ExitCode
+from fleetops.scan import PARTIAL_SCHEMA, exit_code, not_scanned_entry, read_partial_text, report_document
+from fleetops.schemas import validate_partial_header, validate_scan_report
+from fleetops.util import SCAN_SCHEMA
+from fleetops.values import Shard
+
+# The report schema each partial schema's lines belong to (a v1 partial holds v1 entries).
+PARTIAL_OF = {PARTIAL_SCHEMA: SCAN_SCHEMA}
+SHOWN = 5  # hosts named in an error before "(N in all)"
+
+
+class MergeError(UsageError):
+    """The reports cannot be merged into one scan's report (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input: a report, or a killed shard's partial file."""
+
+    path: str
+    partial: bool
+    shard: Shard | None
+    options: dict[str, Any] | None  # None: not recorded (an older fleetops)
+    hosts: dict[str, dict[str, Any]]  # every host it accounts for (a partial's silent targets not_scanned)
+    started: float
+    finished: float
+    interrupted: bool
+    not_scanned: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.path} (shard {self.shard})" if self.shard is not None else self.path
+
+
+@dataclass(frozen=True)
+class Merged:
+    report: dict[str, Any]  # fleetops.scan/v1, with "merged"
+    exit_code: ExitCode
+    notes: list[str]
+
+
+def _names(hosts: Sequence[str]) -> str:
+    shown = ", ".join(hosts[:SHOWN])
+    return shown + (f" ({len(hosts)} in all)" if len(hosts) > SHOWN else "")
+
+
+def _epoch(iso: str) -> float:
+    try:
+        return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return 0.0
+
+
+def _first_line(raw: bytes) -> Any:
+    line = raw.split(b"\n", 1)[0]
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def read_raw(path: Path) -> tuple[str, bytes, Any]:
+    """(schema, bytes, parsed report or None for a partial file): enough to compare schema versions
+    before validating anything."""
+    raw = read_document(path)
+    head = _first_line(raw)
+    if (
+        isinstance(head, dict)
+        and isinstance(head.get("schema"), str)
+        and head["schema"].startswith("fleetops.scan.partial/")
+    ):
+        return str(head["schema"]), raw, None
+    data = parse_json(raw, str(path))
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return (schema if isinstance(schema, str) else "?"), raw, data
+
+
+def _shard(value: Any) -> Shard | None:
+    return Shard(int(value["index"]), int(value["count"])) if isinstance(value, dict) else None
+
+
+def report_source(path: Path, data: Any) -> Source:
+    """A validated report."""
+    report = validate_scan_report(data, str(path))
+    started = _epoch(report["started_at"])
+    hosts = report["hosts"]
+    return Source(
+        path=str(path),
+        partial=False,
+        shard=_shard(report.get("shard")),
+        options=report.get("options"),
+        hosts=hosts,
+        started=started,
+        finished=started + float(report["duration_s"]),
+        interrupted=bool(report.get("interrupted")),
+        not_scanned=sum(1 for e in hosts.values() if e["status"] == "not_scanned"),
+    )
+
+
+def partial_source(path: Path, raw: bytes) -> Source:
+    """A killed shard's ``.partial``: its answers, and its targets without one as not_scanned."""
+    source = str(path)
+    # a killed writer may tear the last character too: that line is skipped (read_partial_text)
+    header, answered = read_partial_text(raw.decode("utf-8", errors="replace"))
+    if header is None:
+        raise DocumentError(source, f"not a {PARTIAL_SCHEMA} file: its first line is no header")
+    validate_partial_header(header, f"{source}: line 1")
+    shard = _shard(header.get("shard"))
+    targets = header.get("targets")
+    notes: list[str] = []
+    hosts = dict(answered)
+    if targets is None:
+        notes.append(
+            f"{source}: an older partial file without its targets: hosts it never reached are not listed"
+        )
+    else:
+        strays = sorted(set(answered) - set(targets))
+        if strays:
+            raise MergeError(f"{source}: answers from hosts it does not target: {_names(strays)}")
+        why = f"not scanned: {'shard ' + str(shard) if shard else 'the scan'} was cut short ({source})"
+        for host in targets:
+            hosts.setdefault(host, not_scanned_entry(why))
+    # every entry as a report holds it (the same checks as a report's hosts)
+    validate_scan_report(report_document(hosts, started=0, finished=0), f"{source} (its host lines)")
+    started = _epoch(str(header["started_at"]))
+    try:
+        finished = max(started, os.stat(path).st_mtime)  # its last line's time
+    except OSError:
+        finished = started
+    missing = sum(1 for h in hosts if h not in answered)
+    return Source(source, True, shard, header.get("options"), hosts, started, finished, True,
+                  missing + sum(1 for e in answered.values() if e.get("status") == "not_scanned"),
+                  tuple(notes))  # fmt: skip
+
+
+def read_sources(paths: Sequence[Path]) -> list[Source]:
+    """Every input, after the check that all are of one schema version."""
+    if not paths:
+        raise UsageError("nothing to merge: give the shards' reports")
+    raws = [(path, *read_raw(path)) for path in paths]
+    versions = {PARTIAL_OF.get(schema, schema) for _, schema, _, _ in raws}
+    if len(versions) > 1:
+        each = ", ".join(f"{path} is {schema}" for path, schema, _, _ in raws)
+        raise MergeError(f"reports of different schema versions: {each}")
+    return [
+        partial_source(path, raw) if data is None else report_source(path, data)
+        for path, _, raw, data in raws
+    ]
+
+
+def check_shards(sources: Sequence[Source]) -> None:
+    """All shards of one count, each once, none missing, each holding only its own hosts; or no shards."""
+    sharded = [s for s in sources if s.shard is not None]
+    if not sharded:
+        return
+    if len(sharded) < len(sources):
+        plain = next(s for s in sources if s.shard is None)
+        raise MergeError(
+            f"{sharded[0].label} is a shard but {plain.path} is not: merge the shards of one scan"
+        )
+    counts = {s.shard.count for s in sharded if s.shard is not None}
+    if len(counts) > 1:
+        each = ", ".join(s.label for s in sharded)
+        raise MergeError(f"shards of different counts: {each}")
+    count = counts.pop()
+    seen: dict[int, Source] = {}
+    for s in sharded:
+        assert s.shard is not None
+        if s.shard.index in seen:
+            raise MergeError(f"shard {s.shard} given twice: {seen[s.shard.index].path} and {s.path}")
+        seen[s.shard.index] = s
+        strays = sorted(h for h in s.hosts if not s.shard.holds(h))
+        if strays:
+            raise MergeError(f"{s.label} holds hosts of another shard: {_names(strays)}")
+    missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in seen]
+    if missing:
+        raise MergeError(
+            f"shard {', '.join(missing)} missing (given {len(seen)} of {count}): its hosts are unknown here; "
+            "merge every shard's report, or the .partial file of one that was killed, or scan it again "
+            "(a host stays in its shard)"
+        )
+
+
+def check_options(sources: Sequence[Source]) -> dict[str, Any] | None:
+    """The options every report shares (None when none recorded them); MergeError naming each field
+    that differs."""
+    first = sources[0]
+    for s in sources[1:]:
+        if (s.options is None) != (first.options is None):
+            old, new = (s, first) if s.options is None else (first, s)
+            raise MergeError(f"options: recorded in {new.path}, not in {old.path} (an older fleetops): "
+                             "cannot tell that they ran the same checks and thresholds")  # fmt: skip
+    if first.options is None:
+        return None
+    fields = sorted({k for s in sources for k in (s.options or {})})
+    differ: list[str] = []
+    for name in fields:
+        values = [(s, (s.options or {}).get(name)) for s in sources]
+        if any(v != values[0][1] for _, v in values[1:]):
+            each = ", ".join(f"{json.dumps(v)} in {s.path}" for s, v in values)
+            differ.append(f"{name}: {each}")
+    if differ:
+        raise MergeError("the reports are of different scans: options differ: " + "; ".join(differ))
+    return first.options
+
+
+def check_overlap(sources: Sequence[Source]) -> None:
+    owner: dict[str, str] = {}
+    twice: dict[str, list[str]] = {}
+    for s in sources:
+        for host in s.hosts:
+            if host in owner:
+                twice.setdefault(host, [owner[host]]).append(s.path)
+            else:
+                owner[host] = s.path
+    if twice:
+        hosts = sorted(twice)
+        shown = "; ".join(f"{h} ({', '.join(twice[h])})" for h in hosts[:SHOWN])
+        more = "; ..." if len(hosts) > SHOWN else ""
+        raise MergeError(f"overlapping reports: {len(hosts)} host(s) in more than one: {shown}{more}")
+
+
+def merge(paths: Sequence[Path]) -> Merged:
+    """The shards' reports (or partial files) at ``paths`` as one scan report; MergeError when they
+    are not the parts of one scan."""
+    sources = read_sources(paths)
+    check_shards(sources)
+    options = check_options(sources)
+    check_overlap(sources)
+    hosts: dict[str, dict[str, Any]] = {}
+    for s in sources:
+        hosts.update(s.hosts)
+    if not hosts:
+        raise MergeError("the reports hold no host: nothing to merge (an empty selection never means all)")
+    notes = [n for s in sources for n in s.notes]
+    for s in sources:
+        if s.partial:
+            notes.append(f"{s.label}: a killed scan's partial file: {s.not_scanned} host(s) not scanned")
+        elif s.interrupted:
+            notes.append(f"{s.label}: an interrupted scan: {s.not_scanned} host(s) not scanned")
+    merged = {
+        "sources": [
+            {"path": s.path, "shard": s.shard.to_dict() if s.shard else None, "partial": s.partial,
+             "hosts": len(s.hosts), "not_scanned": s.not_scanned}
+            for s in sources
+        ],
+        "notes": notes,
+    }  # fmt: skip
+    report = report_document(
+        hosts,
+        started=min(s.started for s in sources),
+        finished=max(s.finished for s in sources),
+        interrupted=any(s.interrupted for s in sources),
+        options=options,
+        merged=merged,
+    )
+    return Merged(report, exit_code(report), notes)
