@@ -120,6 +120,9 @@ class PassResult:
     # pass did there (the pass fails; the state directory has it)
     tag_failures: list[str] = field(default_factory=list)
     carried: dict[str, str] = field(default_factory=dict)  # new instance id -> the spent tag written on it
+    # "host: tag key" of each tag that did not parse: never overwritten (what it holds may be another
+    # controller's record), and the pass fails so that a person mends or deletes it
+    malformed_tags: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -130,6 +133,7 @@ class PassResult:
             any(d.status == "not_scanned" or d.blind for d in self.decisions)
             or any(r.exit_code != ExitCode.OK or r.cannot_act for r in self.runs)
             or self.tag_failures
+            or self.malformed_tags
         ):
             return ExitCode.FAILED
         if any(d.status in ("human", "exhausted") for d in self.decisions):
@@ -142,6 +146,8 @@ class PassResult:
             doc["tag_failures"] = sorted(set(self.tag_failures))
         if self.carried:
             doc["spent_tags_carried"] = dict(self.carried)
+        if self.malformed_tags:
+            doc["malformed_tags"] = list(self.malformed_tags)
         return doc
 
     def _document(self) -> dict[str, Any]:
@@ -248,26 +254,31 @@ def merge_tags(
     now: float,
     warn: Callable[[str], None],
     spent: Mapping[str, str] | None = None,
-) -> None:
+) -> set[tuple[str, str]]:
     """Merge each host's ``TAG_KEY`` value into ``ladder`` and count its rungs (tried within the
     ledger's longest window, not already in the ledger) against the budgets; count the actions each
     host's ``SPENT_TAG_KEY`` value (``spent``) records too. A malformed tag is left out with a
-    warning: one instance's bad tag must not stop the pass for the fleet."""
+    warning (one instance's bad tag must not stop the pass for the fleet); returns the (host, tag key)
+    of each, which the pass leaves as it found it."""
+    malformed: set[tuple[str, str]] = set()
     for host, value in sorted((spent or {}).items()):
         try:
             ledger.merge_tag(host, group_of(host) or NO_GROUP, value, f"{host}: tag {SPENT_TAG_KEY}", now)
         except DocumentError as exc:
-            warn(f"{exc}: ignored")
+            warn(f"{exc}: ignored, and left as it is for a person to mend or delete")
+            malformed.add((host, SPENT_TAG_KEY))
     for host, value in sorted(tags.items()):
         try:
             ladder.merge_tag(host, value, source=f"{host}: tag {TAG_KEY}")
         except DocumentError as exc:
-            warn(f"{exc}: ignored")
+            warn(f"{exc}: ignored, and left as it is for a person to mend or delete")
+            malformed.add((host, TAG_KEY))
             continue
         for rec in ladder.hosts.get(host, {}).values():
             if rec.action == HUMAN or now - rec.last_tried > MAX_WINDOW_S or rec.last_tried > now:
                 continue
             ledger.record_once(rec.action, host, group_of(host) or NO_GROUP, rec.last_tried, FROM_LADDER_TAG)
+    return malformed
 
 
 @dataclass(frozen=True)
@@ -398,11 +409,8 @@ def run_pass(
     with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
         ladder, ledger = _load_state(ladder_path, ledger_path)
         now = clock()
-        read = {
-            **inputs.fleet_tags,
-            **inputs.tags,
-        }  # every EC2 host's tags count; the selection's are written
-        merge_tags(
+        read = {**inputs.fleet_tags, **inputs.tags}  # every EC2 host's tags count; the selection's written
+        malformed = merge_tags(
             ladder,
             ledger,
             {h: t.value for h, t in read.items() if t.value},
@@ -411,6 +419,7 @@ def run_pass(
             warn,
             spent={h: t.spent for h, t in read.items() if t.spent},
         )
+        result.malformed_tags = sorted(f"{h}: {key}" for h, key in malformed if h in inputs.tags)
         result.decisions = decide(inputs.policy, inputs.scan_report, ladder, ledger, now, group_of, sizes)
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
@@ -464,8 +473,14 @@ def run_pass(
                     windows = {a: float(b.window_s) for a, b in inputs.policy.limits.items()}
                     then = clock()
                     result.tags_after = {
-                        h: {TAG_KEY: ladder.tag_value(h), SPENT_TAG_KEY: ledger.tag_value(h, windows, then)}
-                        for h in inputs.tags
+                        h: {
+                            key: t.shown(key) if (h, key) in malformed else value  # a bad tag: left as found
+                            for key, value in (
+                                (TAG_KEY, ladder.tag_value(h)),
+                                (SPENT_TAG_KEY, ledger.tag_value(h, windows, then)),
+                            )
+                        }
+                        for h, t in inputs.tags.items()
                     }
                     if inputs.connection is not None and inputs.tags:
 

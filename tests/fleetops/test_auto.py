@@ -642,6 +642,22 @@ def test_a_malformed_spent_tag_is_a_warning_and_counts_nothing(tmp_path: Path) -
     assert [(c[0], c[1]) for c in runner.calls] == [("stop-start", ["lab-05"])]
 
 
+def test_a_malformed_tag_is_left_as_found_and_fails_the_pass(tmp_path: Path) -> None:
+    """What a tag holds that this controller cannot parse may be another controller's record: the pass
+    never overwrites it (before, the rewrite erased it), names it, and exits 3 so a person mends it."""
+    tags = {
+        "lab-05": auto.TagTarget(
+            "i-5", "us-east-1", "gpu-fatal=0:reimage:1:2:1:0:gpu_health", "stop-start:soon"
+        )
+    }
+    policy = _gpu_policy("{action: stop-start, clear_after: 1h}")
+    result, _ = run(tmp_path, report(**{"lab-05": [ecc()]}), Runner(), T0, policy_text=policy, tags=tags)
+    assert result.malformed_tags == ["lab-05: fleetops.io/ladder", "lab-05: fleetops.io/spent"]
+    assert result.tags_after["lab-05"] == {TAG_KEY: tags["lab-05"].value, SPENT_TAG_KEY: "stop-start:soon"}
+    assert result.exit_code == ExitCode.FAILED
+    assert result.document()["malformed_tags"] == result.malformed_tags
+
+
 def test_batches_group_hosts_by_action_and_params_in_a_fixed_order(tmp_path: Path) -> None:
     scan = report(**{"b": [CRASHLOOP], "a": [CRASHLOOP], "c": [ecc()], "d": [ecc()]})
     runner = Runner()
