@@ -506,7 +506,9 @@ def run_pass(
                             iid: (TagTarget(iid, region, None, None), result.tags_after[host][SPENT_TAG_KEY])
                             for r in result.runs
                             for host, (iid, region) in r.replacements.items()
-                            if host in result.tags_after and result.tags_after[host][SPENT_TAG_KEY]
+                            if host in result.tags_after
+                            and result.tags_after[host][SPENT_TAG_KEY]
+                            and (host, SPENT_TAG_KEY) not in malformed  # a tag left as found is not copied
                         }
                         carried = write_tags(
                             inputs.connection,
