@@ -296,12 +296,11 @@ def write_tags(
     connection: Ec2Connection,
     targets: Mapping[str, TagTarget],
     new: Mapping[str, str | None],
-    key: str = TAG_KEY,
-    failed: Callable[[str, str], None] | None = None,
+    key: str,
+    failed: Callable[[str, str], None],
 ) -> dict[str, str | None]:
     """Write (or delete) each host's tag ``key`` whose value changed; returns what was written. A host
-    whose write fails is told to ``failed`` (host, why) and the others are still written; without
-    ``failed``, the first failure raises (FleetopsError)."""
+    whose write fails is told to ``failed`` (host, why) and the others are still written."""
     lease_utils = module_utils("lease")
     aws = module_utils("aws")
     changed = {h: v for h, v in new.items() if h in targets and targets[h].shown(key) != v}
@@ -320,8 +319,6 @@ def write_tags(
             else:
                 tags.write([t.instance], key, value)
         except aws.AwsError as exc:
-            if failed is None:
-                raise FleetopsError(f"Failed to write the tags {key}: {exc}") from None
             failed(host, f"Failed to write its tag {key} ({t.instance}): {exc}")
             continue
         written[host] = value
@@ -492,6 +489,7 @@ def run_pass(
                             inputs.connection,
                             inputs.tags,
                             {h: t[TAG_KEY] for h, t in result.tags_after.items()},
+                            TAG_KEY,
                             failed=tag_failed,
                         )
                         result.spent_writes = write_tags(

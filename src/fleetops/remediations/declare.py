@@ -192,9 +192,6 @@ class Remediation:
         """parameter name -> default (REQUIRED: none; a default the collection owns is read from it)."""
         return {p.name: p.default() if callable(p.default) else p.default for p in self.parameters}
 
-    def param(self, name: str) -> Param:
-        return self._by_name[name]
-
     @property
     def parameters_by_name(self) -> Mapping[str, Param]:
         return self._by_name
