@@ -184,6 +184,26 @@ options:
     description: The AWS session token, for temporary credentials.
     type: str
     aliases: [session_token, aws_security_token, security_token]
+  store_table:
+    description:
+      - The DynamoDB table of fleetops' shared store (the pause, the budget ledger, the ladders and the
+        auto pass's lease, all written with compare-and-swap). Unset, there is no store.
+      - The inventory itself never reads it; the fleetops CLI and its modules read this option from the
+        source, so C(-i) is all a command needs.
+    type: str
+    env:
+      - name: FLEETOPS_STORE_TABLE
+  store_region:
+    description: The store table's region. Default, the first of O(regions).
+    type: str
+    env:
+      - name: FLEETOPS_STORE_REGION
+  store_endpoint_url:
+    description: The DynamoDB endpoint of the store. Default, O(endpoint_url) (a local moto serves both).
+    type: str
+    env:
+      - name: FLEETOPS_STORE_ENDPOINT_URL
+      - name: AWS_ENDPOINT_URL_DYNAMODB
 notes:
   - The connection options (O(endpoint_url), credentials, O(max_attempts), O(initial_backoff),
     O(max_backoff), O(connect_timeout), O(read_timeout)), their defaults, the client, the retries

@@ -73,6 +73,7 @@ THROTTLING_CODES = frozenset(
         "RequestThrottledException",
         "TooManyRequestsException",
         "SlowDown",
+        "ProvisionedThroughputExceededException",  # DynamoDB (the shared store)
     )
 )
 # Error codes worth another attempt (and any HTTP >= 500, whatever its code).

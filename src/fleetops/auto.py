@@ -19,19 +19,27 @@ The pure part is :mod:`fleetops.policy` (``decide``, ``commit``); this module ru
    action on it still inside its budget's window: it outlives a ladder its action cleared). A dry
    run records nothing.
 
+With a shared store (``inputs.store``, :mod:`fleetops.store`), step 3 reads the ladders and the ledger
+from the store under the pass's lease instead (the state directory and the tags are read once, to seed
+it), a pause in the store holds the pass before it acts and before every action (exit 5), each action's
+budget is reserved in the store before its rollout starts and settled after (ladders climb then), a dead
+pass's unsettled reservations count as attempted, and the tags are written as a mirror.
+
 Ctrl-C (stop after the batch), SIGTERM or SIGHUP during an action ends that rollout as
 ``fleetops remediate`` would (state saved for ``--resume``); the pass then starts no further action,
 records what was attempted (hosts caught mid-batch included) and exits 130 / 143 / 129. A SIGTERM
 or SIGHUP outside a rollout (the scan, between actions) unwinds the same way (``api.auto``).
 
 Exit: 130 / 143 / 129 when a signal stopped the pass; 3 when a host could not be scanned or an
-action's rollout did not finish every host; 1 when a host needs a human (the ladder reached ``human``
+action's rollout did not finish every host (or the store failed, or holds what does not parse); 5 when
+automation is paused; 1 when a host needs a human (the ladder reached ``human``
 or ran out); else 0 (acting, waiting, blocked by a budget, clean).
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -62,6 +70,7 @@ from fleetops.policy import (
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
 from fleetops.rollout.lease import Ec2Connection
+from fleetops.store import PassLease, Store, StoredState, StoreFailure
 
 AUTO_SCHEMA = "fleetops.auto/v1"
 LADDER_FILE = "ladder.json"
@@ -123,6 +132,13 @@ class PassResult:
     # "host: tag key" of each tag that did not parse: never overwritten (what it holds may be another
     # controller's record), and the pass fails so that a person mends or deletes it
     malformed_tags: list[str] = field(default_factory=list)
+    # with a shared store: where it is; why a batch was not started (pause, lease lost, store failed)
+    store: str | None = None
+    held: str | None = None
+    paused: str | None = None  # the pause in force (fleetops pause): nothing acted from then on
+    store_failure: str | None = None  # the store could not be read or written: nothing more acted
+    recovered: list[str] = field(default_factory=list)  # a dead pass's reservations, counted as attempted
+    malformed_store: list[str] = field(default_factory=list)  # store items that did not parse (kept)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -134,8 +150,12 @@ class PassResult:
             or any(r.exit_code != ExitCode.OK or r.cannot_act for r in self.runs)
             or self.tag_failures
             or self.malformed_tags
+            or self.store_failure
+            or self.malformed_store
         ):
             return ExitCode.FAILED
+        if self.paused is not None:
+            return ExitCode.PAUSED
         if any(d.status in ("human", "exhausted") for d in self.decisions):
             return ExitCode.FINDINGS
         return ExitCode.OK
@@ -148,6 +168,14 @@ class PassResult:
             doc["spent_tags_carried"] = dict(self.carried)
         if self.malformed_tags:
             doc["malformed_tags"] = list(self.malformed_tags)
+        if self.store is not None:
+            doc["store"] = {
+                "where": self.store,
+                "paused": self.paused,
+                "failure": self.store_failure,
+                "recovered": list(self.recovered),
+                "malformed": list(self.malformed_store),
+            }
         return doc
 
     def _document(self) -> dict[str, Any]:
@@ -378,6 +406,9 @@ class PassInputs:
     # the EC2 hosts outside the selection: their ladder and spent tags count against the budgets too
     # (read, never written)
     fleet_tags: Mapping[str, TagTarget] = field(default_factory=dict)
+    # the shared store (None: the state directory and the EC2 tags are the record)
+    store: Store | None = None
+    operator: str = ""  # who runs the pass (the store's lease names them)
 
 
 def run_pass(
@@ -389,71 +420,20 @@ def run_pass(
 ) -> PassResult:
     """Decide and act once (see the module's docstring); ``say`` gets one line per host, then each action.
     ``shield``: what the commit runs under (``api.auto``: signals held until the ladder, the ledger and
-    the tags are all written, so a SIGTERM never leaves a rung recorded without its budget spent)."""
+    the tags are all written, so a SIGTERM never leaves a rung recorded without its budget spent).
+    With ``inputs.store``, the ladders and the ledger are the shared store's (``_run_with_store``)."""
     check_policy_actions(inputs.policy, inputs.policy_source)
     result = PassResult([], [], inputs.apply, inputs.policy_source)
-
-    def warn(line: str) -> None:
-        result.warnings.append(line)
-        say(line, "warning")
-
-    fleet = inputs.fleet if inputs.fleet is not None else inputs.group_of
-
-    def group_of(host: str) -> str | None:
-        return inputs.group_of.get(host) if host in inputs.group_of else fleet.get(host)
-
-    sizes = Counter(group_of(h) or NO_GROUP for h in {*fleet, *inputs.group_of})  # the whole fleet's groups
+    ctx = _Pass(inputs, result, run_action, say, clock, shield)
+    if inputs.store is not None:
+        ctx.run_with_store(inputs.store)
+        return result
     with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
         ladder, ledger = _load_state(ladder_path, ledger_path)
-        now = clock()
-        read = {**inputs.fleet_tags, **inputs.tags}  # every EC2 host's tags count; the selection's written
-        malformed = merge_tags(
-            ladder,
-            ledger,
-            {h: t.value for h, t in read.items() if t.value},
-            group_of,
-            now,
-            warn,
-            spent={h: t.spent for h, t in read.items() if t.spent},
-        )
-        result.malformed_tags = sorted(f"{h}: {key}" for h, key in malformed if h in inputs.tags)
-        result.decisions = decide(inputs.policy, inputs.scan_report, ladder, ledger, now, group_of, sizes)
-        for d in result.decisions:
-            style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
-                d.status, ""
-            )
-            say(d.line(), style)
+        malformed = ctx.merge_all_tags(ladder, ledger, clock())
         attempted: set[tuple[str, str]] = set()
         try:
-            for action, params, hosts in batches(result.decisions, inputs.extra_params):
-                say(
-                    f"{action} on {len(hosts)} host(s): {' '.join(hosts)}"
-                    + ("" if inputs.apply else " (dry run)"),
-                    "bold",
-                )
-                try:
-                    run = run_action(action, hosts, params)
-                except FleetopsError as exc:
-                    code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
-                    run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
-                    say(f"{action}: {exc}", "error")
-                result.runs.append(run)
-                attempted.update((h, action) for h in run.attempted | run.cannot_act)
-                if run.cannot_act:
-                    say(
-                        f"{action}: nothing to do on {' '.join(sorted(run.cannot_act))}: the rung could not act; "
-                        "it counts as tried, and the ladder climbs after its clear time",
-                        "warning",
-                    )
-                if run.exit_code in SIGNAL_CODES:  # Ctrl-C or SIGTERM stopped that rollout: stop the pass
-                    say(
-                        f"{action}: {run.exit_code.name.lower()}; the pass starts no further action",
-                        "warning",
-                    )
-                    break
-                if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
-                    say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
-                    break
+            ctx.decide_and_act(ladder, ledger, clock(), attempted)
         finally:
             if inputs.apply:
                 with shield():
@@ -467,53 +447,273 @@ def run_pass(
                     )
                     ladder.save(ladder_path)
                     ledger.save(ledger_path, clock())
-                    windows = {a: float(b.window_s) for a, b in inputs.policy.limits.items()}
-                    then = clock()
-                    result.tags_after = {
-                        h: {
-                            key: t.shown(key) if (h, key) in malformed else value  # a bad tag: left as found
-                            for key, value in (
-                                (TAG_KEY, ladder.tag_value(h)),
-                                (SPENT_TAG_KEY, ledger.tag_value(h, windows, then)),
-                            )
-                        }
-                        for h, t in inputs.tags.items()
-                    }
-                    if inputs.connection is not None and inputs.tags:
-
-                        def tag_failed(host: str, why: str) -> None:
-                            result.tag_failures.append(host)
-                            warn(f"{host}: {why}; the state directory has its ladders and the budgets spent")
-
-                        result.tag_writes = write_tags(
-                            inputs.connection,
-                            inputs.tags,
-                            {h: t[TAG_KEY] for h, t in result.tags_after.items()},
-                            TAG_KEY,
-                            failed=tag_failed,
-                        )
-                        result.spent_writes = write_tags(
-                            inputs.connection,
-                            inputs.tags,
-                            {h: t[SPENT_TAG_KEY] for h, t in result.tags_after.items()},
-                            SPENT_TAG_KEY,
-                            failed=tag_failed,
-                        )
-                        # a replaced host's budget record travels to its new instance
-                        new = {
-                            iid: (TagTarget(iid, region, None, None), result.tags_after[host][SPENT_TAG_KEY])
-                            for r in result.runs
-                            for host, (iid, region) in r.replacements.items()
-                            if host in result.tags_after
-                            and result.tags_after[host][SPENT_TAG_KEY]
-                            and (host, SPENT_TAG_KEY) not in malformed  # a tag left as found is not copied
-                        }
-                        carried = write_tags(
-                            inputs.connection,
-                            {iid: target for iid, (target, _v) in new.items()},
-                            {iid: value for iid, (_t, value) in new.items()},
-                            SPENT_TAG_KEY,
-                            failed=tag_failed,
-                        )
-                        result.carried = {iid: v for iid, v in carried.items() if v is not None}
+                    ctx.write_mirror(ladder, ledger, malformed)
     return result
+
+
+# Why a batch must not start (pause, lease lost, store unreachable), or None; given the action and its
+# decisions. It may reserve the batch's budget in the store.
+Before = Callable[[str, Sequence[Decision]], str | None]
+After = Callable[[str, ActionRun], None]
+
+
+@dataclass
+class _Pass:
+    inputs: PassInputs
+    result: PassResult
+    run_action: RunAction
+    say: Say
+    clock: Callable[[], float]
+    shield: Callable[[], contextlib.AbstractContextManager[Any]]
+
+    def __post_init__(self) -> None:
+        inputs = self.inputs
+        fleet = inputs.fleet if inputs.fleet is not None else inputs.group_of
+        self.fleet = fleet
+        # the whole fleet's groups: a limit or --exclude does not shrink them
+        self.sizes = Counter(self.group_of(h) or NO_GROUP for h in {*fleet, *inputs.group_of})
+
+    def group_of(self, host: str) -> str | None:
+        return self.inputs.group_of.get(host) if host in self.inputs.group_of else self.fleet.get(host)
+
+    def warn(self, line: str) -> None:
+        self.result.warnings.append(line)
+        self.say(line, "warning")
+
+    def merge_all_tags(self, ladder: LadderState, ledger: BudgetLedger, now: float) -> set[tuple[str, str]]:
+        """Every EC2 host's tags into ``ladder`` and ``ledger`` (the selection's and the rest of the
+        fleet's); the malformed ones, which are left as found."""
+        read = {**self.inputs.fleet_tags, **self.inputs.tags}
+        malformed = merge_tags(
+            ladder,
+            ledger,
+            {h: t.value for h, t in read.items() if t.value},
+            self.group_of,
+            now,
+            self.warn,
+            spent={h: t.spent for h, t in read.items() if t.spent},
+        )
+        self.result.malformed_tags = sorted(f"{h}: {key}" for h, key in malformed if h in self.inputs.tags)
+        return malformed
+
+    def decide_and_act(
+        self,
+        ladder: LadderState,
+        ledger: BudgetLedger,
+        now: float,
+        attempted: set[tuple[str, str]],
+        before: Before | None = None,
+        after: After | None = None,
+        act: bool = True,
+    ) -> None:
+        inputs, result, say = self.inputs, self.result, self.say
+        result.decisions = decide(
+            inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
+        )
+        for d in result.decisions:
+            style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
+                d.status, ""
+            )
+            say(d.line(), style)
+        if not act:
+            return
+        by_host = {d.host: d for d in result.decisions}
+        for action, params, hosts in batches(result.decisions, inputs.extra_params):
+            held = before(action, [by_host[h] for h in hosts]) if before is not None else None
+            if held is not None:
+                say(
+                    f"{action} on {len(hosts)} host(s) not started: {held}; the pass starts no further action",
+                    "error",
+                )
+                result.held = held
+                break
+            say(
+                f"{action} on {len(hosts)} host(s): {' '.join(hosts)}"
+                + ("" if inputs.apply else " (dry run)"),
+                "bold",
+            )
+            try:
+                run = self.run_action(action, hosts, params)
+            except FleetopsError as exc:
+                code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
+                run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
+                say(f"{action}: {exc}", "error")
+            result.runs.append(run)
+            attempted.update((h, action) for h in run.attempted | run.cannot_act)
+            if after is not None:
+                after(action, run)
+            if run.cannot_act:
+                say(
+                    f"{action}: nothing to do on {' '.join(sorted(run.cannot_act))}: the rung could not act; "
+                    "it counts as tried, and the ladder climbs after its clear time",
+                    "warning",
+                )
+            if run.exit_code in SIGNAL_CODES:  # Ctrl-C or SIGTERM stopped that rollout: stop the pass
+                say(f"{action}: {run.exit_code.name.lower()}; the pass starts no further action", "warning")
+                break
+            if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
+                say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
+                break
+
+    def write_mirror(
+        self, ladder: LadderState, ledger: BudgetLedger, malformed: set[tuple[str, str]]
+    ) -> None:
+        """Each selected EC2 host's ladder and spent tags as this pass leaves them (and a replaced host's
+        spent tag on its new instance): the record without a store, a readable mirror with one."""
+        inputs, result = self.inputs, self.result
+        windows = {a: float(b.window_s) for a, b in inputs.policy.limits.items()}
+        then = self.clock()
+        result.tags_after = {
+            h: {
+                key: t.shown(key) if (h, key) in malformed else value  # a bad tag: left as found
+                for key, value in (
+                    (TAG_KEY, ladder.tag_value(h)),
+                    (SPENT_TAG_KEY, ledger.tag_value(h, windows, then)),
+                )
+            }
+            for h, t in inputs.tags.items()
+        }
+        if inputs.connection is None or not inputs.tags:
+            return
+
+        def tag_failed(host: str, why: str) -> None:
+            result.tag_failures.append(host)
+            where = "the shared store" if inputs.store is not None else "the state directory"
+            self.warn(f"{host}: {why}; {where} has its ladders and the budgets spent")
+
+        result.tag_writes = write_tags(
+            inputs.connection,
+            inputs.tags,
+            {h: t[TAG_KEY] for h, t in result.tags_after.items()},
+            TAG_KEY,
+            failed=tag_failed,
+        )
+        result.spent_writes = write_tags(
+            inputs.connection,
+            inputs.tags,
+            {h: t[SPENT_TAG_KEY] for h, t in result.tags_after.items()},
+            SPENT_TAG_KEY,
+            failed=tag_failed,
+        )
+        # a replaced host's budget record travels to its new instance
+        new = {
+            iid: (TagTarget(iid, region, None, None), result.tags_after[host][SPENT_TAG_KEY])
+            for r in result.runs
+            for host, (iid, region) in r.replacements.items()
+            if host in result.tags_after
+            and result.tags_after[host][SPENT_TAG_KEY]
+            and (host, SPENT_TAG_KEY) not in malformed  # a tag left as found is not copied
+        }
+        carried = write_tags(
+            inputs.connection,
+            {iid: target for iid, (target, _v) in new.items()},
+            {iid: value for iid, (_t, value) in new.items()},
+            SPENT_TAG_KEY,
+            failed=tag_failed,
+        )
+        result.carried = {iid: v for iid, v in carried.items() if v is not None}
+
+    # ---- with the shared store
+
+    def seed(self, state: StoredState) -> set[tuple[str, str]]:
+        """The upgrade path, once per store: what the EC2 tags and this controller's state directory
+        record is merged into the store (the record tried last wins; an action within a second of one
+        already there is the same action). A dry run merges in memory only."""
+        ladder_path, ledger_path = self.inputs.state_dir / LADDER_FILE, self.inputs.state_dir / LEDGER_FILE
+        with _state_locks(self.inputs.state_dir):
+            ladder, ledger = _load_state(ladder_path, ledger_path)
+        for host, rules in ladder.hosts.items():
+            for rule, rec in rules.items():
+                mine = state.ladder.get(host, rule)
+                if mine is None or rec.last_tried > mine.last_tried:
+                    state.ladder.hosts.setdefault(host, {})[rule] = rec
+        for e in ledger.entries:
+            state.ledger.record_once(e.action, e.host, e.group, e.at, e.controller)
+        malformed = self.merge_all_tags(state.ladder, state.ledger, self.clock())
+        if self.inputs.apply:
+            state.flush()
+            state.mark_seeded(self.inputs.operator or controller_id())
+            self.say(
+                f"the shared store was seeded from the EC2 tags and {self.inputs.state_dir}; from now on "
+                "the tags are a mirror this pass writes",
+                "dim",
+            )
+        return malformed
+
+    def run_with_store(self, store: Store) -> None:
+        inputs, result = self.inputs, self.result
+        result.store = store.where()
+        store.ready()  # created on first use; refuses a controller whose clock is off the store's
+        pass_id = f"auto-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(self.clock()))}-{secrets.token_hex(3)}"
+        lease = PassLease(store, pass_id, inputs.operator or controller_id()) if inputs.apply else None
+        if lease is not None:
+            lease.take()
+        try:
+            state = StoredState(store)
+            state.load()
+            for line in state.malformed:
+                self.warn(line)
+            result.malformed_store = list(state.malformed)
+            malformed: set[tuple[str, str]] = set()
+            if not state.seeded:
+                malformed = self.seed(state)
+            if inputs.apply:
+                for line in state.recover(pass_id):
+                    self.warn(line)
+                    result.recovered.append(line)
+            pause = store.paused()
+            if pause is not None:
+                result.paused = pause.describe()
+                self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+            reserved: dict[str, dict[str, str]] = {}
+            controller = controller_id()
+
+            def before(action: str, decisions: Sequence[Decision]) -> str | None:
+                if lease is not None and lease.lost is not None:
+                    result.store_failure = f"the shared store's lease was lost: {lease.lost}"
+                    return result.store_failure
+                try:
+                    paused = store.paused()
+                    if paused is not None:
+                        result.paused = paused.describe()
+                        return paused.describe()
+                    if inputs.apply:
+                        picks = [
+                            (d.host, d.group, d.rule or "", d.rung or 0, d.check or "") for d in decisions
+                        ]
+                        reserved[action] = state.reserve(pass_id, action, picks, controller, self.clock())
+                except StoreFailure as exc:
+                    result.store_failure = str(exc)
+                    return str(exc)
+                return None
+
+            def after(action: str, run: ActionRun) -> None:
+                if inputs.apply and action in reserved:
+                    state.settle(reserved.pop(action), run.attempted | run.cannot_act, action, self.clock())
+
+            attempted: set[tuple[str, str]] = set()
+            try:
+                self.decide_and_act(
+                    state.ladder, state.ledger, self.clock(), attempted, before, after, act=pause is None
+                )
+            finally:
+                if inputs.apply:
+                    with self.shield():
+                        # the rungs were recorded batch by batch (settle); what is left: the resets
+                        # a clean scan showed, and the ladders that reached ``human``
+                        commit(
+                            result.decisions,
+                            state.ladder,
+                            state.ledger,
+                            self.clock(),
+                            taken=lambda d: d.action == HUMAN,
+                        )
+                        try:
+                            state.flush(self.clock())
+                        except StoreFailure as exc:
+                            result.store_failure = str(exc)
+                            self.warn(str(exc))
+                        self.write_mirror(state.ladder, state.ledger, malformed)
+        finally:
+            if lease is not None:
+                lease.release()

@@ -11,7 +11,8 @@ class ExitCode(IntEnum):
     FINDINGS = 1  # warning or critical findings (scan), drift found (drift)
     USAGE = 2  # bad command line, configuration or input file
     FAILED = 3  # a host unreachable or failed, a detector could not run, the rollout stopped
-    LOCKED = 4  # hosts locked (lock file or EC2 lease) by another rollout
+    LOCKED = 4  # hosts locked (lock file, EC2 lease or the shared store's lease) by another rollout or pass
+    PAUSED = 5  # automation paused (fleetops pause): nothing acted
     HANGUP = 129  # SIGHUP: a rollout aborted at once (state saved, lock released)
     INTERRUPTED = 130  # Ctrl-C / SIGINT
     TERMINATED = 143  # SIGTERM: a rollout aborted at once (state saved, lock released)

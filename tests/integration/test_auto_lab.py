@@ -235,3 +235,37 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert freed.rc == 0, freed.stderr
     node = json.loads(kube.read_text())["nodes"][ECC]
     assert node["taints"] == [FOREIGN] and node.get("unschedulable") is False
+
+
+def test_a_pause_from_one_controller_holds_a_pass_on_another_until_unpaused(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The shared store: DynamoDB served by the lab's endpoint (moto, behind the lab's EC2 proxy), named by
+    FLEETOPS_STORE_TABLE beside the EC2 source. One controller pauses; an auto pass on another (a fresh
+    state directory, as an AWX job in a new container) decides but acts on nothing (exit 5); after
+    unpause, the next acts."""
+    env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-pause"}
+    inv = str(lab.ec2_inventory_path())
+    unit = install_crashloop_unit(lab, CRASH, name="pauser", restart_sec=0.5)
+    try:
+        time.sleep(4)  # a few restarts
+        paused = fleetops("pause", "-i", inv, "--reason", "lab: driver rollout", env=env)
+        assert paused.rc == 0 and "automation paused by" in paused.stderr, paused.stderr
+        rc, held, err = _pass(
+            lab, env, _policy(tmp_path, 2), "--apply", "-l", CRASH, "--state-dir", str(tmp_path / "b")
+        )
+        assert rc == 5, err
+        assert _decisions(held)[CRASH]["action"] == "fix" and _actions(held) == [], err
+        assert "lab: driver rollout" in held["store"]["paused"]
+        assert lab.run(CRASH, f"systemctl is-enabled {unit}").stdout.strip() == "enabled"
+
+        lifted = fleetops("unpause", "-i", inv, "--reason", "rollout done", env=env)
+        assert lifted.rc == 0, lifted.stderr
+        rc, acted, err = _pass(
+            lab, env, _policy(tmp_path, 2), "--apply", "-l", CRASH, "--state-dir", str(tmp_path / "c")
+        )
+        assert rc == 0, err
+        assert _actions(acted) == [("fix", [CRASH], [CRASH])], err
+        assert lab.run(CRASH, f"systemctl is-enabled {unit}").stdout.strip() == "masked"
+    finally:
+        remove_crashloop_unit(lab, CRASH, name="pauser")

@@ -55,6 +55,8 @@ from fleetops.api.requests import (
     ScanResult,
     StopRolloutRequest,
     StopRolloutResult,
+    StoreRequest,
+    StoreResult,
     empty_document,
     is_empty_document,
     needs_reboot,
@@ -75,8 +77,9 @@ from fleetops.rollout import guards
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
-from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, state_home
+from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator, state_home
 from fleetops.scan import PartialReport, ScanOptions, run_scan, shard_hosts, write_report
+from fleetops.store import open_store
 from fleetops.util import check_writable
 
 __all__ = [
@@ -105,6 +108,8 @@ __all__ = [
     "ScanResult",
     "StopRolloutRequest",
     "StopRolloutResult",
+    "StoreRequest",
+    "StoreResult",
     "auto",
     "default_inventories",
     "drift",
@@ -119,6 +124,7 @@ __all__ = [
     "rollout_exit_code",
     "scan",
     "stop",
+    "store",
 ]
 
 OnHost = Callable[[str, dict[str, Any]], None]
@@ -407,6 +413,8 @@ def _auto(
             tags=tags,
             connection=connection,
             extra_params=request.action_params,
+            store=open_store(inventories),
+            operator=operator(),
         ),
         run_action,
         obs.message,
@@ -471,6 +479,46 @@ def _stop_ec2(rollout: str | None, reason: str, who: str, inventories: Sequence[
         else:
             lines.append(f"EC2 {region}: no instance leased by {rollout or 'any rollout'}")
     return lines
+
+
+# ------------------------------------------------------------------------------------------ store
+
+
+def store(request: StoreRequest) -> StoreResult:
+    """The shared store (``fleetops.store``): ``pause`` (every rollout stops after its batch, no auto
+    pass acts), ``unpause``, ``init`` (create the table) or ``status``. UsageError (exit 2) when the
+    inventory names no store."""
+    inventories = paths.resolve_inventories(request.inventory)
+    found = open_store(inventories)
+    if found is None:
+        raise UsageError(
+            "no shared store: the inventory's fleetops.node.ec2 source sets no store_table "
+            "(or FLEETOPS_STORE_TABLE); see the README's 'The shared store'"
+        )
+    who = operator()
+    if request.verb == "init":
+        found.ready()
+        return StoreResult([f"shared store ready: {found.where()}"], ExitCode.OK, {"store": found.where()})
+    if request.verb == "pause":
+        record, new = found.pause(who, request.reason)
+        line = record.describe() + (
+            ": running rollouts stop after their current batch; no auto pass acts until 'fleetops unpause'"
+            if new
+            else " (already)"
+        )
+        return StoreResult([line], ExitCode.OK, {"store": found.where(), "paused": vars(record)})
+    if request.verb == "unpause":
+        lifted = found.unpause(who, request.reason)
+        line = f"pause lifted by {who} ({lifted.describe()})" if lifted else "automation was not paused"
+        return StoreResult([line], ExitCode.OK, {"store": found.where(), "paused": None})
+    found.check_clock()
+    pause = found.paused()
+    lines = [f"shared store: {found.where()}", pause.describe() if pause else "automation is not paused"]
+    return StoreResult(
+        lines,
+        ExitCode.PAUSED if pause else ExitCode.OK,
+        {"store": found.where(), "paused": vars(pause) if pause else None, "skew_s": found.backend.skew},
+    )
 
 
 # ------------------------------------------------------------------------------------------ drift

@@ -5,7 +5,8 @@ and its run under the lock (``execute``: also a resume's)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fleetops import paths
@@ -16,7 +17,7 @@ from fleetops.errors import UsageError
 from fleetops.planner import MaxParallel, one_per_batch
 from fleetops.planner import plan as plan_batches
 from fleetops.remediations import REMEDIATIONS, Remediation
-from fleetops.rollout import guards
+from fleetops.rollout import guards, killswitch
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
 from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, REFUSED, Engine, RolloutObserver
@@ -33,6 +34,7 @@ from fleetops.rollout.state import (
     RolloutError,
     new_rollout,
 )
+from fleetops.store import Store, StoreFailure, open_store
 
 
 def _selection(inventories: Sequence[Path], limit: str | None) -> str:
@@ -223,6 +225,31 @@ def leave_out_gone(rollout: Rollout, present: frozenset[str], observer: RolloutO
         rollout.save()
 
 
+def with_pause(
+    ec2_stop: Callable[[float], killswitch.StopRequest | None] | None, store: Store | None
+) -> Callable[[float], killswitch.StopRequest | None] | None:
+    """The engine's before-batch stop check, with the shared store's pause first: a rollout stops after
+    its current batch when automation is paused (whenever it started), or when the store cannot be
+    read (nothing disruptive without it)."""
+    if store is None:
+        return ec2_stop
+
+    def check(running_since: float) -> killswitch.StopRequest | None:
+        try:
+            pause = store.paused()
+        except StoreFailure as exc:
+            return killswitch.StopRequest(
+                None, "fleetops", time.time(), str(exc), store.where(), scope="the shared store"
+            )
+        if pause is not None:
+            return killswitch.StopRequest(
+                None, pause.operator, pause.since, pause.reason, store.where(), scope="fleetops pause"
+            )
+        return ec2_stop(running_since) if ec2_stop is not None else None
+
+    return check
+
+
 def execute(
     rollout: Rollout,
     remediation: Remediation,
@@ -255,7 +282,7 @@ def execute(
             replaces_host=remediation.replaces_host,
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
-            ec2_stop=held.ec2_stop,
+            ec2_stop=with_pause(held.ec2_stop, open_store(inventory) if rollout.apply else None),
         )
         if rollout.apply:
             observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fleetops import auto as auto_mod
 from fleetops.exitcodes import ExitCode, signal_exit_code
@@ -266,6 +266,23 @@ class StopRolloutRequest:
 class StopRolloutResult:
     lines: list[str]  # what was done, for the operator
     exit_code: ExitCode
+
+
+@dataclass(frozen=True)
+class StoreRequest:
+    """``fleetops pause`` / ``unpause`` / ``store init``: on the shared store the inventory's
+    fleetops.node.ec2 source names (``store_table``)."""
+
+    inventory: Sequence[Path]
+    verb: Literal["pause", "unpause", "init", "status"]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    lines: list[str]  # what was done or found, for the operator
+    exit_code: ExitCode
+    document: dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------ auto

@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetops.cli.stop import register as register_stop
 
     register_stop(sub)
+    from fleetops.cli.pause import register as register_pause
+
+    register_pause(sub)
     from fleetops.cli.drift import register as register_drift
 
     register_drift(sub)

@@ -96,6 +96,7 @@ class StopRequest:
     reason: str
     source: str  # the stop file, or "EC2 tag fleetops:stop on i-..."
     raw: str | None = None  # an EC2 tag's exact value (what a conditional DeleteTags must name)
+    scope: str | None = None  # what asked, when not `fleetops stop` (``fleetops pause``)
 
     def applies_to(self, rollout_id: str, running_since: float, skew: float = 0.0) -> bool:
         """Whether this request stops the run of ``rollout_id`` that started at ``running_since``."""
@@ -105,7 +106,9 @@ class StopRequest:
     def describe(self) -> str:
         """One line: ``stopped by alice@bastion at 2026-11-29T17:01:02Z (fleetops stop --all): wrong AMI``."""
         when = "an unknown time" if not math.isfinite(self.requested) else _iso(self.requested)
-        scope = "fleetops stop --all" if self.rollout is None else f"fleetops stop {self.rollout}"
+        scope = self.scope or (
+            "fleetops stop --all" if self.rollout is None else f"fleetops stop {self.rollout}"
+        )
         return f"stopped by {self.operator} at {when} ({scope}; {self.source}): {self.reason}"
 
 

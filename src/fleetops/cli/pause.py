@@ -1,0 +1,67 @@
+"""`fleetops pause`, `fleetops unpause` and `fleetops store {init,status}`: the shared store
+(``fleetops.store``), configured by the inventory's fleetops.node.ec2 source (``store_table``).
+
+``pause`` holds every controller: each running rollout stops after its current batch (as with
+``fleetops stop``), and no ``remediate auto`` pass acts (exit 5) until ``unpause``. Both are audited in
+the store with who and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _inventory(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-i",
+        "--inventory",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="INVENTORY",
+        help="an inventory whose fleetops.node.ec2 source names the store (store_table); "
+        "default: the configured inventory",
+    )
+
+
+def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
+    """Add ``fleetops pause``, ``unpause`` and ``store`` to the CLI's subcommands."""
+    pause = subparsers.add_parser(
+        "pause",
+        help="hold all automation on every controller until 'fleetops unpause'",
+        description="Pause automation in the shared store: every running rollout stops after its current "
+        "batch, and no 'remediate auto' pass acts (exit 5) until 'fleetops unpause'. Audited (who, why).",
+    )
+    _inventory(pause)
+    pause.add_argument("--reason", default="", metavar="TEXT", help="why (shown by every held pass)")
+    pause.set_defaults(func=cmd_store, verb="pause")
+    unpause = subparsers.add_parser(
+        "unpause",
+        help="lift 'fleetops pause'",
+        description="Lift the pause: the next rollouts and auto passes act again. Audited (who, why).",
+    )
+    _inventory(unpause)
+    unpause.add_argument("--reason", default="", metavar="TEXT", help="why (kept in the store's audit)")
+    unpause.set_defaults(func=cmd_store, verb="unpause")
+    store = subparsers.add_parser(
+        "store",
+        help="the shared store: create its table, or show whether automation is paused",
+        description="'init' creates the store's DynamoDB table (the first auto pass does it too); "
+        "'status' says whether automation is paused (exit 5 when it is) and the clock's skew.",
+    )
+    store.add_argument("verb", choices=["init", "status"])
+    _inventory(store)
+    store.set_defaults(func=cmd_store, reason="")
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fleetops import api
+
+    result = api.store(api.StoreRequest(inventory=args.inventory, verb=args.verb, reason=args.reason))
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in result.lines:
+        console.print(line, markup=False)
+    return int(result.exit_code)

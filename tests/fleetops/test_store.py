@@ -1,0 +1,468 @@
+"""The shared store (fleetops.store, the collection's module_utils/store.py): compare-and-swap against a
+real moto_server DynamoDB on 127.0.0.1 (no boto3 mocks), the pause through the real CLI, and the auto
+pass's reservations, lease and journal over the same contract in memory (MemoryStore; the actions'
+rollouts are the recorded stand-in of test_auto.py, as the engine is proven by the lab tests).
+
+moto_server does not serialise requests, so the races here are forced, call by call: both sides
+read, one writes, the other's write must be refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops import auto, store
+from fleetops.ansible.collection import module_utils
+from fleetops.exitcodes import ExitCode
+from fleetops.policy import parse_policy
+from fleetops_lab.ec2sim import MotoServer
+from tests.fleetops.test_auto import CRASHLOOP, T0, H, Runner, ecc, report
+
+mu = module_utils("store")
+aws = module_utils("aws")
+REGION = "us-east-1"
+
+
+# ------------------------------------------------------------------------------ DynamoDB (moto_server)
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server = MotoServer()
+    url = server.start()
+    try:
+        yield url
+    finally:
+        server.stop()  # SIGINT to its PID
+
+
+def settings(url: str, attempts: int = 2) -> Any:
+    return aws.ConnectionSettings(
+        endpoint_url=url, aws_access_key="testing", aws_secret_key="testing", max_attempts=attempts
+    )
+
+
+def dynamo(url: str, table: str, clock: Any = None) -> Any:
+    kwargs = {"clock": clock} if clock is not None else {}
+    return mu.DynamoStore(settings(url), table, REGION, **kwargs)
+
+
+def test_conditional_writes_refuse_a_stale_version(moto_url: str) -> None:
+    a, b = dynamo(moto_url, "cas"), dynamo(moto_url, "cas")
+    assert a.ensure() is True and b.ensure() is False  # created once, found by the other
+    first = a.put("ledger#reboot", {"entries": []}, None)
+    assert first.version == 1
+    with pytest.raises(mu.Conflict):
+        b.put("ledger#reboot", {"entries": ["b"]}, None)  # "must not exist" after a's create
+    read_a, read_b = a.get("ledger#reboot"), b.get("ledger#reboot")  # both read version 1
+    assert read_a.version == read_b.version == 1
+    a.put("ledger#reboot", {"entries": ["a"]}, read_a.version)
+    with pytest.raises(mu.Conflict):  # b's write names the version it read: refused, not lost
+        b.put("ledger#reboot", {"entries": ["b"]}, read_b.version)
+    with pytest.raises(mu.Conflict):
+        b.delete("ledger#reboot", read_b.version)
+    assert b.get("ledger#reboot").doc == {"entries": ["a"]}
+    assert [i.key for i in a.items("ledger#")] == ["ledger#reboot"] and a.items("pause") == []
+    assert a.skew is not None and abs(a.skew) < 5  # the store's Date against this clock
+
+
+def test_a_controller_whose_clock_is_off_the_store_refuses(moto_url: str) -> None:
+    import time
+
+    late = store.Store(
+        dynamo(moto_url, "skew", clock=lambda: time.time() + 600), clock=lambda: time.time() + 600
+    )
+    with pytest.raises(store.StoreFailure, match=r"\+60[01] s off the store's"):
+        late.ready()
+
+
+def test_an_unreachable_store_is_one_line_and_no_pass(tmp_path: Path) -> None:
+    dead = store.Store(mu.DynamoStore(settings("http://127.0.0.1:9", attempts=1), "t", REGION))
+    with pytest.raises(store.StoreFailure, match="Failed to use the shared store: Failed to call dynamodb"):
+        dead.ready()
+    runner = Runner()
+    with pytest.raises(store.StoreFailure):
+        run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, dead, T0)
+    assert runner.calls == []  # never an action without the store
+
+
+def _inventory(tmp_path: Path, url: str, table: str) -> Path:
+    inv = tmp_path / f"{table}.fleet_ec2.yml"
+    inv.write_text(
+        "plugin: fleetops.node.ec2\n"
+        f"regions: [{REGION}]\nendpoint_url: {url}\naws_access_key: testing\naws_secret_key: testing\n"
+        f"store_table: {table}\n"
+    )
+    return inv
+
+
+def _fleetops(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "fleetops"), *args],  # the installed console script
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "USER": "alice"},
+    )
+
+
+def test_pause_and_unpause_through_the_cli_are_held_and_audited(tmp_path: Path, moto_url: str) -> None:
+    inv = _inventory(tmp_path, moto_url, "pausecli")
+    status = _fleetops("store", "status", "-i", str(inv))
+    assert status.returncode == 0, status.stderr
+    assert "not paused" in status.stderr
+    paused = _fleetops("pause", "-i", str(inv), "--reason", "bad AMI\nrolled out")
+    assert paused.returncode == 0, paused.stderr
+    assert "automation paused by alice@" in paused.stderr and "bad AMI rolled out" in paused.stderr
+    again = _fleetops("pause", "-i", str(inv), "--reason", "second")
+    assert again.returncode == 0 and "(already)" in again.stderr and "bad AMI" in again.stderr
+    status = _fleetops("store", "status", "-i", str(inv))
+    assert status.returncode == int(ExitCode.PAUSED) and "bad AMI rolled out" in status.stderr
+    # another controller (a Store of its own over the same table) sees it
+    other = store.open_store([inv])
+    assert other is not None and (p := other.paused()) is not None and p.reason == "bad AMI rolled out"
+    lifted = _fleetops("unpause", "-i", str(inv), "--reason", "fixed")
+    assert lifted.returncode == 0 and "pause lifted by alice@" in lifted.stderr
+    assert other.paused() is None
+    assert _fleetops("unpause", "-i", str(inv)).stderr.strip() == "automation was not paused"
+    trail = other.audit_trail()
+    assert [(e["event"], e["reason"]) for e in trail] == [
+        ("pause", "bad AMI rolled out"),
+        ("unpause", "fixed"),
+    ]
+    assert all(e["operator"].startswith("alice@") for e in trail)
+
+
+def test_pause_without_a_store_is_a_usage_error(tmp_path: Path) -> None:
+    inv = tmp_path / "plain.fleet_ec2.yml"
+    inv.write_text(f"plugin: fleetops.node.ec2\nregions: [{REGION}]\n")
+    done = _fleetops("pause", "-i", str(inv))
+    assert done.returncode == 2 and "no shared store" in done.stderr
+
+
+# ------------------------------------------------------------------------------ the auto pass
+
+
+POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  quarantine: {window: 1h, max: 1}
+  stop-start: {window: 1h, max: 5}
+  fix: {unlimited: true}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: quarantine, clear_after: 10m}
+      - {action: stop-start, clear_after: 30m}
+      - {action: human}
+  - name: crashloop
+    match: [{check: crashloop_unit}]
+    ladder:
+      - {action: fix, clear_after: 10m}
+      - {action: human}
+"""
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def memory(clock: Clock, conditional: bool = True) -> store.Store:
+    return store.Store(mu.MemoryStore(conditional=conditional, clock=clock), clock=clock)
+
+
+def run_store(
+    tmp_path: Path,
+    scan: dict[str, Any],
+    runner: Any,
+    shared: store.Store,
+    now: float,
+    *,
+    apply: bool = True,
+    state: str = "auto",
+    tags: dict[str, auto.TagTarget] | None = None,
+) -> tuple[auto.PassResult, list[str]]:
+    lines: list[str] = []
+    if isinstance(shared.clock, Clock):
+        shared.clock.now = now  # the store's clock (its lease) is the pass's
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=scan,
+        group_of={h: "az-a" for h in scan["hosts"]},
+        state_dir=tmp_path / state,
+        apply=apply,
+        tags=tags or {},
+        store=shared,
+        operator="alice@bastion",
+    )
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: now)
+    return result, lines
+
+
+def test_two_controllers_with_fresh_state_directories_spend_one_budget(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    a, b = Runner(), Runner()
+    first, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), a, shared, T0, state="a")
+    assert a.calls == [("quarantine", ["lab-01"], a.calls[0][2])] and first.exit_code == ExitCode.OK
+    # controller B: its own empty state directory, no tags; the store has A's quarantine
+    second, lines = run_store(tmp_path, report(**{"lab-02": [ecc()]}), b, shared, T0 + 60, state="b")
+    assert b.calls == []
+    assert second.decisions[0].status == "budget", lines
+    ledger = shared.backend.get("ledger#quarantine").doc
+    assert [(e["host"], e["state"]) for e in ledger["entries"]] == [("lab-01", "done")]
+    ladder = shared.backend.get("ladder#lab-01").doc
+    assert ladder["rules"]["gpu-fatal"]["action"] == "quarantine"
+
+
+def test_the_budget_is_reserved_before_the_batch_starts(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    seen: list[Any] = []
+
+    def runner(action: str, hosts: Sequence[str], params: Any) -> auto.ActionRun:
+        seen.append(copy.deepcopy(shared.backend.get(f"ledger#{action}").doc))  # what the store holds now
+        return Runner()(action, hosts, params)
+
+    run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    assert [(e["host"], e["state"], e["rule"], e["rung"]) for e in seen[0]["entries"]] == [
+        ("lab-01", "reserved", "gpu-fatal", 0)
+    ]
+
+
+def test_a_reservation_lost_to_another_writer_starts_nothing(tmp_path: Path) -> None:
+    """Forced interleaving: the pass reads the ledger, another writer changes it (a pass that took over
+    the lease after ours expired), then ours tries to reserve: refused, no batch, exit 3."""
+    clock = Clock(T0)
+    shared = memory(clock)
+    runner = Runner()
+    real_reserve = store.StoredState.reserve
+
+    def interloper(self: store.StoredState, *args: Any, **kwargs: Any) -> Any:
+        other = store.StoredState(shared)
+        other.load()
+        other.ledger.record("quarantine", "lab-09", "az-a", T0, "other")
+        other.flush()  # the other writer's CAS lands first
+        return real_reserve(self, *args, **kwargs)
+
+    store.StoredState.reserve = interloper  # type: ignore[method-assign]
+    try:
+        result, lines = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    finally:
+        store.StoredState.reserve = real_reserve  # type: ignore[method-assign]
+    assert runner.calls == []
+    assert result.exit_code == ExitCode.FAILED and "changed under this pass" in (result.store_failure or "")
+    assert any("not started" in line for line in lines)
+
+
+def test_without_the_write_condition_the_same_race_spends_the_budget_twice(tmp_path: Path) -> None:
+    """The same interleaving over a store that ignores the condition: both writes land, and the fleet's
+    budget of one quarantine an hour is spent twice — what the compare-and-swap is for."""
+    clock = Clock(T0)
+    shared = memory(clock, conditional=False)
+    runner = Runner()
+    real_reserve = store.StoredState.reserve
+
+    def interloper(self: store.StoredState, *args: Any, **kwargs: Any) -> Any:
+        other = store.StoredState(shared)
+        other.load()
+        other.ledger.record("quarantine", "lab-09", "az-a", T0, "other")
+        other.flush()
+        return real_reserve(self, *args, **kwargs)
+
+    store.StoredState.reserve = interloper  # type: ignore[method-assign]
+    try:
+        run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    finally:
+        store.StoredState.reserve = real_reserve  # type: ignore[method-assign]
+    assert runner.calls and runner.calls[0][0] == "quarantine"  # acted on a stale read
+
+
+def test_a_second_pass_is_refused_while_the_lease_is_live_and_takes_over_after(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    held = store.PassLease(shared, "auto-other", "bob@laptop")
+    held.take()
+    held._stop.set()  # its renewing thread stops: as if the process died
+    runner = Runner()
+    with pytest.raises(store.StoreLockedError, match="pass auto-other by bob@laptop"):
+        run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    assert runner.calls == []
+    clock.now = T0 + store.PASS_LEASE_TTL_S + 1
+    result, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, clock.now)
+    assert runner.calls and result.exit_code == ExitCode.OK
+    assert shared.backend.get(store.LEASE_KEY) is None  # released at the end
+
+
+class Killed(BaseException):
+    """SIGKILL stand-in: raised from inside a batch; the store is then rolled back to what it held at
+    that instant, so nothing the dying pass would have done after it (its finally blocks) counts."""
+
+
+def test_a_pass_killed_mid_batch_is_finished_by_the_next(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    snapshot: dict[str, Any] = {}
+
+    def dies(action: str, hosts: Sequence[str], params: Any) -> auto.ActionRun:
+        snapshot.update(copy.deepcopy(shared.backend.data))
+        raise Killed
+
+    with pytest.raises(Killed):
+        run_store(tmp_path, report(**{"lab-01": [ecc()]}), dies, shared, T0, state="a")
+    shared.backend.data = snapshot  # what the store held when the process died
+    assert store.LEASE_KEY in snapshot  # its lease is still there, live for its TTL
+    runner = Runner()
+    later = T0 + store.PASS_LEASE_TTL_S + 5
+    result, lines = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, later, state="b")
+    # the dead pass's quarantine counts as attempted: the ladder holds it, the budget (1/h) is spent,
+    # and the rung's clear time runs from when it was reserved: nothing runs again now
+    assert runner.calls == []
+    assert result.recovered and "counted as attempted" in result.recovered[0]
+    assert result.decisions[0].status == "wait", lines
+    entries = shared.backend.get("ledger#quarantine").doc["entries"]
+    assert [(e["host"], e["state"]) for e in entries] == [("lab-01", "in_doubt")]
+    # once the clear time has passed, the ladder climbs to the next rung
+    climb, _ = run_store(
+        tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0 + 11 * 60 + 200, state="b"
+    )
+    assert [c[0] for c in runner.calls] == ["stop-start"] and climb.exit_code == ExitCode.OK
+
+
+def test_a_pause_holds_every_pass_and_lifts(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    shared.pause("carol@ops", "driver rollout")
+    runner = Runner()
+    held, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    assert runner.calls == [] and held.exit_code == ExitCode.PAUSED
+    assert "paused by carol@ops" in (held.paused or "") and held.decisions[0].status == "act"
+    assert shared.backend.get("ledger#quarantine") is None  # nothing reserved, nothing recorded
+    shared.unpause("carol@ops", "done")
+    acted, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0 + 60)
+    assert [c[0] for c in runner.calls] == ["quarantine"] and acted.exit_code == ExitCode.OK
+
+
+def test_a_pause_during_a_pass_stops_it_before_its_next_batch(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    calls: list[str] = []
+
+    def pauses(action: str, hosts: Sequence[str], params: Any) -> auto.ActionRun:
+        calls.append(action)
+        shared.pause("dave@ops", "stop everything")  # another controller, while this batch runs
+        return Runner()(action, hosts, params)
+
+    result, lines = run_store(
+        tmp_path, report(**{"lab-01": [ecc()], "lab-02": [CRASHLOOP]}), pauses, shared, T0
+    )
+    assert calls == ["fix"]  # quarantine (after fix in the ladder order) never started
+    assert result.exit_code == ExitCode.PAUSED and any("not started" in line for line in lines)
+    # what did run is recorded; what did not is not
+    assert [e["host"] for e in shared.backend.get("ledger#fix").doc["entries"]] == ["lab-02"]
+    assert shared.backend.get("ledger#quarantine") is None
+
+
+def test_entries_and_items_that_do_not_parse_are_kept_and_fail_the_pass(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    foreign = {"id": "x1", "host": "lab-07", "group": "az-b", "at": "yesterday", "controller": "v9"}
+    shared.backend.put("ledger#quarantine", {"schema": store.LEDGER_SCHEMA, "entries": [foreign]}, None)
+    shared.backend.put("ladder#lab-05", {"rules": "garbage"}, None)
+    runner = Runner()
+    result, _ = run_store(tmp_path, report(**{"lab-01": [ecc()], "lab-05": [ecc()]}), runner, shared, T0)
+    entries = shared.backend.get("ledger#quarantine").doc["entries"]
+    assert foreign in entries  # kept as it was, beside this pass's own
+    assert shared.backend.get("ladder#lab-05").doc == {"rules": "garbage"}  # never overwritten
+    assert result.exit_code == ExitCode.FAILED and result.malformed_store == [
+        f"ladder#lab-05: not a {store.LADDER_SCHEMA} document (kept, never written)"
+    ]
+
+
+def test_the_first_pass_seeds_the_store_from_the_tags_once(tmp_path: Path) -> None:
+    """The upgrade path: a controller that used tags before has its record carried into the store."""
+    clock = Clock(T0)
+    shared = memory(clock)
+    spent = f"quarantine:{int(T0 - 600)}"
+    tags = {"lab-02": auto.TagTarget("i-2", REGION, None, spent)}
+    runner = Runner()
+    result, lines = run_store(
+        tmp_path, report(**{"lab-01": [ecc()], "lab-02": []}), runner, shared, T0, tags=tags
+    )
+    assert runner.calls == []  # lab-02's quarantine 10 minutes ago spent the 1/h budget
+    assert result.decisions[0].status == "budget" and any("seeded" in line for line in lines)
+    assert shared.backend.get(store.SEEDED_KEY) is not None
+    # once seeded, the tags are only a mirror: a tag edited by hand no longer counts
+    tags = {
+        "lab-02": auto.TagTarget("i-2", REGION, None, f"quarantine:{int(T0 - 60)};quarantine:{int(T0 - 30)}")
+    }
+    run_store(tmp_path, report(**{"lab-01": [ecc()], "lab-02": []}), runner, shared, T0 + 2 * H, tags=tags)
+    assert [c[0] for c in runner.calls] == ["quarantine"]
+
+
+def test_a_dry_run_reads_the_store_and_writes_nothing(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    shared = memory(clock)
+    runner = Runner()
+    result, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0, apply=False)
+    assert result.decisions[0].status == "act" and shared.backend.data == {}
+    assert json.loads(json.dumps(result.document()))["store"]["where"] == "memory store"
+
+
+# ------------------------------------------------------------------------------ declared once
+
+
+def test_the_inventory_plugin_documents_exactly_the_store_options() -> None:
+    """module_utils/store.py's OPTIONS are the one declaration; the plugin's DOCUMENTATION (a literal Ansible
+    reads, and what refuses unknown options) states them as they are."""
+    import yaml
+
+    plugin = (Path(mu.__file__).parents[1] / "inventory" / "ec2.py").read_text()
+    documented = yaml.safe_load(plugin.split('DOCUMENTATION = r"""', 1)[1].split('"""', 1)[0])["options"]
+    for name, option in mu.OPTIONS.items():
+        doc = documented[name]
+        assert doc["type"] == option["type"], name
+        assert [e["name"] for e in doc.get("env", [])] == option["env"], name
+    assert {n for n in documented if n.startswith("store_")} == set(mu.OPTIONS)
+
+
+def test_a_paused_store_stops_a_running_rollout_before_its_next_batch() -> None:
+    """The engine's before-batch check (``launch.with_pause``): the pause first, whenever the rollout
+    started; a store that cannot be read stops it too; otherwise the kill switch's EC2 channel answers."""
+    from fleetops.api.launch import with_pause
+
+    clock = Clock(T0)
+    shared = memory(clock)
+    asked: list[float] = []
+
+    def ec2_stop(since: float) -> None:
+        asked.append(since)
+
+    check = with_pause(ec2_stop, shared)
+    assert check is not None and check(T0 - 5) is None and asked == [T0 - 5]
+    shared.pause("erin@ops", "hold")
+    request = check(T0 + 3600)  # a rollout started after the pause is held as well
+    assert request is not None and request.describe().startswith("stopped by erin@ops at ")
+    assert "(fleetops pause; memory store): hold" in request.describe()
+
+    def outage(operation: str) -> None:
+        raise mu.StoreError("Failed to call dynamodb:GetItem in us-east-1: Throttling")
+
+    shared.backend.fail = outage
+    request = check(T0)
+    assert request is not None and "Throttling" in request.describe()
+    assert with_pause(ec2_stop, None) is ec2_stop  # no store: the kill switch alone, as before
