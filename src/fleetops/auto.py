@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetops.ansible.collection import module_utils
+from fleetops.ansible.collection import load, module_utils
 from fleetops.documents import DocumentError
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
@@ -139,6 +139,8 @@ class PassResult:
     store_failure: str | None = None  # the store could not be read or written: nothing more acted
     recovered: list[str] = field(default_factory=list)  # a dead pass's reservations, counted as attempted
     malformed_store: list[str] = field(default_factory=list)  # store items that did not parse (kept)
+    finished: list[str] = field(default_factory=list)  # actions a dead pass left half done, finished now
+    unfinished: list[str] = field(default_factory=list)  # ... that could not be finished (the pass fails)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -152,6 +154,7 @@ class PassResult:
             or self.malformed_tags
             or self.store_failure
             or self.malformed_store
+            or self.unfinished
         ):
             return ExitCode.FAILED
         if self.paused is not None:
@@ -174,6 +177,8 @@ class PassResult:
                 "paused": self.paused,
                 "failure": self.store_failure,
                 "recovered": list(self.recovered),
+                "finished": list(self.finished),
+                "unfinished": list(self.unfinished),
                 "malformed": list(self.malformed_store),
             }
         return doc
@@ -640,6 +645,47 @@ class _Pass:
             )
         return malformed
 
+    def finish_in_flight(self, state: StoredState) -> None:
+        """Finish every action a dead pass left half done on an EC2 instance (``Remediation.in_flight``:
+        a stop-start stopped and never started), through the collection module's ``finish_instance`` —
+        whether or not the inventory still lists the instance. One that cannot be finished now fails the
+        pass (exit 3) and is tried again by the next."""
+        finishers = {name: r.in_flight for name, r in REMEDIATIONS.items() if r.in_flight}
+        result = self.result
+        for entry, journal in state.unfinished(finishers):
+            instance, region = str(journal["instance"]), str(journal.get("region") or "")
+            where = f"{entry.host} ({instance})"
+            if self.inputs.connection is None:
+                result.unfinished.append(where)
+                self.warn(
+                    f"{where}: the {entry.action} a dead pass left may be half done, and this inventory "
+                    "has no EC2 source to finish it with"
+                )
+                continue
+            module = load(f"plugins.modules.{finishers[entry.action]}")
+            regions = self.inputs.connection.regions
+            try:
+                done = module.finish_instance(
+                    self.inputs.connection.settings(),
+                    region or (regions[0] if regions else "us-east-1"),
+                    instance,
+                )
+            except Exception as exc:
+                result.unfinished.append(where)
+                self.warn(
+                    f"{where}: failed to finish the {entry.action} a dead pass left: {exc}; the next pass "
+                    "tries again"
+                )
+                continue
+            journal["finished"] = True
+            line = (
+                f"{where}: finished the {entry.action} a dead pass left half done: {done.get('msg', 'done')}"
+            )
+            result.finished.append(line)
+            self.say(line, "bold")
+        if result.finished:
+            state.flush()
+
     def run_with_store(self, store: Store) -> None:
         inputs, result = self.inputs, self.result
         result.store = store.where()
@@ -648,6 +694,8 @@ class _Pass:
         lease = PassLease(store, pass_id, inputs.operator or controller_id()) if inputs.apply else None
         if lease is not None:
             lease.take()
+            if lease.took_over:
+                self.warn(f"took over the shared store's lease: {lease.took_over}")
         try:
             state = StoredState(store)
             state.load()
@@ -661,6 +709,7 @@ class _Pass:
                 for line in state.recover(pass_id):
                     self.warn(line)
                     result.recovered.append(line)
+                self.finish_in_flight(state)
             pause = store.paused()
             if pause is not None:
                 result.paused = pause.describe()
@@ -681,7 +730,14 @@ class _Pass:
                         picks = [
                             (d.host, d.group, d.rule or "", d.rung or 0, d.check or "") for d in decisions
                         ]
-                        reserved[action] = state.reserve(pass_id, action, picks, controller, self.clock())
+                        instances = {
+                            d.host: (inputs.tags[d.host].instance, inputs.tags[d.host].region)
+                            for d in decisions
+                            if d.host in inputs.tags
+                        }
+                        reserved[action] = state.reserve(
+                            pass_id, action, picks, controller, self.clock(), instances
+                        )
                 except StoreFailure as exc:
                     result.store_failure = str(exc)
                     return str(exc)

@@ -252,6 +252,28 @@ class Store:
 # ------------------------------------------------------------------------------ the auto pass's lease
 
 
+def _controller() -> str:
+    """``<hostname>:<pid>``: the process holding a lease (so this host can tell that it died)."""
+    return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def _dead_here(controller: Any) -> bool:
+    """Whether ``controller`` (``host:pid``) is a process of this host that no longer runs: its lease
+    needs no waiting out (a pass killed with SIGKILL here is finished by the next one at once)."""
+    if not isinstance(controller, str) or controller.count(":") != 1:
+        return False
+    host, _, pid = controller.partition(":")
+    if host != os.uname().nodename or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it runs, as another user
+    return False
+
+
 @dataclass
 class PassLease:
     """The store's ``auto#lease`` held by one pass: ``take``, a renewing thread, ``release``; ``lost``
@@ -263,13 +285,20 @@ class PassLease:
     ttl: float = PASS_LEASE_TTL_S
     version: int = 0
     lost: str | None = None
+    took_over: str | None = None  # whose live lease was taken over, and why (its pass is dead)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _doc(self, since: float) -> dict[str, Any]:
         now = self.store.clock()
-        return {"pass": self.pass_id, "operator": self.operator, "since": since, "expires": now + self.ttl}
+        return {
+            "pass": self.pass_id,
+            "operator": self.operator,
+            "controller": _controller(),
+            "since": since,
+            "expires": now + self.ttl,
+        }
 
     def take(self) -> None:
         mu = _mu()
@@ -280,6 +309,11 @@ class PassLease:
             doc = item.doc if isinstance(item.doc, dict) else {}
             expires = doc.get("expires")
             live = not isinstance(expires, (int, float)) or expires > now  # unreadable: held
+            if live and doc.get("pass") != self.pass_id and _dead_here(doc.get("controller")):
+                self.took_over = (
+                    f"pass {doc.get('pass', '?')} of this controller ({doc.get('controller')}) is dead"
+                )
+                live = False
             if live and doc.get("pass") != self.pass_id:
                 left = f", expires {_now_iso(expires)}" if isinstance(expires, (int, float)) else ""
                 raise StoreLockedError(
@@ -476,20 +510,25 @@ class StoredState:
         picks: Iterable[tuple[str, str, str, int, str]],
         controller: str,
         now: float,
+        instances: Mapping[str, tuple[str, str]] | None = None,
     ) -> dict[str, str]:
         """Record ``action`` on each pick ``(host, group, rule, rung, check)`` as ``reserved`` by
-        ``pass_id`` and write it before anything runs; {host: entry id}. StoreFailure: not reserved,
-        so the batch must not start."""
+        ``pass_id`` and write it before anything runs; {host: entry id}. ``instances``: host -> (EC2
+        instance id, region), kept with the entry so a later pass can finish the action on an instance no
+        inventory lists any more. StoreFailure: not reserved, so the batch must not start."""
         ids: dict[str, str] = {}
         for host, group, rule, rung, check in picks:
             entry = self.ledger.record(action, host, group, now, controller)
-            self.journal[entry.id] = {
+            journal: dict[str, Any] = {
                 "state": RESERVED,
                 "pass": pass_id,
                 "rule": rule,
                 "rung": rung,
                 "check": check,
             }
+            if instances and host in instances:
+                journal["instance"], journal["region"] = instances[host]
+            self.journal[entry.id] = journal
             ids[host] = entry.id
         self.flush()
         return ids
@@ -534,3 +573,19 @@ class StoredState:
         if lines:
             self.flush()
         return lines
+
+    def unfinished(self, actions: Iterable[str]) -> list[tuple[LedgerEntry, dict[str, Any]]]:
+        """The in-doubt entries of ``actions`` (those a pass can finish) on an EC2 instance, not yet
+        finished: a dead pass may have left their instance half done."""
+        wanted = set(actions)
+        out = []
+        for e in sorted(self.ledger.entries, key=lambda e: (e.at, e.id)):
+            journal = self.journal.get(e.id) or {}
+            if (
+                e.action in wanted
+                and journal.get("state") == IN_DOUBT
+                and isinstance(journal.get("instance"), str)
+                and not journal.get("finished")
+            ):
+                out.append((e, journal))
+        return out

@@ -466,3 +466,89 @@ def test_a_paused_store_stops_a_running_rollout_before_its_next_batch() -> None:
     request = check(T0)
     assert request is not None and "Throttling" in request.describe()
     assert with_pause(ec2_stop, None) is ec2_stop  # no store: the kill switch alone, as before
+
+
+# ------------------------------------------------------------------------------ in-flight actions
+
+
+POLICY_STOP_START = """
+schema: fleetops.policy/v1
+budgets:
+  stop-start: {window: 1h, max: 5}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: stop-start, clear_after: 30m}
+      - {action: human}
+"""
+
+
+def test_a_stop_start_a_dead_pass_left_stopped_is_started_by_the_next(tmp_path: Path, moto_url: str) -> None:
+    """The instance (a real moto_server EC2 instance) was stopped by a pass that died before its start:
+    the next pass — a fresh state directory, the host gone from the inventory (it lists running
+    instances) — finds the reservation in the store, starts the instance, and counts the rung as tried.
+    An instance it cannot finish fails the pass and is tried again by the next."""
+    from fleetops.rollout.lease import Ec2Connection
+    from fleetops_lab.ec2sim import client, launch_many
+
+    ec2 = client(moto_url, REGION)
+    stopped, other = launch_many(moto_url, REGION, 2, zones=("a",))
+    ec2.stop_instances(InstanceIds=[stopped])
+    clock = Clock(T0)
+    shared = memory(clock)
+    dead = store.StoredState(shared)
+    dead.load()
+    dead.mark_seeded("test")
+    picks = [
+        ("lab-01", "az-a", "gpu-fatal", 0, "gpu_health"),
+        ("lab-09", "az-a", "gpu-fatal", 0, "gpu_health"),
+    ]
+    dead.reserve(
+        "auto-dead",
+        "stop-start",
+        picks,
+        "ctl:1",
+        T0,
+        {"lab-01": (stopped, REGION), "lab-09": ("i-0000000000000dead", REGION)},
+    )
+    connection = Ec2Connection(
+        endpoint_url=moto_url,
+        aws_access_key="testing",
+        aws_secret_key="testing",
+        max_attempts=1,
+        regions=(REGION,),
+    )
+    runner = Runner()
+    lines: list[str] = []
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY_STOP_START, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=report(**{"lab-02": []}),  # lab-01 (stopped) is not in the inventory at all
+        group_of={"lab-02": "az-a"},
+        state_dir=tmp_path / "fresh",
+        apply=True,
+        connection=connection,
+        store=shared,
+        operator="alice@bastion",
+    )
+    clock.now = T0 + 600
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=clock)
+    state = ec2.describe_instances(InstanceIds=[stopped])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state == "running", lines
+    assert runner.calls == []  # nothing else is touched
+    assert len(result.finished) == 1 and result.finished[0].startswith(
+        f"lab-01 ({stopped}): finished the stop-start"
+    )
+    assert result.unfinished == ["lab-09 (i-0000000000000dead)"] and result.exit_code == ExitCode.FAILED
+    journal = {e["host"]: e for e in shared.backend.get("ledger#stop-start").doc["entries"]}
+    assert journal["lab-01"]["state"] == "in_doubt" and journal["lab-01"]["finished"] is True
+    assert not journal["lab-09"].get("finished")
+    assert shared.backend.get("ladder#lab-01").doc["rules"]["gpu-fatal"]["action"] == "stop-start"
+    # the next pass tries the one it could not finish again, and only that one
+    again = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=clock)
+    assert again.finished == [] and again.unfinished == ["lab-09 (i-0000000000000dead)"]
+    assert (
+        ec2.describe_instances(InstanceIds=[other])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        == "running"
+    )

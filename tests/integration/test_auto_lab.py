@@ -25,17 +25,20 @@ quarantined until `remediate unquarantine`, which removes only our taint.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fleetops_lab import Lab
 from fleetops_lab.ec2 import REGION, running
-from fleetops_lab.ec2sim import client
+from fleetops_lab.ec2sim import STOP_SECONDS_TAG, client
 from fleetops_lab.hardware import inject_ecc, install_gpu
 from fleetops_lab.host_faults import (
     UCX_UNFIXED_VERSION,
@@ -45,7 +48,7 @@ from fleetops_lab.host_faults import (
     remove_crashloop_unit,
     remove_worker_service,
 )
-from tests.helpers import boots, fleetops
+from tests.helpers import FLEETOPS, REPO, boots, fleetops, kill_tree
 from tests.paths import KUBECTL_STANDIN
 
 pytestmark = pytest.mark.lab
@@ -108,9 +111,12 @@ def _policy(tmp_path: Path, stop_starts: int) -> str:
     return str(path)
 
 
-def _pass(lab: Lab, env: dict[str, str], policy: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+def _pass(
+    lab: Lab, env: dict[str, str], policy: str, *extra: str, inventory: Path | None = None
+) -> tuple[int, dict[str, Any], str]:
+    inv = inventory if inventory is not None else lab.ec2_inventory_path()
     result = fleetops(
-        "remediate", "auto", "-i", str(lab.ec2_inventory_path()), "--policy", policy, "--sample-seconds", "3",
+        "remediate", "auto", "-i", str(inv), "--policy", policy, "--sample-seconds", "3",
         "--kubectl", str(STANDIN), "--canary", "0", "--format", "json", *extra, env=env,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
@@ -269,3 +275,87 @@ def test_a_pause_from_one_controller_holds_a_pass_on_another_until_unpaused(
         assert lab.run(CRASH, f"systemctl is-enabled {unit}").stdout.strip() == "masked"
     finally:
         remove_crashloop_unit(lab, CRASH, name="pauser")
+
+
+KILL_POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  stop-start: {window: 1h, max: 5}
+rules:
+  - name: crashloop
+    match: [{check: crashloop_unit}]
+    ladder:
+      - {action: stop-start, clear_after: 30m}
+      - {action: human}
+"""
+
+
+def _instance(lab: Lab, name: str) -> dict[str, Any]:
+    url = running(lab.state_dir)
+    assert url is not None
+    answer = client(url, REGION).describe_instances(Filters=[{"Name": "tag:Name", "Values": [name]}])
+    (instance,) = [i for r in answer["Reservations"] for i in r["Instances"]]
+    return dict(instance)
+
+
+def test_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_the_next(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL (the controller and its ansible run) while the pass's stop-start is stopping lab-01's
+    instance. A new pass — another state directory, an inventory that lists only running instances, so
+    lab-01 is not in it — finds the dead pass's reservation in the shared store, starts the instance,
+    and touches nothing else."""
+    env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-inflight"}
+    config = yaml.safe_load(lab.ec2_inventory_path().read_text())
+    config["filters"]["instance-state-name"] = ["running"]  # as AWX's inventory of running instances
+    inv = tmp_path / "running.fleet_ec2.yml"
+    inv.write_text(yaml.safe_dump(config))
+    policy = tmp_path / "kill.yml"
+    policy.write_text(KILL_POLICY)
+    install_crashloop_unit(lab, CRASH, name="killed", restart_sec=0.5)
+    iid = _instance(lab, CRASH)["InstanceId"]
+    url = running(lab.state_dir)
+    assert url is not None
+    client(url, REGION).create_tags(Resources=[iid], Tags=[{"Key": STOP_SECONDS_TAG, "Value": "15"}])
+    others = [EVENT, UCX, ECC]
+    before = boots(lab, others)
+    try:
+        time.sleep(4)  # a few restarts
+        argv = [str(FLEETOPS), "remediate", "auto", "-i", str(inv), "--policy", str(policy), "--apply",
+                "-l", CRASH, "--canary", "0", "--sample-seconds", "2", "--state-dir", str(tmp_path / "dead")]  # fmt: skip
+        first = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        try:
+            deadline, seen = time.monotonic() + 180, ""
+            while time.monotonic() < deadline and first.poll() is None:
+                seen = _instance(lab, CRASH)["State"]["Name"]
+                if seen == "stopping":
+                    break
+                time.sleep(0.2)
+            kill_tree(first.pid)  # the CLI and ansible-playbook (a session of its own) with it
+        finally:
+            first.wait(timeout=30)
+        assert seen == "stopping", (seen, first.stderr.read() if first.stderr else "")
+        deadline = time.monotonic() + 60
+        while _instance(lab, CRASH)["State"]["Name"] != "stopped" and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _instance(lab, CRASH)["State"]["Name"] == "stopped"  # and nobody starts it
+
+        rc, doc, err = _pass(
+            lab, env, str(policy), "--apply", "--state-dir", str(tmp_path / "fresh"), inventory=inv
+        )
+        assert rc == 0, err
+        assert CRASH not in _decisions(doc)  # not in the inventory: stopped when it was listed
+        assert [line.split(":")[0] for line in doc["store"]["finished"]] == [f"{CRASH} ({iid})"], err
+        assert len(doc["store"]["recovered"]) == 1 and doc["store"]["recovered"][0].startswith(
+            f"{CRASH}: stop-start"
+        )
+        assert "took over the shared store's lease" in err  # the dead pass's, at once: its PID is gone
+        assert _actions(doc) == []  # nothing else is touched
+        assert _instance(lab, CRASH)["State"]["Name"] == "running"
+        deadline = time.monotonic() + 120
+        while lab.run(CRASH, "true").returncode != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert boots(lab, others) == before
+    finally:
+        remove_crashloop_unit(lab, CRASH, name="killed")

@@ -365,6 +365,7 @@ register(
         "(for scheduled retirement/maintenance events and hardware faults a reboot cannot fix)",
         ladder=70,
         disruptive=True,
+        in_flight="ec2_stop_start",
         parameters=(
             Param(
                 "stop_timeout",

@@ -174,6 +174,9 @@ class Remediation:
     # Optional: (hostvars -> why this remediation must not touch the host, or None); a refused host is
     # left out untouched, skipped with "refused: <why>" (the rollout then exits 3; it is not unhealthy)
     refuse: Callable[[Mapping[str, Any]], str | None] | None = None
+    # Optional: the collection module whose ``finish_instance(settings, region, instance_id)`` finishes this
+    # action on an EC2 instance that a killed auto pass left half done (stop-start: stopped, never started)
+    in_flight: str | None = None
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
