@@ -39,6 +39,7 @@ or ran out); else 0 (acting, waiting, blocked by a budget, clean).
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import time
 from collections import Counter
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetops.ansible.collection import load, module_utils
-from fleetops.documents import DocumentError
+from fleetops.documents import DocumentError, read_json
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import (
@@ -67,14 +68,19 @@ from fleetops.policy import (
     controller_id,
     decide,
     file_lock,
+    hold_for_brakes,
+    storm_brakes,
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
 from fleetops.rollout.lease import Ec2Connection
 from fleetops.store import PassLease, Store, StoredState, StoreFailure
+from fleetops.util import atomic_write
 
 AUTO_SCHEMA = "fleetops.auto/v1"
 LADDER_FILE = "ladder.json"
 LEDGER_FILE = "ledger.json"
+BRAKES_FILE = "brakes.json"  # the storm brakes in force, without a shared store
+BRAKES_SCHEMA = "fleetops.auto.brakes/v1"
 PASS_LOCK_TIMEOUT_S = 2.0  # another pass holds the state: fail at once rather than queue behind it
 REASON_MAX = 200  # the quarantine reason kept in the node's annotation
 # A rollout ended by Ctrl-C, SIGTERM or SIGHUP: the pass starts no further action and exits with it.
@@ -141,6 +147,8 @@ class PassResult:
     malformed_store: list[str] = field(default_factory=list)  # store items that did not parse (kept)
     finished: list[str] = field(default_factory=list)  # actions a dead pass left half done, finished now
     unfinished: list[str] = field(default_factory=list)  # ... that could not be finished (the pass fails)
+    # the storm brakes in force: rule -> {"why", "since", "new"} (new: tripped by this pass)
+    brakes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -159,8 +167,8 @@ class PassResult:
             return ExitCode.FAILED
         if self.paused is not None:
             return ExitCode.PAUSED
-        if any(d.status in ("human", "exhausted") for d in self.decisions):
-            return ExitCode.FINDINGS
+        if any(d.status in ("human", "exhausted") for d in self.decisions) or self.brakes:
+            return ExitCode.FINDINGS  # a person must act: a ladder at its end, or a storm brake to lift
         return ExitCode.OK
 
     def document(self) -> dict[str, Any]:
@@ -171,6 +179,8 @@ class PassResult:
             doc["spent_tags_carried"] = dict(self.carried)
         if self.malformed_tags:
             doc["malformed_tags"] = list(self.malformed_tags)
+        if self.brakes:
+            doc["brakes"] = {r: dict(b) for r, b in sorted(self.brakes.items())}
         if self.store is not None:
             doc["store"] = {
                 "where": self.store,
@@ -358,6 +368,39 @@ def write_tags(
     return written
 
 
+# ------------------------------------------------------------------------------ the storm brakes (no store)
+
+
+def load_brakes(path: Path) -> dict[str, dict[str, Any]]:
+    """The storm brakes in force (``brakes.json``: rule -> {since, why}); none when there is no file.
+    DocumentError (exit 2) when it is not such a document: a brake nobody can read must not vanish."""
+    if not path.exists() and not path.is_symlink():
+        return {}
+    data = read_json(path)
+    brakes = data.get("brakes") if isinstance(data, dict) and data.get("schema") == BRAKES_SCHEMA else None
+    if not isinstance(brakes, dict) or not all(isinstance(b, dict) for b in brakes.values()):
+        raise DocumentError(str(path), f"not a {BRAKES_SCHEMA} document; nothing was done")
+    return brakes
+
+
+def save_brakes(path: Path, brakes: Mapping[str, Mapping[str, Any]]) -> None:
+    text = json.dumps({"schema": BRAKES_SCHEMA, "brakes": brakes}, indent=1, sort_keys=True) + "\n"
+    atomic_write(path, text, mode=0o600, mkdir=True)
+
+
+def lift_brake(state_dir: Path, rule: str) -> bool:
+    """Remove the brake on ``rule`` from the state directory's brakes (under the pass lock); whether
+    there was one."""
+    with _state_locks(state_dir):
+        path = state_dir / BRAKES_FILE
+        brakes = load_brakes(path)
+        if rule not in brakes:
+            return False
+        del brakes[rule]
+        save_brakes(path, brakes)
+        return True
+
+
 # ------------------------------------------------------------------------------ the pass
 
 
@@ -435,6 +478,14 @@ def run_pass(
         return result
     with _state_locks(inputs.state_dir) as (ladder_path, ledger_path):
         ladder, ledger = _load_state(ladder_path, ledger_path)
+        brakes_path = inputs.state_dir / BRAKES_FILE
+        ctx.brakes = load_brakes(brakes_path)
+
+        def trip(new: Mapping[str, str]) -> None:
+            now = clock()
+            save_brakes(brakes_path, {**ctx.brakes, **{r: {"since": now, "why": w} for r, w in new.items()}})
+
+        ctx.trip = trip
         malformed = ctx.merge_all_tags(ladder, ledger, clock())
         attempted: set[tuple[str, str]] = set()
         try:
@@ -472,6 +523,8 @@ class _Pass:
     shield: Callable[[], contextlib.AbstractContextManager[Any]]
 
     def __post_init__(self) -> None:
+        self.brakes: dict[str, dict[str, Any]] = {}  # the storm brakes in force before this pass
+        self.trip: Callable[[Mapping[str, str]], None] = lambda new: None  # record brakes this pass trips
         inputs = self.inputs
         fleet = inputs.fleet if inputs.fleet is not None else inputs.group_of
         self.fleet = fleet
@@ -515,6 +568,7 @@ class _Pass:
         result.decisions = decide(
             inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
         )
+        self.apply_brakes()
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
                 d.status, ""
@@ -559,6 +613,34 @@ class _Pass:
             if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
                 say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
                 break
+
+    def apply_brakes(self) -> None:
+        """The storm brake: rules this pass shows in a storm trip (recorded with ``apply``, told once), and
+        every brake in force holds its rule's braked rungs (reboot, stop-start, replace) fleet-wide."""
+        inputs, result = self.inputs, self.result
+        tripped = storm_brakes(inputs.policy, result.decisions, self.sizes)
+        in_force = {r: str(b.get("why") or "") for r, b in self.brakes.items()}
+        new = {r: w for r, w in tripped.items() if r not in in_force}
+        in_force.update(new)
+        if not in_force:
+            return
+        result.decisions = hold_for_brakes(
+            result.decisions, in_force, lambda a: a in REMEDIATIONS and REMEDIATIONS[a].braked
+        )
+        result.brakes = {
+            r: {"why": w, "since": self.brakes.get(r, {}).get("since"), "new": r in new}
+            for r, w in in_force.items()
+        }
+        for rule, why in sorted(in_force.items()):
+            if rule in new:
+                self.warn(
+                    f"storm brake tripped on rule {rule}: {why}; its reboot, stop-start and replace rungs are held "
+                    f"fleet-wide until a person lifts it ('fleetops remediate auto --lift-brake {rule}')"
+                )
+            else:
+                self.say(f"storm brake on rule {rule} holds: {why}", "dim")
+        if inputs.apply and new:
+            self.trip(new)
 
     def write_mirror(
         self, ladder: LadderState, ledger: BudgetLedger, malformed: set[tuple[str, str]]
@@ -702,6 +784,14 @@ class _Pass:
             for line in state.malformed:
                 self.warn(line)
             result.malformed_store = list(state.malformed)
+            self.brakes = store.brakes()
+            operator = inputs.operator or controller_id()
+
+            def trip(new: Mapping[str, str]) -> None:
+                for rule, why in sorted(new.items()):
+                    store.trip_brake(rule, why, operator)
+
+            self.trip = trip
             malformed: set[tuple[str, str]] = set()
             if not state.seeded:
                 malformed = self.seed(state)

@@ -56,6 +56,7 @@ PAUSE_KEY = "pause"
 LEASE_KEY = "auto#lease"
 SEEDED_KEY = "seeded"
 AUDIT_PREFIX = "audit#"
+BRAKE_PREFIX = "brake#"
 LADDER_PREFIX = "ladder#"
 LEDGER_PREFIX = "ledger#"
 LADDER_SCHEMA = "fleetops.store.ladder/v1"
@@ -244,6 +245,47 @@ class Store:
             self.audit("unpause", operator, reason=one_line(reason) or "no reason given")
             return before
         raise StoreFailure(f"Failed to lift the pause in {self.where()}: it kept changing")
+
+    # ---- storm brakes
+
+    def brakes(self) -> dict[str, dict[str, Any]]:
+        """The storm brakes in force: rule -> {since, why, operator}. An unreadable one still holds."""
+        out: dict[str, dict[str, Any]] = {}
+        for item in self.call(self.backend.items, BRAKE_PREFIX):
+            rule = item.key[len(BRAKE_PREFIX) :]
+            doc = item.doc if isinstance(item.doc, dict) else {}
+            out[rule] = {
+                "since": doc.get("since"),
+                "why": str(doc.get("why") or "unreadable brake item: still held"),
+            }
+        return out
+
+    def trip_brake(self, rule: str, why: str, operator: str) -> bool:
+        """Set the storm brake on ``rule`` (audited); False when another controller set it first."""
+        now = self.clock()
+        try:
+            self.call(
+                self.backend.put, BRAKE_PREFIX + rule, {"since": now, "why": why, "operator": operator}, None
+            )
+        except _mu().Conflict:
+            return False
+        self.audit("brake", operator, rule=rule, why=why)
+        return True
+
+    def lift_brake(self, rule: str, operator: str, reason: str) -> bool:
+        """Lift the storm brake on ``rule`` (audited); False when none was set."""
+        self.ready()
+        for _ in range(5):
+            item = self.call(self.backend.get, BRAKE_PREFIX + rule)
+            if item is None:
+                return False
+            try:
+                self.call(self.backend.delete, BRAKE_PREFIX + rule, item.version)
+            except _mu().Conflict:
+                continue
+            self.audit("lift-brake", operator, rule=rule, reason=one_line(reason) or "no reason given")
+            return True
+        raise StoreFailure(f"Failed to lift the storm brake on {rule} in {self.where()}: it kept changing")
 
     def audit_trail(self) -> list[dict[str, Any]]:
         return [i.doc for i in self.call(self.backend.items, AUDIT_PREFIX) if isinstance(i.doc, dict)]

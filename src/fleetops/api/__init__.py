@@ -42,6 +42,7 @@ from fleetops.api.requests import (
     AutoResult,
     DriftRequest,
     DriftResult,
+    LiftBrakeRequest,
     MergeRequest,
     MergeResult,
     PlanRequest,
@@ -92,6 +93,7 @@ __all__ = [
     "DriftResult",
     "ExitCode",
     "FailureBudget",
+    "LiftBrakeRequest",
     "MaxParallel",
     "MergeRequest",
     "MergeResult",
@@ -113,6 +115,7 @@ __all__ = [
     "auto",
     "default_inventories",
     "drift",
+    "lift_brake",
     "merge",
     "needs_reboot",
     "plan",
@@ -518,6 +521,30 @@ def store(request: StoreRequest) -> StoreResult:
         lines,
         ExitCode.PAUSED if pause else ExitCode.OK,
         {"store": found.where(), "paused": vars(pause) if pause else None, "skew_s": found.backend.skew},
+    )
+
+
+def lift_brake(request: LiftBrakeRequest) -> StoreResult:
+    """Lift the storm brake on a rule: in the shared store (when the inventory names one) and in the
+    state directory; audited (the audit log, and the store's). UsageError for a rule the brake never
+    names (no such brake anywhere)."""
+    from fleetops.rollout.audit import audit_event
+
+    who = operator()
+    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    shared = open_store(paths.resolve_inventories(request.inventory)) if request.inventory else None
+    audit_event("lift-brake", who, rule=request.rule, reason=request.reason or "no reason given")
+    where = []
+    if shared is not None and shared.lift_brake(request.rule, who, request.reason):
+        where.append(shared.where())
+    if auto_mod.lift_brake(state_dir, request.rule):
+        where.append(str(state_dir))
+    if not where:
+        raise UsageError(f"no storm brake on rule {request.rule!r} (nothing lifted)")
+    return StoreResult(
+        [f"storm brake on rule {request.rule} lifted by {who} ({', '.join(where)})"],
+        ExitCode.OK,
+        {"rule": request.rule, "lifted": where},
     )
 
 

@@ -285,6 +285,17 @@ class StoreResult:
     document: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class LiftBrakeRequest:
+    """``remediate auto --lift-brake RULE``: lift a storm brake, in the shared store when the inventory
+    names one and in the state directory (None: <state home>/auto)."""
+
+    rule: str
+    inventory: Sequence[Path] = ()
+    state_dir: Path | None = None
+    reason: str = ""
+
+
 # ------------------------------------------------------------------------------------------ auto
 
 

@@ -26,10 +26,11 @@ DESCRIPTION = (
 )
 EPILOG = (
     "exit codes: 0 every finding handled, waiting or held by a budget; 1 a host needs a human (its "
-    "ladder reached `human` or ran out); 2 bad input (policy, options); 3 a host could not be scanned, a "
+    "ladder reached `human` or ran out) or a storm brake holds a rule (--lift-brake RULE); 2 bad input (policy, options); 3 a host could not be scanned, a "
     "detector a ladder in progress relies on failed on a host (the ladder is kept), or an action's rollout "
-    "did not finish every host (`fleetops stop` of one ends the pass); 4 another pass (or rollout) holds the "
-    "state or the hosts; "
+    "did not finish every host (`fleetops stop` of one ends the pass), or the shared store failed; 4 another "
+    "pass (or rollout) holds the state, the store's lease or the hosts; 5 automation is paused (fleetops "
+    "pause: nothing acted); "
     "130 / 143 / 129 Ctrl-C, SIGTERM or SIGHUP stopped the pass (no further action started, what was "
     "attempted recorded)"
 )
@@ -73,6 +74,9 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
                    help="each action's capacity floor (default: the action's)")  # fmt: skip
     p.add_argument("--not-after", type=not_after, default=None, metavar="TIME",
                    help="no batch of any action starts at or after TIME (ISO 8601 or 90m, 2h)")  # fmt: skip
+    p.add_argument("--lift-brake", metavar="RULE", default=None,
+                   help="lift the storm brake on RULE (audited) and exit; no pass runs")  # fmt: skip
+    p.add_argument("--reason", default="", metavar="TEXT", help="why the brake is lifted (kept in the audit)")
     add_kubectl_args(p)  # for the actions that act on Kubernetes nodes (quarantine, unquarantine)
     add_format_arg(p)
     p.set_defaults(func=cmd_auto, resume=None)
@@ -105,6 +109,15 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from fleetops.cli.progress import ConsoleObserver
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
+    if args.lift_brake is not None:
+        lifted = api.lift_brake(
+            api.LiftBrakeRequest(
+                rule=args.lift_brake, inventory=args.inventory, state_dir=args.state_dir, reason=args.reason
+            )
+        )
+        for line in lifted.lines:
+            console.print(line, markup=False)
+        return int(lifted.exit_code)
     result = api.auto(auto_request(args), ConsoleObserver(console))
     if args.format == "json":
         sys.stdout.write(result.json() + "\n")

@@ -85,7 +85,16 @@ The package, by concern (each module imports only those before it):
 
 from __future__ import annotations
 
-from fleetops.policy.decide import NO_GROUP, Decision, Spending, Status, commit, decide
+from fleetops.policy.decide import (
+    NO_GROUP,
+    Decision,
+    Spending,
+    Status,
+    commit,
+    decide,
+    hold_for_brakes,
+    storm_brakes,
+)
 from fleetops.policy.language import (
     ACTIONS,
     CHECKS,
@@ -105,6 +114,7 @@ from fleetops.policy.language import (
     Rule,
     Rung,
     Scalar,
+    Storm,
     default_policy_path,
     duration_seconds,
     fmt_duration,
@@ -165,6 +175,7 @@ __all__ = [
     "Spending",
     "StateError",
     "Status",
+    "Storm",
     "commit",
     "controller_id",
     "decide",
@@ -172,11 +183,13 @@ __all__ = [
     "duration_seconds",
     "file_lock",
     "fmt_duration",
+    "hold_for_brakes",
     "json_schema",
     "json_schema_text",
     "load_policy",
     "main",
     "matches",
     "parse_policy",
+    "storm_brakes",
     "validate_policy",
 ]

@@ -11,7 +11,7 @@ applies the resets the scan showed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -70,7 +70,7 @@ class Spending:
 # ---------------------------------------------------------------------------------- deciding
 
 
-Status = Literal["act", "wait", "budget", "human", "exhausted", "clean", "no_rule", "not_scanned"]
+Status = Literal["act", "wait", "budget", "brake", "human", "exhausted", "clean", "no_rule", "not_scanned"]
 
 
 @dataclass(frozen=True)
@@ -316,3 +316,55 @@ def commit(
         ladder_state.record(d.host, d.rule, d.check, d.rung, d.action, now)
         if d.action != HUMAN:
             budget_ledger.record(d.action, d.host, d.group, now, controller)
+
+
+# ---------------------------------------------------------------------------------- the storm brake
+
+
+def storm_brakes(
+    policy: Policy, decisions: Collection[Decision], group_sizes: Mapping[str, int]
+) -> dict[str, str]:
+    """The rules this pass's decisions show in a storm (``Storm.tripped``) -> why. A host counts for each
+    rule its findings match (the rule it acts on and those waiting their turn), whatever its status;
+    ``group_sizes``: hosts per group over the whole fleet."""
+    fleet = sum(group_sizes.values())
+    matched: dict[str, list[Decision]] = {}
+    for d in decisions:
+        for rule in ([d.rule] if d.rule else []) + list(d.waiting_rules):
+            matched.setdefault(rule, []).append(d)
+    out: dict[str, str] = {}
+    for name, ds in sorted(matched.items()):
+        found = policy.rule(name)
+        if found is None:
+            continue
+        counts = Counter(d.group for d in ds)
+        groups = {g: (n, group_sizes.get(g, n)) for g, n in counts.items()}
+        why = policy.storm_of(found).tripped(len(ds), fleet, groups)
+        if why is not None:
+            out[name] = why
+    return out
+
+
+def hold_for_brakes(
+    decisions: Sequence[Decision], brakes: Mapping[str, str], held: Callable[[str], bool]
+) -> list[Decision]:
+    """``decisions`` with each action a brake holds (``held(action)``) on a braked rule turned into status
+    ``brake``: nothing runs, nothing is recorded, the rung is tried again once the brake is lifted."""
+    out = []
+    for d in decisions:
+        if (
+            d.status == "act"
+            and d.rule is not None
+            and d.rule in brakes
+            and d.action is not None
+            and held(d.action)
+        ):
+            d = replace(
+                d,
+                status="brake",
+                action=None,
+                reason=f"storm brake on rule {d.rule}: {brakes[d.rule]}; {d.rung_action} is held fleet-wide "
+                f"until a person lifts it ('fleetops remediate auto --lift-brake {d.rule}')",
+            )
+        out.append(d)
+    return out

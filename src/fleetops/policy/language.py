@@ -215,11 +215,47 @@ class Rung(_Strict):
         return self
 
 
+class Storm(_Strict):
+    """The storm brake: one rule matching more hosts in one pass than a fault plausibly reaches at once (a
+    driver bug that makes every GPU log Xid 79) holds that rule's disruptive rungs fleet-wide until a
+    person lifts it; rungs that only protect work (quarantine) go on within their budgets."""
+
+    fleet_pct: Annotated[float, Field(gt=0, le=100)] = Field(
+        default=10, description="trip when the rule matches more than this percent of the fleet's hosts"
+    )
+    group_pct: Annotated[float, Field(gt=0, le=100)] = Field(
+        default=30, description="... or more than this percent of one group's hosts"
+    )
+    min_hosts: Annotated[int, Field(ge=1)] = Field(
+        default=3, description="neither limit is below this many hosts (a small fleet is not a storm at 1)"
+    )
+
+    def limit(self, pct: float, size: int) -> int:
+        return max(self.min_hosts, math.floor(Fraction(str(pct)) * size / 100))
+
+    def tripped(self, matched: int, fleet: int, groups: Mapping[str, tuple[int, int]]) -> str | None:
+        """Why ``matched`` hosts of ``fleet`` (per group: (matched, size)) are a storm, or None."""
+        limit = self.limit(self.fleet_pct, fleet)
+        if matched > limit:
+            return f"it matched {matched} of {fleet} hosts (more than {limit}: {self.fleet_pct:g}% of the fleet, at least {self.min_hosts})"
+        for group, (n, size) in sorted(groups.items()):
+            limit = self.limit(self.group_pct, size)
+            if n > limit:
+                return (
+                    f"it matched {n} of {size} hosts in group {group} (more than {limit}: "
+                    f"{self.group_pct:g}% of a group, at least {self.min_hosts})"
+                )
+        return None
+
+
 class Rule(_Strict):
     name: str = Field(pattern=RULE_NAME, max_length=64)
     description: str | None = None
     match: list[Match] = Field(min_length=1, description="the rule takes a finding any entry matches")
     ladder: list[Rung] = Field(min_length=1, description="the actions, in the order they are tried")
+    storm: Storm | None = Field(
+        default=None, description="this rule's storm brake limits (default: the policy's)"
+    )
 
     @model_validator(mode="after")
     def _ladder_shape(self) -> Self:
@@ -297,6 +333,10 @@ class Policy(_Strict):
     rules: list[Rule] = Field(
         min_length=1, description="tried in order: the first that matches a finding takes it"
     )
+    storm: Storm = Field(
+        default_factory=Storm,
+        description="the storm brake's limits for every rule (a rule's own storm: replaces them)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -328,6 +368,9 @@ class Policy(_Strict):
 
     def rule(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.name == name), None)
+
+    def storm_of(self, rule: Rule) -> Storm:
+        return rule.storm if rule.storm is not None else self.storm
 
     def rule_for(self, finding: Mapping[str, Any]) -> Rule | None:
         """The first rule that takes ``finding``, or None."""

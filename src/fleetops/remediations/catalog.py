@@ -316,6 +316,7 @@ register(
         "fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict drains too",
         ladder=50,
         disruptive=True,
+        protects=True,  # a storm brake lets it go on: it keeps new work off a host, within its budget
         kubernetes="cordon",
         parameters=(
             Param(

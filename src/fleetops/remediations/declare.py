@@ -147,6 +147,8 @@ class Remediation:
     # policy action (a rung cannot name it)
     ladder: int | None = None
     disruptive: bool = False  # takes the host out of service for a while (a reboot, a stop, a drain)
+    # it only protects work (quarantine): a storm brake, which holds disruptive rungs, lets it go on
+    protects: bool = False
     # Kubernetes: "cordon" (it cordons and annotates nodes: the annotation names the rollout),
     # "uncordon" (it reads and gives nodes back); either way the targets' node names are checked
     kubernetes: Literal["cordon", "uncordon"] | None = None
@@ -189,6 +191,11 @@ class Remediation:
                     f"remediation {self.name}: {p.name} is passed when {p.when!r}, not a parameter"
                 )
         object.__setattr__(self, "_by_name", by_name)
+
+    @property
+    def braked(self) -> bool:
+        """Whether a storm brake holds this action: disruptive, and not one that only protects work."""
+        return self.disruptive and not self.protects
 
     @property
     def params(self) -> dict[str, Any]:

@@ -164,3 +164,22 @@ def audit(rollout: Rollout, host: str, outcome: HostOutcome) -> None:
         _stop_unaudited(rollout, host, why)
         raise AuditError(f"Failed to write the audit log {why}: rollout {rollout.id} stopped, state "
                          f"{rollout.state_path}") from None  # fmt: skip
+
+
+def audit_event(event: str, operator: str, **data: Any) -> None:
+    """Append one line for a decision a person took that changes no host (a storm brake lifted): time,
+    operator, event and its data. AuditError (exit 3) when it cannot be written: the caller changes
+    nothing unaudited."""
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "operator": operator,
+        "event": event,
+        **data,
+    }
+    path = audit_path()
+    try:
+        _append(path, (json.dumps(entry, default=str) + "\n").encode("utf-8"))
+    except OSError as exc:
+        raise AuditError(
+            f"Failed to write the audit log {path}: {exc.strerror or exc}; nothing was changed"
+        ) from None
