@@ -16,7 +16,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids
+.PHONY: help deps venv demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
 	@echo "make test-ee - build it, then run fleetops.node.scan in it as AWX does (runner + execution-node stream) on the lab"
+	@echo "make soak   - the auto pass simulated: a month over 2,000 hosts and a year over 500 (kills, races, storms; minutes)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
 $(STAMP): pyproject.toml lab/pyproject.toml
@@ -59,6 +60,11 @@ sanity: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile tests/unit tests/fleetops
+
+# The auto pass under a simulated month and year (tests/simulation.py; the CI suite runs a week).
+soak: $(STAMP)
+	$(PY) -m tests.simulation --days 30 --hosts 2000 --seed 1
+	$(PY) -m tests.simulation --days 365 --hosts 500 --seed 2
 
 # The inner loop: everything that needs no lab.
 check: lint sanity unit

@@ -351,6 +351,8 @@ class PassLease:
             doc = item.doc if isinstance(item.doc, dict) else {}
             expires = doc.get("expires")
             live = not isinstance(expires, (int, float)) or expires > now  # unreadable: held
+            if not live and doc.get("pass") not in (None, self.pass_id):
+                self.took_over = f"pass {doc.get('pass')}'s lease had expired (its controller died or hung)"
             if live and doc.get("pass") != self.pass_id and _dead_here(doc.get("controller")):
                 self.took_over = (
                     f"pass {doc.get('pass', '?')} of this controller ({doc.get('controller')}) is dead"
