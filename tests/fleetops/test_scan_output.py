@@ -140,6 +140,7 @@ def test_the_worst_hosts_come_first_ranked_by_critical_then_warning() -> None:
     worst = rows(render(report_of(hosts), groups=groups), "worst hosts")
     assert [r[0] for r in worst[:3]] == ["worst-0", "worst-1", "worst-2"]
     assert [number(r[2]) for r in worst[:3]] == [9, 8, 7]  # host, group, critical, warning, info, findings
+    assert worst[0][5] == "zombie_memcg:critical x9"
     assert worst[0][1] == "us-east-1d"
     ranks = [tuple(number(c) for c in r[2:5]) for r in worst]
     assert ranks == sorted(ranks, reverse=True) and len(worst) == 20
@@ -166,11 +167,13 @@ def test_the_groups_most_affected_are_counted_per_az() -> None:
             c["critical"] += 1
         elif "warning" in sevs:
             c["warning"] += 1
-    got = {r[0]: [number(x) for x in r[1:]] for r in table}
+    got = {r[0]: [number(x) for x in r[1:5]] for r in table}
     assert got == {g: [c["hosts"], c["critical"], c["warning"], c["no result"]] for g, c in expected.items()}
-    assert [r[0] for r in table] == sorted(
-        got, key=lambda g: (-got[g][1], -got[g][2], -got[g][3], -got[g][0], g)
-    )
+    share = {g: (c["critical"] + c["warning"] + c["no result"]) / c["hosts"] for g, c in expected.items()}
+    assert {r[0]: r[5] for r in table} == {g: f"{100 * share[g]:.0f}%" for g in share}
+    affected = {g: c["critical"] + c["warning"] + c["no result"] for g, c in expected.items()}
+    assert [r[0] for r in table] == sorted(share, key=lambda g: (-share[g], -affected[g], g))
+    assert table[0][0] == "us-east-1d"  # three hosts, all critical: the AZ to look at first
 
 
 def test_hosts_without_a_result_are_counted_and_the_first_named() -> None:
@@ -415,4 +418,90 @@ def test_a_rollout_s_plain_lines_carry_this_run_s_rate_and_eta() -> None:
     # 100 hosts in 50 s: 2 hosts/s; 700 left: 350 s
     assert lines[2] == (
         "progress: batch 3/10 finished: batches done 3/10, hosts finished 300/1000, failed 0; 2.0 hosts/s, ETA 5m50s"
+    )
+
+
+# --------------------------------------------------------------------------- fleetops report
+
+
+def large_rollout(tmp_path: Path) -> Any:
+    """3,000 hosts in 30 batches of 100, all done but: 25 failed in batch 7 (timed out), the last batch
+    cut short (its 100 hosts in doubt), 5 skipped in batch 12."""
+    from fleetops.rollout.outcome import HostOutcome
+    from fleetops.rollout.state import new_rollout
+
+    batches = [[f"node-{b:02d}-{i:03d}" for i in range(100)] for b in range(30)]
+    rollout = new_rollout(
+        action="reboot", apply=True, inventory=[tmp_path / "inv.yml"], extravars={},
+        plan={"batches": batches, "hosts": 3000}, max_failures=100, cooldown=0, gate=True,
+        state_path=tmp_path / "state.json",
+    )  # fmt: skip
+    for b, hosts in enumerate(batches):
+        last = b == len(batches) - 1
+        rollout.batches.append(
+            {
+                "index": b + 1,
+                "hosts": hosts,
+                "started": 1.8e9 + 60 * b,
+                "finished": None if last else 1.8e9 + 60 * b + 42,
+            }
+        )
+        for i, host in enumerate(hosts):
+            if last:
+                rollout.hosts[host] = "running"
+            elif b == 6 and i < 25:
+                rollout.hosts[host] = "failed"
+                rollout.results[host] = HostOutcome(status="failed", msg=f"timed out after {i} s")
+            elif b == 11 and i < 5:
+                rollout.hosts[host] = "skipped"
+                rollout.results[host] = HostOutcome(status="skipped", msg="preflight: ssh refused")
+            else:
+                rollout.hosts[host] = "done"
+                rollout.results[host] = HostOutcome(status="ok", changed=True)
+    return rollout
+
+
+def render_report(rollout: Any, show_all: bool = False) -> str:
+    from fleetops.cli.report import render_rollout
+
+    out = io.StringIO()
+    render_rollout(
+        rollout, Console(file=out, width=250, color_system=None, highlight=False), show_all=show_all
+    )
+    return out.getvalue()
+
+
+def test_report_of_a_large_rollout_counts_clean_batches_and_names_the_first_failures(tmp_path: Path) -> None:
+    from fleetops.cli.report import NAMED_HOSTS
+
+    rollout = large_rollout(tmp_path)
+    text = render_report(rollout)
+    batch_rows = [ln for ln in text.splitlines() if ln.startswith("│")]  # the body (the header is ┃)
+    cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in batch_rows]
+    assert [(c[0], c[1], c[3], c[4]) for c in cells] == [
+        ("7", "100", "42.0s", "done 75, failed 25"),
+        ("12", "100", "42.0s", "done 95, skipped 5"),
+        ("30", "100", "(cut short)", "running 100"),
+    ]
+    assert "27 of 30 batches: every host done (--all lists them)" in text
+    named = [ln.strip() for ln in text.splitlines() if ln.startswith("  node-")]
+    assert len(named) == NAMED_HOSTS
+    assert named[:2] == [
+        "node-06-000: failed: timed out after 0 s",
+        "node-06-001: failed: timed out after 1 s",
+    ]
+    assert (
+        f"... and {25 + 5 + 100 - NAMED_HOSTS:,} more host(s) failed, skipped or in doubt (--all lists them)"
+        in text
+    )
+    assert len(text.splitlines()) < 60
+
+
+def test_report_all_lists_every_batch_and_host(tmp_path: Path) -> None:
+    rollout = large_rollout(tmp_path)
+    text = render_report(rollout, show_all=True)
+    assert all(f"{h}:{st}" in text for h, st in rollout.hosts.items())
+    named = [ln for ln in text.splitlines() if ln.startswith("  node-")]
+    assert (
+        len(named) == 25 + 5 + 100 and "more host(s)" not in text and "batches: every host done" not in text
     )

@@ -90,19 +90,25 @@ def group_counts(
     hosts: Mapping[str, Mapping[str, Any]], groups: Mapping[str, str | None]
 ) -> dict[str, dict[str, int]]:
     """Per group (a host's AZ, ``UNKNOWN_GROUP`` when it has none): its hosts, those whose worst finding
-    is each severity, and those without a result (``no_result``); the most affected (critical, then
-    warning, then no result, then hosts) first."""
+    is each severity, those without a result (``no_result``) and ``affected``, the hosts with a
+    critical or warning finding or no result; the groups with the largest share of their hosts
+    affected first (an AZ where most hosts fail stands out, whatever its size), then by count."""
     out: dict[str, dict[str, int]] = {}
     for host, entry in hosts.items():
         group = groups.get(host) or UNKNOWN_GROUP
-        row = out.setdefault(group, {"hosts": 0, **dict.fromkeys(severities(), 0), "no_result": 0})
+        row = out.setdefault(
+            group, {"hosts": 0, **dict.fromkeys(severities(), 0), "no_result": 0, "affected": 0}
+        )
         row["hosts"] += 1
         if entry.get("status") in NO_RESULT:
             row["no_result"] += 1
+            row["affected"] += 1
         elif (worst := worst_severity(entry.get("findings") or [])) is not None:
             row[worst] += 1
-    rank = (*severities()[:2], "no_result")
-    return dict(sorted(out.items(), key=lambda kv: (*(-kv[1][k] for k in rank), -kv[1]["hosts"], kv[0])))
+            row["affected"] += worst in severities()[:2]
+    return dict(
+        sorted(out.items(), key=lambda kv: (-kv[1]["affected"] / kv[1]["hosts"], -kv[1]["affected"], kv[0]))
+    )
 
 
 def _names(names: list[str], n: int = NAMED_PER_STATUS) -> str:
@@ -111,7 +117,11 @@ def _names(names: list[str], n: int = NAMED_PER_STATUS) -> str:
 
 
 def _findings_cell(entry: Mapping[str, Any], width: int = 80) -> str:
-    text = ", ".join(f"{f['check']}:{f['severity']}" for f in entry["findings"]) or "-"
+    """``zombie_memcg:critical x3, ecc_errors:warning``: each check and severity once, worst first."""
+    order = {sev: i for i, sev in enumerate(severities())}
+    found = Counter((f["check"], f["severity"]) for f in entry["findings"])
+    ranked = sorted(found.items(), key=lambda kv: (order.get(kv[0][1], len(order)), -kv[1], kv[0][0]))
+    text = ", ".join(f"{c}:{sev}" + (f" x{n}" if n > 1 else "") for (c, sev), n in ranked) or "-"
     return escape(text if len(text) <= width else text[: width - 3] + "...")
 
 
@@ -166,12 +176,14 @@ def render_scan_summary(
         for sev in sevs[:2]:
             t.add_column(f"worst {sev}", justify="right")
         t.add_column("no result", justify="right")
+        t.add_column("affected", justify="right")
         for name, counts in top:
             t.add_row(
                 escape(name),
                 _num(counts["hosts"]),
                 *(_num(counts[sev]) for sev in sevs[:2]),
                 _num(counts["no_result"]),
+                f"{100 * counts['affected'] / counts['hosts']:.0f}%",
             )
         console.print(t)
     for status in NO_RESULT:
@@ -203,10 +215,11 @@ def render_scan(
     s = report["summary"]
     fs = s["findings"]
     console.print(
-        f"{s['hosts']} host(s): {s['ok']} ok, {s['unreachable']} unreachable, {s['failed']} failed"
-        + (f", {s['not_scanned']} not scanned" if s.get("not_scanned") else "")
-        + f"; findings: {fs.get('critical', 0)} critical, {fs.get('warning', 0)} warning, {fs.get('info', 0)} info"
-        + (f"; {s['errors']} detector error(s)" if s.get("errors") else "")
+        f"{s['hosts']:,} host(s): {s['ok']:,} ok, {s['unreachable']:,} unreachable, {s['failed']:,} failed"
+        + (f", {s['not_scanned']:,} not scanned" if s.get("not_scanned") else "")
+        + f"; findings: {fs.get('critical', 0):,} critical, {fs.get('warning', 0):,} warning, "
+        f"{fs.get('info', 0):,} info"
+        + (f"; {s['errors']:,} detector error(s)" if s.get("errors") else "")
         + (" [bold yellow](interrupted: partial report)[/]" if report.get("interrupted") else "")
     )
 
