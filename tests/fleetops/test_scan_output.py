@@ -505,3 +505,45 @@ def test_report_all_lists_every_batch_and_host(tmp_path: Path) -> None:
     assert (
         len(named) == 25 + 5 + 100 and "more host(s)" not in text and "batches: every host done" not in text
     )
+
+
+# ------------------------------------------------------------------------- the CLI's wiring
+
+
+def test_scan_cli_wires_targets_to_progress_and_azs_to_the_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fleetops scan`` (api.scan stood in for: the real one is driven above): the targets listed
+    before the scan size the progress, their AZs group the table, each host is printed as it answers."""
+    from fleetops import api
+    from fleetops.ansible.inventory import InventoryHost
+    from fleetops.cli.app import main
+    from fleetops.exitcodes import ExitCode
+
+    hosts, groups = fleet(120)
+    seen: list[str] = []
+    err: list[str] = []
+
+    def fake_scan(request: Any, on_host: Any = None, cancel: Any = None, on_targets: Any = None) -> Any:
+        on_targets([InventoryHost(name=h, group=groups[h]) for h in hosts])
+        for h, entry in hosts.items():
+            on_host(h, entry)
+            out = capsys.readouterr()
+            seen.append(out.out)  # what stdout holds as each host answers
+            err.append(out.err)
+        return api.ScanResult(report_of(hosts), ExitCode.FAILED)
+
+    monkeypatch.setattr(api, "scan", fake_scan)
+    assert main(["scan", "--format", "ndjson"]) == ExitCode.FAILED
+    assert [json.loads(s)["host"] for s in seen] == list(hosts)  # one line as each host answered
+    lines = "".join([*err, capsys.readouterr().err]).splitlines()
+    assert lines[-1].startswith("scanned 123/123 hosts in ")
+    no_result = [h for h, e in hosts.items() if e["status"] != "ok"]
+    assert no_result
+    assert [ln.split(":")[0] for ln in lines[:-1]] == no_result  # only they get a line
+
+    assert main(["scan", "-q"]) == ExitCode.FAILED
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    table = rows(captured.out, "groups most affected")
+    assert {r[0] for r in table} == {"us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "(unknown)"}

@@ -124,7 +124,7 @@ class ScanProgress:
         self.status[entry["status"]] = self.status.get(entry["status"], 0) + 1
         self.findings += bool(entry.get("findings"))
         if self.total <= SUMMARY_ABOVE or entry["status"] != "ok":
-            self.console.print(self.line(host, entry))
+            self.console.print(self.line(host, entry), soft_wrap=True)
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, description=self.describe())
         elif self.total > SUMMARY_ABOVE and self.clock() - self.last_line >= PLAIN_EVERY_S:
@@ -137,6 +137,7 @@ class ScanProgress:
             f"progress: {self.done:,}/{self.total:,} hosts{pct}, "
             f"{rate_eta(self.done, self.total, self.last_line - self.started)}; {self.counts()}",
             highlight=False,
+            soft_wrap=True,  # one line whatever the width (CI, AWX, logs)
         )
 
     def finish(self) -> None:
@@ -149,6 +150,7 @@ class ScanProgress:
             self.console.print(
                 f"scanned {self.done:,}/{self.total:,} hosts in {duration_text(took)}{rate}; {self.counts()}",
                 highlight=False,
+                soft_wrap=True,
             )
 
 
