@@ -144,7 +144,7 @@ class ScanProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        if self.total > SUMMARY_ABOVE or self.live:
+        if self.total and (self.total > SUMMARY_ABOVE or self.live):  # started: the targets were listed
             took = self.clock() - self.started
             rate = f" ({self.done / took:,.1f} hosts/s)" if took > 0 and self.done else ""
             self.console.print(
