@@ -386,15 +386,18 @@ def test_ndjson_to_a_reader_that_went_away_is_one_line_and_exit_2(tmp_path: Path
 
 
 class FakeRollout:
-    """What ConsoleObserver reads of a rollout: its plan, batches and summary."""
+    """What ConsoleObserver reads of a rollout: its plan, batches and hosts' states."""
 
     def __init__(self, hosts: int, batches: int, done: int = 0) -> None:
         self.plan = {"batches": [[f"h{i}"] for i in range(batches)]}
         self.batches: list[dict[str, Any]] = []
-        self.apply, self.state_path, self.hosts, self.done = False, "state.json", hosts, done
+        self.apply, self.state_path = False, "state.json"
+        self.hosts = {f"h{i}": "pending" for i in range(hosts)}
+        self.finish(done)
 
-    def summary(self) -> dict[str, int]:
-        return {"done": self.done, "failed": 0, "skipped": 0, "hosts": self.hosts}
+    def finish(self, done: int) -> None:
+        for i in range(done):
+            self.hosts[f"h{i}"] = "done"
 
 
 def test_a_rollout_s_plain_lines_carry_this_run_s_rate_and_eta() -> None:
@@ -402,12 +405,12 @@ def test_a_rollout_s_plain_lines_carry_this_run_s_rate_and_eta() -> None:
 
     out, clock = io.StringIO(), Clock()
     observer = ConsoleObserver(Console(file=out, width=300), clock=clock)
-    rollout = FakeRollout(hosts=1000, batches=10, done=200)  # resumed: 200 done before this run
+    rollout = FakeRollout(hosts=1000, batches=10, done=200)  # resumed: 200 done, 2 batches, before this run
+    rollout.batches = [{"finished": 1.0}] * 2
     observer.rollout_started(rollout)  # type: ignore[arg-type]
     observer.batch_started(3, 10, [f"h{i}" for i in range(100)])
     clock.now += 50
-    rollout.done = 300
-    rollout.batches = [{"finished": 1.0}] * 3
+    rollout.finish(300)
     observer.batch_finished(3, 10)
     lines = out.getvalue().splitlines()
     assert (

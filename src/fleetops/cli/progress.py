@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import IO, Any
 
 from rich.console import Console
@@ -30,9 +32,12 @@ from fleetops.cli.args import SUMMARY_ABOVE
 from fleetops.errors import FleetopsError
 from fleetops.rollout.engine import RolloutObserver
 from fleetops.rollout.outcome import HostOutcome
-from fleetops.rollout.state import Rollout
+from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_SKIPPED, Rollout
 
 STYLES = {"": "", "dim": "dim", "note": "cyan", "warning": "yellow", "error": "bold red"}
+# A rollout's bar is refreshed about this many times over its hosts (and at each batch start and end):
+# each refresh counts every host's state, so once a host would make a rollout quadratic.
+REFRESHES = 100
 # A plain (not a terminal) large scan's progress line comes this often: a log line every 10 s is 750
 # lines for a 2-hour fleet, and says within 10 s that the scan still moves.
 PLAIN_EVERY_S = 10.0
@@ -219,7 +224,10 @@ class ConsoleObserver(RolloutObserver):
         self.finished_before = 0  # hosts a resumed rollout had finished: not part of this run's rate
         self.rollout: Rollout | None = None
         self.total = 0
-        self.in_flight: list[str] = []
+        self.in_flight: dict[str, None] = {}  # in batch order; a dict: a host leaves it in O(1)
+        self.batches_done = 0
+        self.refresh_every = 1
+        self.since_refresh = 0
         self.batch = 0
         self._bar: Progress | None = None
         self._task: Any = None
@@ -266,18 +274,21 @@ class ConsoleObserver(RolloutObserver):
     # ------------------------------------------------------------------ progress
 
     def _counts(self) -> tuple[int, int, int]:
+        """Hosts finished (done, failed or skipped), failed, and all: one C-speed count of the states
+        (``Rollout.summary`` also reads every result), taken per batch and per refresh, never per host."""
         if self.rollout is None:
             return 0, 0, 0
-        s = self.rollout.summary()
-        return s["done"] + s["failed"] + s["skipped"], s["failed"], s["hosts"]
+        states = Counter(self.rollout.hosts.values())
+        finished = states[HOST_DONE] + states[HOST_FAILED] + states[HOST_SKIPPED]
+        return finished, states[HOST_FAILED], len(self.rollout.hosts)
 
     def _batches_done(self) -> int:
-        return 0 if self.rollout is None else sum(1 for b in self.rollout.batches if b.get("finished"))
+        return self.batches_done
 
     def describe(self) -> str:
         """The live line's text: batches done / total, hosts in flight, failures."""
         _, failed, _ = self._counts()
-        flight = " ".join(self.in_flight[:6]) + (" ..." if len(self.in_flight) > 6 else "")
+        flight = " ".join(islice(self.in_flight, 6)) + (" ..." if len(self.in_flight) > 6 else "")
         return (
             f"batches {self._batches_done()}/{self.total} · in flight {len(self.in_flight)}"
             + (f" ({flight})" if flight else "")
@@ -295,6 +306,8 @@ class ConsoleObserver(RolloutObserver):
         self.rollout = rollout
         self.total = len(rollout.plan["batches"])
         self.started, self.finished_before = self.clock(), self._counts()[0]
+        self.batches_done = sum(1 for b in rollout.batches if b.get("finished"))
+        self.refresh_every = max(1, len(rollout.hosts) // REFRESHES)
         if self.live:
             self._bar = _bar(self.console)
             self._bar.start()
@@ -307,6 +320,7 @@ class ConsoleObserver(RolloutObserver):
             self._bar = None
 
     def _update(self) -> None:
+        self.since_refresh = 0
         if self._bar is not None:
             finished, _, hosts = self._counts()
             self._bar.update(self._task, description=self.describe(), completed=finished, total=hosts)
@@ -319,7 +333,7 @@ class ConsoleObserver(RolloutObserver):
         self.console.print(
             f"[bold]batch {index}/{total}[/] ({mode}, {len(hosts):,} host(s)): {escape(named)}"
         )
-        self.batch, self.in_flight = index, list(hosts)
+        self.batch, self.in_flight = index, dict.fromkeys(hosts)
         if self._bar is None:
             finished, failed, all_hosts = self._counts()
             self.console.print(
@@ -329,12 +343,16 @@ class ConsoleObserver(RolloutObserver):
         self._update()
 
     def host_finished(self, host: str) -> None:
+        """O(1) a host: the bar is refreshed (an O(hosts) count) every ``refresh_every`` hosts."""
         if host in self.in_flight:
-            self.in_flight.remove(host)
-            self._update()
+            del self.in_flight[host]
+            self.since_refresh += 1
+            if self.since_refresh >= self.refresh_every:
+                self._update()
 
     def batch_finished(self, index: int, total: int) -> None:
-        self.in_flight = []
+        self.in_flight = {}
+        self.batches_done += 1
         if self._bar is None:
             finished, failed, all_hosts = self._counts()
             self.console.print(
