@@ -201,13 +201,21 @@ def test_all_lists_every_host_and_the_threshold_is_where_the_help_says() -> None
     assert f"more than {SUMMARY_ABOVE} hosts is summarised" in " ".join(help_text.split())
 
 
-@pytest.mark.parametrize(("args", "message"), [(["--format", "json", "--all"], "not json"),
-                                               (["--format", "ndjson", "--all"], "not ndjson")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["scan", "--format", "json", "--all"], "not json"),
+        (["scan", "--format", "ndjson", "--all"], "not ndjson"),
+        (["merge", "--format", "json", "--all", "/nonexistent/a.json"], "not json"),
+        (["report", "--format", "json", "--all", "/nonexistent/state.json"], "not json"),
+    ],
+)
 def test_all_with_another_format_is_refused_before_anything_runs(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
     out = tmp_path / "r.json"
-    result = fleetops("scan", "-o", str(out), *args, timeout=60)
+    extra = ["-o", str(out)] if args[0] in ("scan", "merge") else []
+    result = fleetops(*args, *extra, timeout=60)
     assert result.rc == 2 and result.stdout == ""
     assert result.stderr == f"fleetops: error: --all applies to --format table only, {message}\n"
     assert not out.exists() and not out.with_name("r.json.partial").exists()
