@@ -22,8 +22,8 @@ import pytest
 from rich.console import Console
 
 from fleetops import schemas
-from fleetops.cli.args import SUMMARY_ABOVE
-from fleetops.cli.progress import PLAIN_EVERY_S, NdjsonOutput, ScanProgress, duration_text, rate_eta
+from fleetops.cli.args import PLAIN_EVERY_S, SUMMARY_ABOVE
+from fleetops.cli.progress import NdjsonOutput, ScanProgress, duration_text, rate_eta
 from fleetops.cli.render import host_line, render_scan
 from fleetops.errors import FleetopsError
 from fleetops.scan import report_document

@@ -25,6 +25,7 @@ import yaml
 from fleetops import __version__
 from fleetops.ansible import facts
 from fleetops.cli.args import (
+    PLAIN_EVERY_S,
     SUMMARY_ABOVE,
     Parser,
     add_all_arg,
@@ -145,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no progress on stderr (default: a line a host up to "
         f"{SUMMARY_ABOVE} hosts; past that, hosts without a result and a bar with the rate and ETA on a "
-        "terminal, a progress line every 10 s otherwise)",
+        f"terminal, a progress line every {PLAIN_EVERY_S} s otherwise)",
     )
     scan.add_argument(
         "--unit-allowlist",

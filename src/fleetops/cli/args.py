@@ -17,6 +17,9 @@ INVENTORY_HELP = "inventory file or directory (repeatable; default: the localhos
 # A table of more hosts than this is summarised (fleetops.cli.render): 50 keeps a lab's whole fleet, or a
 # rack, one row a host; past it a row a host scrolls the counts out of sight. ``--all``: every row.
 SUMMARY_ABOVE = 50
+# A plain (not a terminal) large scan's progress line comes this often (fleetops.cli.progress): a log line
+# every 10 s is 720 lines for a 2-hour scan, and says within 10 s that the scan still moves.
+PLAIN_EVERY_S = 10
 
 
 class Parser(argparse.ArgumentParser):

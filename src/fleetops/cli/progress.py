@@ -28,7 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from fleetops.cli.args import SUMMARY_ABOVE
+from fleetops.cli.args import PLAIN_EVERY_S, SUMMARY_ABOVE
 from fleetops.errors import FleetopsError
 from fleetops.rollout.engine import RolloutObserver
 from fleetops.rollout.outcome import HostOutcome
@@ -38,9 +38,6 @@ STYLES = {"": "", "dim": "dim", "note": "cyan", "warning": "yellow", "error": "b
 # A rollout's bar is refreshed about this many times over its hosts (and at each batch start and end):
 # each refresh counts every host's state, so once a host would make a rollout quadratic.
 REFRESHES = 100
-# A plain (not a terminal) large scan's progress line comes this often: a log line every 10 s is 750
-# lines for a 2-hour fleet, and says within 10 s that the scan still moves.
-PLAIN_EVERY_S = 10.0
 
 
 def duration_text(seconds: float) -> str:
