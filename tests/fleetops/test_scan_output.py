@@ -265,6 +265,8 @@ def test_a_small_scan_prints_a_line_a_host_and_no_progress_lines() -> None:
     for i in range(SUMMARY_ABOVE):
         clock.now += 1
         progress.host(f"h{i}", {"status": "ok", "findings": []})
+    progress.host("h3", {"status": "failed", "msg": "a later task", "findings": []})  # counted once
+    assert progress.done == SUMMARY_ABOVE
     progress.finish()
     assert out.getvalue().splitlines() == [f"h{i}: ok no findings" for i in range(SUMMARY_ABOVE)]
 

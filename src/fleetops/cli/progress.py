@@ -98,6 +98,7 @@ class ScanProgress:
         self.live = console.is_terminal if live is None else live
         self.total = 0
         self.done = 0
+        self.seen: set[str] = set()
         self.status: dict[str, int] = {}
         self.findings = 0
         self.started = clock()
@@ -122,6 +123,9 @@ class ScanProgress:
         return f"scan · {rate_eta(self.done, self.total, self.clock() - self.started)} · {self.counts()}"
 
     def host(self, host: str, entry: dict[str, Any]) -> None:
+        if host in self.seen:  # a second result for a host (a later task failed): counted once
+            return
+        self.seen.add(host)
         self.done += 1
         self.status[entry["status"]] = self.status.get(entry["status"], 0) + 1
         self.findings += bool(entry.get("findings"))
