@@ -248,7 +248,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
         request.extravars.update(parse_extra_vars(spec))
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
-    progress = None if args.quiet else ScanProgress(err, host_line)
+    # ndjson lines on the terminal that shows the bar would tear it: plain progress lines then
+    live = False if args.format == "ndjson" and sys.stdout.isatty() else None
+    progress = None if args.quiet else ScanProgress(err, host_line, live=live)
     groups: dict[str, str | None] = {}
     cancel = threading.Event()
     stream = NdjsonOutput(sys.stdout, on_closed=cancel.set) if args.format == "ndjson" else None
