@@ -13,6 +13,7 @@ import json
 import random
 import re
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -276,11 +277,13 @@ def test_on_a_terminal_the_bar_says_rate_and_eta() -> None:
     console = Console(file=io.StringIO(), force_terminal=True, width=200)
     progress = ScanProgress(console, host_line, clock=clock)
     assert progress.live
+    stdout = sys.stdout
     progress.start(7500)
     clock.now += 30
     for i in range(1500):
         progress.host(f"node-{i}", {"status": "ok", "findings": []})
     assert progress.describe() == "scan · 50.0 hosts/s, ETA 2m00s · ok 1,500; 0 with findings"
+    assert sys.stdout is stdout  # the bar leaves stdout alone: ndjson lines go there, not above the bar
     progress.finish()
 
 

@@ -61,9 +61,9 @@ def rate_eta(done: int, total: int, elapsed: float) -> str:
     return f"{per}, ETA {duration_text(left / rate)}"
 
 
-def _bar(console: Console) -> Progress:
-    """The transient bar both a scan and a rollout show on a terminal. stdout is never redirected
-    through it: ``--format ndjson`` lines go to stdout, whatever stderr is."""
+def _bar(console: Console, redirect: bool = True) -> Progress:
+    """The transient bar both a scan and a rollout show on a terminal. A scan's (``redirect`` False)
+    leaves stdout alone: ``--format ndjson`` lines go to stdout, whatever stderr is."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -73,8 +73,8 @@ def _bar(console: Console) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        redirect_stdout=False,
-        redirect_stderr=False,
+        redirect_stdout=redirect,
+        redirect_stderr=redirect,
     )
 
 
@@ -110,7 +110,7 @@ class ScanProgress:
         self.total, self.started = total, self.clock()
         self.last_line = self.started
         if self.live and total:
-            self._bar = _bar(self.console)
+            self._bar = _bar(self.console, redirect=False)
             self._bar.start()
             self._task = self._bar.add_task(self.describe(), total=total)
 
