@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +23,7 @@ from fleetops.ansible.facts import SCAN_ACTIONS
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import SCAN_SCHEMA, atomic_write, digest_value, open_append
+from fleetops.util import SCAN_HOST_SCHEMA, SCAN_SCHEMA, atomic_write, digest_value, open_append
 from fleetops.values import Shard
 
 SCHEMA = SCAN_SCHEMA
@@ -123,6 +123,12 @@ def host_entry(results: Sequence[TaskResult]) -> dict[str, Any]:
     if res.get("duration_ms") is not None:
         entry["duration_ms"] = res["duration_ms"]
     return entry
+
+
+def host_record(host: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One host as ``scan --format ndjson`` writes it (``fleetops.scan.host/v1``, schemas.ScanHostLine):
+    its report entry with its name, so each line stands alone."""
+    return {"schema": SCAN_HOST_SCHEMA, "host": host, **entry}
 
 
 def not_scanned_entry(msg: str = NOT_SCANNED_MSG) -> dict[str, Any]:

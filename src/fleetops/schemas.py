@@ -1,6 +1,6 @@
 """The JSON documents fleetops reads back, validated before use: a bad file is one line and exit 2.
 
-fleetops writes four kinds of documents that it, or an operator, later feeds back to it:
+fleetops writes these documents, which it, a tool or an operator later reads back:
 
 =====================  ==========================================  ===================================
 document               written by                                  read back by
@@ -9,6 +9,8 @@ rollout state          ``Rollout.save`` (rollout/state.py)         ``remediate -
 scan report            ``fleetops scan -o`` (scan.build_report),   ``drift --from``, ``merge``
                        ``fleetops merge -o`` (merge.merge)
 scan partial, line 1   ``scan -o``'s ``FILE.partial`` header        ``merge`` (validate_partial_header)
+scan host line         ``scan --format ndjson``, one a host as it   tools (``jq``), a killed run's
+                       answers (scan.host_line)                    output kept (validate_scan_host)
 drift report           ``fleetops drift -o`` (drift.build_drift)   tools, AWX, a later ``drift --from``
 plan                   ``fleetops plan --format json``             tools; embedded in every state
 =====================  ==========================================  ===================================
@@ -51,7 +53,7 @@ from fleetops.documents import (
     raise_validation,
     read_json,
 )
-from fleetops.util import DRIFT_SCHEMA, PLAN_SCHEMA, ROLLOUT_ID_PATTERN, SCAN_SCHEMA
+from fleetops.util import DRIFT_SCHEMA, PLAN_SCHEMA, ROLLOUT_ID_PATTERN, SCAN_HOST_SCHEMA, SCAN_SCHEMA
 
 STATE_SCHEMA = "fleetops.rollout.engine-state/v1"
 # Unix times fleetops writes: from 1970 up to the last second of year 9999 (time.localtime's range).
@@ -365,6 +367,18 @@ class ScanHost(_Open):
     duration_ms: Seconds | None = None
 
 
+class ScanHostLine(ScanHost):
+    """One line of ``fleetops scan --format ndjson`` (scan.host_line): a host's entry as the report's
+    ``hosts[NAME]`` holds it, with its name, written as soon as the host answers (a run killed half
+    way leaves every line it wrote whole); hosts with no answer when the scan ends (``not_scanned``)
+    follow at the end. One object a line, no summary line: the lines are the hosts."""
+
+    model_config = ConfigDict(title=SCAN_HOST_SCHEMA)
+
+    schema_: Literal["fleetops.scan.host/v1"] = Field(alias="schema")
+    host: HostName
+
+
 class ScanSummary(_Open):
     hosts: NonNegInt
     ok: NonNegInt
@@ -532,6 +546,7 @@ class DriftReport(_Open):
 MODELS: dict[str, type[_Open]] = {
     "rollout-state": RolloutState,
     "scan-report": ScanReport,
+    "scan-host": ScanHostLine,
     "drift-report": DriftReport,
     "plan": PlanDocument,
 }
@@ -583,6 +598,11 @@ def validate_state(data: Any, source: str, actions: Collection[str] | None = Non
 def validate_scan_report(data: Any, source: str) -> dict[str, Any]:
     """``data`` if it is a ``fleetops.scan/v1`` report, else DocumentError."""
     return _validate(ScanReport, data, source)
+
+
+def validate_scan_host(data: Any, source: str) -> dict[str, Any]:
+    """``data`` if it is one ``fleetops.scan.host/v1`` line of ``scan --format ndjson``, else DocumentError."""
+    return _validate(ScanHostLine, data, source)
 
 
 def validate_partial_header(data: Any, source: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ HOUR_S = 3600  # seconds
 DAY_S = 24 * HOUR_S
 # The schema ids of the documents fleetops writes and reads back (scan.py, drift.py, api.py, schemas.py).
 SCAN_SCHEMA = "fleetops.scan/v1"
+SCAN_HOST_SCHEMA = "fleetops.scan.host/v1"  # one line of `fleetops scan --format ndjson`
 DRIFT_SCHEMA = "fleetops.drift/v1"
 PLAN_SCHEMA = "fleetops.plan/v1"
 # A rollout id (it names lock and lease records): rollout.lease.ROLLOUT_ID, schemas' rollout id field.

@@ -131,6 +131,8 @@ __all__ = [
 ]
 
 OnHost = Callable[[str, dict[str, Any]], None]
+# the hosts a scan targets, listed before it starts (with their group key): a progress bar's total, a table's groups
+OnTargets = Callable[[Sequence[Any]], None]
 # the launch's and the signal handling's own names, as the tests reach them through the API
 _PassSignals = PassSignals
 _ctrl_c = ctrl_c
@@ -146,10 +148,14 @@ def _plan_hosts(request: PlanRequest, hosts: Sequence[Any]) -> PlanResult:
 
 
 def scan(
-    request: ScanRequest, on_host: OnHost | None = None, cancel: threading.Event | None = None
+    request: ScanRequest,
+    on_host: OnHost | None = None,
+    cancel: threading.Event | None = None,
+    on_targets: OnTargets | None = None,
 ) -> ScanResult:
     """Scan the hosts; ``on_host`` sees each host's entry as it answers; ``cancel`` stops the scan,
-    keeping what has arrived (exit code INTERRUPTED)."""
+    keeping what has arrived (exit code INTERRUPTED); ``on_targets`` gets the targeted hosts
+    (InventoryHost, listed once) before the scan starts."""
     from fleetops.scan import exit_code
 
     warning = facts.zombie_warning_default() if request.zombie_warning is None else request.zombie_warning
@@ -165,7 +171,11 @@ def scan(
         if why:
             raise UsageError(f"cannot write {out_path}: {why}")
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
-    targets = shard_hosts([h.name for h in _targets(inventories, request.limit, None)], request.shard)
+    listed = _targets(inventories, request.limit, None)
+    targets = shard_hosts([h.name for h in listed], request.shard)
+    if on_targets is not None:
+        held = set(targets)
+        on_targets([h for h in listed if h.name in held])
     # the request's scan options (None: the module's default; only what the caller set reaches the
     # playbook), with the inventories resolved and its own copy of the extra vars
     opts = ScanOptions(

@@ -25,7 +25,10 @@ import yaml
 from fleetops import __version__
 from fleetops.ansible import facts
 from fleetops.cli.args import (
+    PLAIN_EVERY_S,
+    SUMMARY_ABOVE,
     Parser,
+    add_all_arg,
     add_format_arg,
     add_target_args,
     collection_default,
@@ -61,7 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Scan hosts: one fleetops.node.node_health call per host, all detectors in one round trip.",
     )
     add_target_args(scan)
-    add_format_arg(scan)
+    add_format_arg(
+        scan,
+        ("table", "json", "ndjson"),
+        "output format: table (default; summarised past "
+        f"{SUMMARY_ABOVE} hosts), json (the report, at the end), ndjson (one fleetops.scan.host/v1 object a "
+        "line, written as each host answers: a run killed half way keeps every host that answered)",
+    )
+    add_all_arg(scan, "counts per check and severity, the worst hosts, the AZs most affected")
     scan.add_argument(
         "-o",
         "--output",
@@ -130,7 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="scan only shard I of N (1 <= I <= N) of the selected hosts, by a hash of each host's name "
         "(a host stays in its shard as the fleet changes); join the N reports with `fleetops merge`",
     )
-    scan.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    scan.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (default: a line a host up to "
+        f"{SUMMARY_ABOVE} hosts; past that, hosts without a result and a bar with the rate and ETA on a "
+        f"terminal, a progress line every {PLAIN_EVERY_S} s otherwise)",
+    )
     scan.add_argument(
         "--unit-allowlist",
         type=Path,
@@ -210,8 +227,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fleetops import api
+    from fleetops.cli.args import check_all_arg
+    from fleetops.cli.progress import NdjsonOutput, ScanProgress
     from fleetops.cli.render import host_line, render_scan
 
+    check_all_arg(args)
     request = api.ScanRequest(
         inventory=list(args.inventory or []),
         limit=args.limit,
@@ -231,12 +251,24 @@ def cmd_scan(args: argparse.Namespace) -> int:
         request.extravars.update(parse_extra_vars(spec))
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
+    # ndjson lines on the terminal that shows the bar would tear it: plain progress lines then
+    live = False if args.format == "ndjson" and sys.stdout.isatty() else None
+    progress = None if args.quiet else ScanProgress(err, host_line, live=live)
+    groups: dict[str, str | None] = {}
+    cancel = threading.Event()
+    stream = NdjsonOutput(sys.stdout, on_closed=cancel.set) if args.format == "ndjson" else None
+
+    def on_targets(hosts: Sequence[Any]) -> None:
+        groups.update((h.name, h.group) for h in hosts)
+        if progress is not None:
+            progress.start(len(hosts))
 
     def on_host(host: str, entry: dict[str, Any]) -> None:
-        if not args.quiet:
-            err.print(host_line(host, entry))
+        if stream is not None:
+            stream.host(host, entry)
+        if progress is not None:
+            progress.host(host, entry)
 
-    cancel = threading.Event()
     previous = signal.getsignal(signal.SIGINT)
 
     def interrupt(signum: int, frame: object) -> None:
@@ -250,13 +282,17 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, interrupt)
     try:
-        result = api.scan(request, on_host=on_host, cancel=cancel)
+        result = api.scan(request, on_host=on_host, cancel=cancel, on_targets=on_targets)
     finally:
         signal.signal(signal.SIGINT, previous)
-    if args.format == "json":
+        if progress is not None:
+            progress.finish()
+    if stream is not None:
+        stream.finish(result.report)
+    elif args.format == "json":
         sys.stdout.write(result.json() + "\n")
     else:
-        render_scan(result.report, out)
+        render_scan(result.report, out, show_all=args.all_rows, groups=groups)
     return result.exit_code
 
 

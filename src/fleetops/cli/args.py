@@ -14,6 +14,12 @@ from fleetops.exitcodes import ExitCode
 from fleetops.util import DAY_S
 
 INVENTORY_HELP = "inventory file or directory (repeatable; default: the localhost inventory)"
+# A table of more hosts than this is summarised (fleetops.cli.render): 50 keeps a lab's whole fleet, or a
+# rack, one row a host; past it a row a host scrolls the counts out of sight. ``--all``: every row.
+SUMMARY_ABOVE = 50
+# A plain (not a terminal) large scan's progress line comes this often (fleetops.cli.progress): a log line
+# every 10 s is 720 lines for a 2-hour scan, and says within 10 s that the scan still moves.
+PLAIN_EVERY_S = 10
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,10 +51,29 @@ def add_target_args(p: argparse.ArgumentParser, inventory_help: str = INVENTORY_
     p.add_argument("-l", "--limit", help="further limit the hosts (ansible --limit pattern)")
 
 
-def add_format_arg(p: argparse.ArgumentParser) -> None:
+def add_format_arg(
+    p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json"), help: str = ""
+) -> None:
     p.add_argument(
-        "--format", choices=("table", "json"), default="table", help="output format (default: table)"
+        "--format", choices=formats, default="table", help=help or "output format (default: table)"
     )
+
+
+def add_all_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--all``: the table lists every row even past SUMMARY_ABOVE hosts (``what`` it summarises then)."""
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="all_rows",
+        help=f"with --format table: every host's row, however many (default: a table of more than "
+        f"{SUMMARY_ABOVE} hosts is summarised: {what})",
+    )
+
+
+def check_all_arg(args: argparse.Namespace) -> None:
+    """``--all`` with a format other than table is a usage error (exit 2), found before anything runs."""
+    if getattr(args, "all_rows", False) and args.format != "table":
+        raise UsageError(f"--all applies to --format table only, not {args.format}")
 
 
 def argtype[T](

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fleetops.cli.args import add_format_arg
+from fleetops.cli.args import add_all_arg, add_format_arg
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
@@ -27,6 +27,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "-o", "--output", type=Path, metavar="FILE", help="also write the merged JSON report to FILE"
     )
     add_format_arg(p)
+    add_all_arg(p, "counts per check and severity, the worst hosts")
     p.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr")
     p.set_defaults(func=cmd_merge)
 
@@ -36,8 +37,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from fleetops import api
+    from fleetops.cli.args import check_all_arg
     from fleetops.cli.render import render_scan
 
+    check_all_arg(args)
     result = api.merge(api.MergeRequest(reports=list(args.reports), output=args.output))
     if not args.quiet:
         err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -46,5 +49,5 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(result.json() + "\n")
     else:
-        render_scan(result.report, Console(highlight=False, soft_wrap=True))
+        render_scan(result.report, Console(highlight=False, soft_wrap=True), show_all=args.all_rows)
     return result.exit_code

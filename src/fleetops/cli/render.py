@@ -3,13 +3,17 @@ fleetops.drift)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fleetops.ansible.facts import severities
+from fleetops.cli.args import SUMMARY_ABOVE
+from fleetops.drift import UNKNOWN_GROUP
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 STATUS_STYLE = {"ok": "green", "unreachable": "bold red", "failed": "bold red"}
@@ -42,7 +46,186 @@ def worst_severity(findings: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def render_scan(report: dict[str, Any], console: Console) -> None:
+# What a summarised table shows: the worst hosts, the groups most affected, the hosts named per status.
+WORST_HOSTS = 20
+TOP_GROUPS = 10
+NAMED_PER_STATUS = 10
+NO_RESULT = ("unreachable", "failed", "not_scanned")
+
+
+def severity_counts(entry: Mapping[str, Any]) -> tuple[int, ...]:
+    """A host's findings per severity, worst first (``severities()`` order): how hosts are ranked."""
+    found = Counter(f.get("severity") for f in entry.get("findings") or [])
+    return tuple(found.get(sev, 0) for sev in severities())
+
+
+def check_counts(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per check: its findings per severity, the hosts with one (``hosts``) and its detector errors
+    (``errors``); checks with the most critical, then warning, ... findings first."""
+    out: dict[str, dict[str, int]] = {}
+
+    def row(check: str) -> dict[str, int]:
+        return out.setdefault(check, {**dict.fromkeys(severities(), 0), "hosts": 0, "errors": 0})
+
+    for entry in hosts.values():
+        for check in {str(f.get("check")) for f in entry.get("findings") or []}:
+            row(check)["hosts"] += 1
+        for f in entry.get("findings") or []:
+            r = row(str(f.get("check")))
+            sev = str(f.get("severity", "info"))
+            r[sev] = r.get(sev, 0) + 1
+        for err in entry.get("errors") or []:
+            row(str(err.get("check")))["errors"] += 1
+    rank = (*severities(), "errors")
+    return dict(sorted(out.items(), key=lambda kv: (*(-kv[1].get(k, 0) for k in rank), kv[0])))
+
+
+def worst_hosts(hosts: Mapping[str, Mapping[str, Any]], n: int = WORST_HOSTS) -> list[str]:
+    """The ``n`` hosts with the worst findings: most critical, then most warning, ... (then by name)."""
+    found = [(tuple(-c for c in severity_counts(e)), h) for h, e in hosts.items() if e.get("findings")]
+    return [h for _, h in sorted(found)[:n]]
+
+
+def group_counts(
+    hosts: Mapping[str, Mapping[str, Any]], groups: Mapping[str, str | None]
+) -> dict[str, dict[str, int]]:
+    """Per group (a host's AZ, ``UNKNOWN_GROUP`` when it has none): its hosts, those whose worst finding
+    is each severity, those without a result (``no_result``) and ``affected``, the hosts with a
+    critical or warning finding or no result; the groups with the largest share of their hosts
+    affected first (an AZ where most hosts fail stands out, whatever its size), then by count."""
+    out: dict[str, dict[str, int]] = {}
+    for host, entry in hosts.items():
+        group = groups.get(host) or UNKNOWN_GROUP
+        row = out.setdefault(
+            group, {"hosts": 0, **dict.fromkeys(severities(), 0), "no_result": 0, "affected": 0}
+        )
+        row["hosts"] += 1
+        if entry.get("status") in NO_RESULT:
+            row["no_result"] += 1
+            row["affected"] += 1
+        elif (worst := worst_severity(entry.get("findings") or [])) is not None:
+            row[worst] += 1
+            row["affected"] += worst in severities()[:2]
+    return dict(
+        sorted(out.items(), key=lambda kv: (-kv[1]["affected"] / kv[1]["hosts"], -kv[1]["affected"], kv[0]))
+    )
+
+
+def _names(names: list[str], n: int = NAMED_PER_STATUS) -> str:
+    more = f" ... and {len(names) - n:,} more" if len(names) > n else ""
+    return escape(" ".join(names[:n])) + more
+
+
+def _findings_cell(entry: Mapping[str, Any], width: int = 80) -> str:
+    """``zombie_memcg:critical x3, ecc_errors:warning``: each check and severity once, worst first."""
+    order = {sev: i for i, sev in enumerate(severities())}
+    found = Counter((f["check"], f["severity"]) for f in entry["findings"])
+    ranked = sorted(found.items(), key=lambda kv: (order.get(kv[0][1], len(order)), -kv[1], kv[0][0]))
+    text = ", ".join(f"{c}:{sev}" + (f" x{n}" if n > 1 else "") for (c, sev), n in ranked) or "-"
+    return escape(text if len(text) <= width else text[: width - 3] + "...")
+
+
+def render_scan_summary(
+    report: Mapping[str, Any], console: Console, groups: Mapping[str, str | None] | None = None
+) -> None:
+    """A large scan for people: counts per check and severity, the worst hosts, the groups most
+    affected (when ``groups`` gives hosts' AZ), the hosts without a result by status (first ones named)."""
+    hosts: Mapping[str, Mapping[str, Any]] = report["hosts"]
+    sevs = severities()
+    checks = Table(title=f"findings by check ({len(hosts):,} hosts)", title_justify="left")
+    checks.add_column("check")
+    for sev in sevs:
+        checks.add_column(sev, justify="right")
+    checks.add_column("hosts", justify="right")
+    checks.add_column("detector errors", justify="right")
+    for check, counts in check_counts(hosts).items():
+        checks.add_row(
+            escape(check), *(_num(counts[sev]) for sev in sevs), _num(counts["hosts"]), _num(counts["errors"])
+        )
+    if checks.row_count:
+        console.print(checks)
+    else:
+        console.print("[green]no findings[/]")
+    worst = worst_hosts(hosts)
+    if worst:
+        with_findings = sum(1 for e in hosts.values() if e.get("findings"))
+        t = Table(
+            title=f"worst hosts ({len(worst)} of {with_findings:,} with findings)", title_justify="left"
+        )
+        t.add_column("host")
+        if groups:
+            t.add_column("group")
+        for sev in sevs:
+            t.add_column(sev, justify="right")
+        t.add_column("findings")
+        for h in worst:
+            entry = hosts[h]
+            style = SEVERITY_STYLE.get(worst_severity(entry["findings"]) or "", "")
+            cells = [escape(h), *([escape(groups.get(h) or UNKNOWN_GROUP)] if groups else [])]
+            cells += [_num(c) for c in severity_counts(entry)]
+            t.add_row(*cells, f"[{style}]{_findings_cell(entry)}[/]")
+        console.print(t)
+    if groups:
+        by_group = group_counts(hosts, groups)
+        top = list(by_group.items())[:TOP_GROUPS]
+        t = Table(
+            title=f"groups most affected ({len(top)} of {len(by_group)} groups, by AZ)", title_justify="left"
+        )
+        t.add_column("group")
+        t.add_column("hosts", justify="right")
+        for sev in sevs[:2]:
+            t.add_column(f"worst {sev}", justify="right")
+        t.add_column("no result", justify="right")
+        t.add_column("affected", justify="right")
+        for name, counts in top:
+            t.add_row(
+                escape(name),
+                _num(counts["hosts"]),
+                *(_num(counts[sev]) for sev in sevs[:2]),
+                _num(counts["no_result"]),
+                f"{100 * counts['affected'] / counts['hosts']:.0f}%",
+            )
+        console.print(t)
+    for status in NO_RESULT:
+        names = [h for h, e in hosts.items() if e.get("status") == status]
+        if names:
+            console.print(
+                f"  [{STATUS_STYLE.get(status, 'bold red')}]{status}[/] {len(names):,} host(s): {_names(names)}"
+            )
+    console.print(
+        f"[dim]summarised: {len(hosts):,} hosts (more than {SUMMARY_ABOVE}); --all lists every host[/]"
+    )
+
+
+def render_scan(
+    report: dict[str, Any],
+    console: Console,
+    *,
+    show_all: bool = False,
+    groups: Mapping[str, str | None] | None = None,
+) -> None:
+    """The scan report as a table: one row a host up to SUMMARY_ABOVE hosts (or with ``show_all``),
+    else summarised (``render_scan_summary``); then the counts line."""
+    if not console.is_terminal:  # piped or captured (CI, AWX, a file): no width to honour, keep cells whole
+        console.width = max(console.width, 160)
+    if show_all or len(report["hosts"]) <= SUMMARY_ABOVE:
+        render_scan_rows(report, console)
+    else:
+        render_scan_summary(report, console, groups)
+    s = report["summary"]
+    fs = s["findings"]
+    console.print(
+        f"{s['hosts']:,} host(s): {s['ok']:,} ok, {s['unreachable']:,} unreachable, {s['failed']:,} failed"
+        + (f", {s['not_scanned']:,} not scanned" if s.get("not_scanned") else "")
+        + f"; findings: {fs.get('critical', 0):,} critical, {fs.get('warning', 0):,} warning, "
+        f"{fs.get('info', 0):,} info"
+        + (f"; {s['errors']:,} detector error(s)" if s.get("errors") else "")
+        + (" [bold yellow](interrupted: partial report)[/]" if report.get("interrupted") else "")
+    )
+
+
+def render_scan_rows(report: dict[str, Any], console: Console) -> None:
+    """Every host's row, then every finding and detector error, one line each."""
     table = Table(title="fleetops scan", show_lines=False)
     for col, justify in (
         ("host", "left"),
@@ -76,8 +259,6 @@ def render_scan(report: dict[str, Any], console: Console) -> None:
             f"{_num(memcg.get('id_headroom'))} ({_num(memcg.get('id_headroom_pct'))}%)" if memcg else "-",
             f"[{SEVERITY_STYLE.get(worst or '', '')}]{findings}[/]" if worst else findings,
         )
-    if not console.is_terminal:  # piped or captured (CI, AWX, a file): no width to honour, keep cells whole
-        console.width = max(console.width, 160)
     console.print(table)
     for host, entry in report["hosts"].items():
         for f in entry["findings"]:
@@ -87,14 +268,6 @@ def render_scan(report: dict[str, Any], console: Console) -> None:
             )
         for err in entry.get("errors") or []:
             console.print(f"  [bold red]error   [/] {host}: {err.get('check')}: {err.get('msg')}")
-    s = report["summary"]
-    fs = s["findings"]
-    console.print(
-        f"{s['hosts']} host(s): {s['ok']} ok, {s['unreachable']} unreachable, {s['failed']} failed; "
-        f"findings: {fs.get('critical', 0)} critical, {fs.get('warning', 0)} warning, {fs.get('info', 0)} info"
-        + (f"; {s['errors']} detector error(s)" if s.get("errors") else "")
-        + (" [bold yellow](interrupted: partial report)[/]" if report.get("interrupted") else "")
-    )
 
 
 # ------------------------------------------------------------------------------------- rendering
