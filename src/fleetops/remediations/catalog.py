@@ -311,7 +311,8 @@ register(
     Remediation(
         name="quarantine",
         playbook="fleetops.node.quarantine",
-        actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
+        # debug: a dry run's note; slurm_node: the Slurm backend (fleetops.remediations.backends)
+        actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
         help="take hosts' Kubernetes nodes out of scheduling for a finding: cordon, taint "
         "fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict drains too",
         ladder=50,
@@ -407,7 +408,7 @@ register(
     Remediation(
         name="unquarantine",
         playbook="fleetops.node.unquarantine",
-        actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
+        actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
         help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
         "check: remove our taint, uncordon if we cordoned, drop the annotation",
         kubernetes="uncordon",
