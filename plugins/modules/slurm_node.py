@@ -168,7 +168,7 @@ class Scontrol:
         except OSError as e:
             self.fail("%s: %s" % (self.argv0, e))
         except subprocess.TimeoutExpired:
-            self.fail("scontrol %s: no answer within %d s" % (args[0], self.timeout))
+            self.fail("scontrol %s: no answer within %d s" % (" ".join(args[:2]), self.timeout))
         if proc.returncode != 0:
             lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
             self.fail(
