@@ -43,6 +43,7 @@ SECONDS = {
     "test_protected_units_lab.py": 49,
     "test_auto_replace_lab.py": 41,
     "test_scan_leak.py": 35,
+    "test_slurm_lab.py": 35,
     "test_secrets_lab.py": 26,
     "test_scan_lab.py": 23,
     "test_scan_shards_lab.py": 22,
