@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from fleetops.errors import UsageError
+from fleetops.remediations.backends import BACKENDS, DEFAULT_BACKEND
 from tests.fleetops.test_quarantine import _cluster, _inventory, _read, _run
+from tests.paths import REPO
 
 
 @pytest.fixture
@@ -151,3 +153,14 @@ def test_a_scontrol_that_does_not_answer_in_time_fails_its_host_with_the_cause(
     # scontrol waits on a controller that never answers (it would retry for minutes): the module's limit
     # ends it, the host fails with the cause, and no update was sent
     assert outcome.msg == "Failed to drain Slurm node s1: scontrol show node: no answer within 2 s"
+
+
+def test_the_playbooks_branch_on_the_declared_backends() -> None:
+    """The backends live once (fleetops.remediations.backends); the playbooks' checks name the same list."""
+    listed = "[" + ", ".join(f"'{name}'" for name in BACKENDS) + "]"
+    for playbook in ("quarantine.yml", "unquarantine.yml"):
+        text = (REPO / "playbooks" / playbook).read_text()
+        assert f"in {listed}" in text, playbook
+        assert f"fleetops_quarantine_backend | default('{DEFAULT_BACKEND}')" in text, playbook
+        for name in BACKENDS:
+            assert f"== '{name}'" in text, (playbook, name)

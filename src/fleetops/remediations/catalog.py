@@ -313,8 +313,9 @@ register(
         playbook="fleetops.node.quarantine",
         # debug: a dry run's note; slurm_node: the Slurm backend (fleetops.remediations.backends)
         actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
-        help="take hosts' Kubernetes nodes out of scheduling for a finding: cordon, taint "
-        "fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict drains too",
+        help="take hosts out of scheduling for a finding, by each host's fleetops_quarantine_backend: "
+        "kubernetes (default: cordon, taint fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict "
+        "drains too), slurm (scontrol DRAIN with reason 'fleetops: <check>: <reason>'; jobs finish) or none",
         ladder=50,
         disruptive=True,
         kubernetes="cordon",
@@ -330,7 +331,7 @@ register(
             ),
             Param(
                 "reason",
-                "why, kept in the node's annotation",
+                "why: kept in the node's annotation (kubernetes), the drain reason's last part (slurm)",
                 default="",
                 metavar="TEXT",
                 extravars=("fleetops_quarantine_reason",),
@@ -410,7 +411,8 @@ register(
         playbook="fleetops.node.unquarantine",
         actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
         help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
-        "check: remove our taint, uncordon if we cordoned, drop the annotation",
+        "check: remove our taint, uncordon if we cordoned, drop the annotation (kubernetes); resume a node "
+        "fleetops drained (slurm); a node someone else took out is left alone",
         kubernetes="uncordon",
         parameters=(
             replace(
