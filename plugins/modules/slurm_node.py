@@ -17,11 +17,13 @@ description:
   - The Slurm backend of the quarantine playbooks (C(fleetops.node.quarantine),
     C(fleetops.node.unquarantine)). Runs C(scontrol) on the controller (C(delegate_to=localhost)), each
     call an argument vector, never a shell.
-  - V(drained) writes our record into the node's C(Comment) (C(fleetops:) and compact JSON: check, rollout,
-    time), then runs C(scontrol update NodeName=<name> State=DRAIN Reason=fleetops: <check>: <finding>),
-    and reads the node again. Running jobs finish (the node is DRAINING, then DRAINED); none is cancelled.
+  - >-
+    V(drained) writes our record into the node's C(Comment) (C(fleetops:) and compact JSON of check, rollout
+    and time), then runs C(scontrol update NodeName=<name> State=DRAIN Reason=<reason>) with the reason
+    C(fleetops: <check>: <finding>), and reads the node again. Running jobs finish (the node is DRAINING,
+    then DRAINED); none is cancelled.
   - A node drained, down, failed or in maintenance by someone else (no record of ours), or one with
-    another's reason, is left as it is and reported (O(note)); its reason is never overwritten. A node
+    another's reason, is left as it is and reported (RV(note)); its reason is never overwritten. A node
     whose C(Comment) holds someone else's text fails the task untouched (fleetops records its drain there).
   - V(resumed) runs C(scontrol update NodeName=<name> State=RESUME) only for a node our record says fleetops
     drained, whose reason is ours or one Slurm writes itself (C(Node unexpectedly rebooted), C(Not
@@ -54,7 +56,8 @@ options:
     default: fleetops
   refuse_checks:
     description:
-      - With O(state=resumed), the checks a fresh scan of the host still finds (warning or critical); a node
+      - >-
+        With O(state=resumed), the checks a fresh scan of the host still finds (warning or critical); a node
         our record says was drained for one of them fails the task, refused and left drained. Unset: no
         such check.
     type: list
