@@ -129,8 +129,6 @@ left_alone:
 """
 
 import datetime
-import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.fleetops.node.plugins.module_utils import slurm
@@ -143,11 +141,15 @@ class Scontrol:
         self.verb = verb  # for messages: "drain" / "resume"
         self.result = {"changed": False, "node": name}  # what a failure returns (main keeps it current)
         p = module.params
-        self.argv0 = p["scontrol"]
         self.timeout = p["timeout"]
-        self.env = dict(os.environ)
-        if p["slurm_conf"]:
-            self.env["SLURM_CONF"] = p["slurm_conf"]
+        self.env = {"SLURM_CONF": p["slurm_conf"]} if p["slurm_conf"] else {}
+        self.scontrol = module.get_bin_path(p["scontrol"])
+        if self.scontrol is None:
+            self.fail("%s not found (install slurm-client on the controller)" % p["scontrol"])
+        # coreutils timeout bounds each call (run_command has no time limit): exit 124 when it ran out
+        self.limit = module.get_bin_path("timeout")
+        if self.limit is None:
+            self.fail("timeout (coreutils) not found")
 
     def fail(self, cause):
         self.module.fail_json(
@@ -155,29 +157,14 @@ class Scontrol:
         )
 
     def call(self, args):
-        argv = [self.argv0] + args
-        try:
-            proc = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout,
-                env=self.env,
-                check=False,
-            )
-        except FileNotFoundError:
-            self.fail("%s not found (install slurm-client on the controller)" % self.argv0)
-        except OSError as e:
-            self.fail("%s: %s" % (self.argv0, e))
-        except subprocess.TimeoutExpired:
+        argv = [self.limit, "--kill-after=5", str(self.timeout), self.scontrol] + args
+        rc, out, err = self.module.run_command(argv, environ_update=self.env)
+        if rc in (124, 137):
             self.fail("scontrol %s: no answer within %d s" % (" ".join(args[:2]), self.timeout))
-        if proc.returncode != 0:
-            lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-            self.fail(
-                "scontrol %s: %s" % (" ".join(args[:2]), lines[-1] if lines else "exit %d" % proc.returncode)
-            )
-        return proc.stdout
+        if rc != 0:
+            lines = (err.strip() or out.strip()).splitlines()
+            self.fail("scontrol %s: %s" % (" ".join(args[:2]), lines[-1] if lines else "exit %d" % rc))
+        return out
 
     def read(self):
         # The name is checked (one node, no leading '-'): scontrol has no '--' before it.
