@@ -100,6 +100,27 @@ def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_onl
     job = _long_job(lab, SICK)
     _wait("the job runs on lab-02", lambda: _job(lab, job).get("JobState") == "RUNNING", 30)
 
+    # A dry run changes nothing; a node name Slurm does not know fails only its host, with scontrol's cause.
+    unknown = tmp_path / "unknown.yml"
+    unknown.write_text(yaml.safe_dump({"all": {"hosts": {OTHER: {"fleetops_slurm_node": "lab-99"}}}}))
+    both = ("-l", f"{OTHER},{SICK}", "--per-group-max", "none", "--max-parallel", "2", "--canary", "0")
+    dry = fleetops(
+        "remediate", "quarantine", *common[:4], "-i", str(unknown), "--format", "json", *both,
+        "--finding", "gpu_health", env=env,
+    )  # fmt: skip
+    assert dry.rc != 0
+    dry_results = {h: r for b in json.loads(dry.stdout)["batches"] for h, r in b["results"].items()}
+    assert dry_results[OTHER]["status"] == "failed"
+    assert (
+        "Failed to drain Slurm node lab-99: scontrol show node: Node lab-99 not found"
+        in dry_results[OTHER]["msg"]
+    )
+    assert dry_results[SICK]["status"] == "ok" and dry_results[SICK]["changed"] is True
+    assert any("dry run: slurm node lab-02: would drain" in n for n in dry_results[SICK]["notes"])
+    for name in (OTHER, SICK):
+        node = _node(lab, name)
+        assert (slurm.phase(node), node["reason"], node["comment"]) == ("in", "", ""), name
+
     quarantined = fleetops(
         "remediate",
         "quarantine",
