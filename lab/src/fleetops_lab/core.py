@@ -380,7 +380,7 @@ class Lab:
                 lab_slurm.start_controller(self.state_dir, hosts, cluster[1])
                 lab_slurm.wait_ready(self.run, wanted, say)
             else:
-                lab_slurm.stop_controller(self.state_dir)
+                lab_slurm.stop_controller(self.state_dir, forget=True)
             self._write_inventory(wanted, slurm=cluster is not None)
             if ec2:
                 lab_ec2.up(
@@ -413,7 +413,7 @@ class Lab:
             state_dirs = self._known_state_dirs(procs)
             for state_dir in state_dirs:
                 lab_ec2.down(state_dir)
-                lab_slurm.stop_controller(state_dir)
+                lab_slurm.stop_controller(state_dir, forget=True)
                 system.unmount_under(state_dir / "hosts", what="unmount the lab's overlays")
             for link in system.link_names():
                 if self.names.link_re.match(link) or link == self.names.bridge:

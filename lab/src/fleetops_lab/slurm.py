@@ -189,8 +189,9 @@ def _munged_pid(state_dir: Path) -> int | None:
     return pid
 
 
-def stop_controller(state_dir: Path) -> None:
-    """Stop this lab's munged on this machine (by its PID file, checked), if it runs. Idempotent."""
+def stop_controller(state_dir: Path, forget: bool = False) -> None:
+    """Stop this lab's munged on this machine (by its PID file, checked), if it runs. Idempotent.
+    ``forget``: also remove this machine's slurm.conf (the lab is no Slurm lab any more)."""
     pid = _munged_pid(state_dir)
     if pid is not None:
         system.send_signal([pid], signal.SIGTERM)
@@ -198,6 +199,9 @@ def stop_controller(state_dir: Path) -> None:
             system.send_signal([pid], signal.SIGKILL)
     with contextlib.suppress(FileNotFoundError):
         _socket(state_dir).unlink()
+    if forget:
+        with contextlib.suppress(FileNotFoundError):
+            controller_conf_path(state_dir).unlink()
 
 
 def wait_ready(
