@@ -94,7 +94,7 @@ molecule: $(STAMP)
 # CI run reports every failure; each prints its slowest tests, and the run ends with a table of the
 # stages' times: where CI's time goes, in CI's log.
 test: deps $(STAMP)
-	@bash tools/debian-deps.sh --ee --vm
+	@bash tools/debian-deps.sh --ee --vm --slurm
 	bash tests/run.sh
 
 bench: $(STAMP)

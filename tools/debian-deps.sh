@@ -9,6 +9,10 @@
 #   --vm: qemu-system-x86 qemu-utils e2fsprogs (VM lab hosts, `make test-vm`)
 #   with --ee: podman and runc (crun, podman's default, cannot start containers without
 #   CAP_SYS_RESOURCE): `make ee` / `make test-ee` build and run the execution environment
+#   --slurm: slurm-client (scontrol, sinfo: the quarantine's Slurm backend on the controller, and the lab's
+#   Slurm cluster tests) and munge (its munged authenticates scontrol; `fleetops-lab up --slurm` runs one
+#   of the lab's own on its own socket): wanted for their tools only, daemons kept from starting and
+#   disabled; the lab hosts' Slurm packages are installed into a cached layer of the lab's, not here
 #   with --ci: make, git; prometheus (promtool) and prometheus-alertmanager (amtool) for the alert
 #   rules' tests (tests/unit/test_prometheus_rules.py), wanted for their tools only: installed without
 #   recommends (no node exporter), with their daemons kept from starting and disabled
@@ -28,7 +32,8 @@ for arg in "$@"; do
     # the image (the guest kernel is installed into the image itself, not on this machine).
     --vm) need+=(qemu-system-x86 qemu-utils e2fsprogs) ;;
     --ee) need+=(podman runc) ;;
-    *) echo "tools/debian-deps.sh: unknown flag $arg (--ci, --vm, --ee)" >&2; exit 2 ;;
+    --slurm) tools+=(slurm-client munge) ;;
+    *) echo "tools/debian-deps.sh: unknown flag $arg (--ci, --vm, --ee, --slurm)" >&2; exit 2 ;;
   esac
 done
 

@@ -187,7 +187,8 @@ def collect(run, log=None, sys_class_net="/sys/class/net", ethtool=None):
             facts["ignored_log_lines"] = ignored
             if ignored:
                 facts["reason"] += (
-                    "; %d ENA driver line(s) in the kernel log ignored: no ENA device here to have reset" % ignored
+                    "; %d ENA driver line(s) in the kernel log ignored: no ENA device here to have reset"
+                    % ignored
                 )
         return facts
     ethtool = ethtool or which("ethtool")

@@ -41,6 +41,7 @@ SECONDS = {
     "test_quarantine_lab.py": 67,
     "test_drift_lab.py": 54,
     "test_protected_units_lab.py": 49,
+    "test_slurm_lab.py": 45,
     "test_auto_replace_lab.py": 41,
     "test_scan_leak.py": 35,
     "test_secrets_lab.py": 26,

@@ -70,7 +70,7 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_text_atomic(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     """Write a file by rename (the product's one atomic writer), with exactly ``mode``."""
     atomic_write(path, text, mode=mode)
     os.chmod(path, mode)

@@ -62,8 +62,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         vm=vm,
         vm_memory_mib=args.vm_memory,
         vm_cgroup=args.vm_cgroup,
+        slurm=args.slurm,
     )
     print(_table(hosts))
+    return 0
+
+
+def cmd_slurm_job(args: argparse.Namespace) -> int:
+    """Submit a real job (sleep SECONDS) to exactly one node of a Slurm lab; print its job id."""
+    from fleetops_lab import slurm as lab_slurm
+
+    lab = Lab()
+    host_index(args.node)
+    if not 1 <= args.seconds <= 86400:
+        raise LabError(f"Failed to submit a job: seconds must be 1 .. 86400, not {args.seconds}")
+    if not lab_slurm.controller_conf_path(lab.state_dir).exists():
+        raise LabError("Failed to submit a job: the lab is not a Slurm lab (run 'fleetops-lab up N --slurm')")
+    print(lab_slurm.submit(lab.run, args.node, args.seconds))
     return 0
 
 
@@ -250,8 +265,24 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
         help="cgroup version of each VM in turn, the last one repeating (default 2; 1 boots with "
         "systemd.unified_cgroup_hierarchy=0), e.g. 2,1",
     )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="the hosts form a Slurm 22.05 cluster: slurmctld on lab-01, slurmd and munged on every host, "
+        "a munged of the lab's on this machine for scontrol (SLURM_CONF=<state>/slurm/slurm.conf; the "
+        "inventory's fleetops_slurm_conf); the first use installs Slurm into a cached layer",
+    )
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     up.set_defaults(func=cmd_up)
+
+    job = sub.add_parser(
+        "slurm-job",
+        help="submit a job (sleep SECONDS) to exactly one node of a Slurm lab; prints its job id",
+        description="sbatch --nodelist=NODE --wrap='sleep SECONDS' on lab-01 (the lab's slurmctld host).",
+    )
+    job.add_argument("node", metavar="NODE", help="lab-01, lab-02, ...")
+    job.add_argument("seconds", type=int, metavar="SECONDS")
+    job.set_defaults(func=cmd_slurm_job)
 
     prepare = sub.add_parser(
         "prepare",

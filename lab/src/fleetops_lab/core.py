@@ -37,6 +37,7 @@ from fleetops_lab import _system as system
 from fleetops_lab import ec2 as lab_ec2
 from fleetops_lab import image as lab_image
 from fleetops_lab import rootfs
+from fleetops_lab import slurm as lab_slurm
 from fleetops_lab import vm as lab_vm
 from fleetops_lab.errors import LabError
 from fleetops_lab.names import AZS, LabNames, lab_names
@@ -283,9 +284,13 @@ class Lab:
         vm: int = 0,
         vm_memory_mib: int = lab_vm.DEFAULT_MEMORY_MIB,
         vm_cgroup: Sequence[int] = (2,),
+        slurm: bool = False,
     ) -> list[LabHost]:
         """Ensure exactly hosts lab-01 .. lab-<count> run and answer ssh; return them. Idempotent.
 
+        ``slurm``: the hosts form a Slurm cluster (fleetops_lab.slurm): slurmctld on lab-01, slurmd and
+        munged on every host, a munged of the lab's on this machine for its scontrol; ready when every
+        node is idle.
         ``ec2``: also run a local EC2 endpoint whose instances are these hosts (see fleetops_lab.ec2).
         ``vm``: the last ``vm`` hosts are QEMU virtual machines (fleetops_lab.vm) with ``vm_memory_mib``
         of RAM each; ``vm_cgroup`` gives each VM in turn its cgroup version (the last one repeats).
@@ -307,6 +312,8 @@ class Lab:
             raise LabError(
                 f"Failed to start the lab: VM cgroup versions must be 1 or 2, not {list(vm_cgroup)}"
             )
+        if slurm and vm:
+            raise LabError("Failed to start the lab: --slurm runs on container hosts only, not with --vm")
         self._preflight("start the lab")
         say = progress or (lambda _line: None)
         started = time.monotonic()
@@ -314,11 +321,18 @@ class Lab:
             self._check_subnet("start the lab")  # before anything is written
             self._claim("start the lab")
             base = rootfs.ensure_rootfs(self.cache_dir, say)
+            lower = str(base)
+            cluster: tuple[str, bytes] | None = None  # slurm.conf and munge key of a Slurm lab
+            if slurm:
+                lower = f"{rootfs.ensure_slurm_layer(self.cache_dir, base, say)}:{base}"
             _ensure_inotify(count, say, self.names.machine_prefix)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.hosts_dir.mkdir(exist_ok=True)
             self._ensure_key()
             wanted = [host_name(i) for i in range(1, count + 1)]
+            if slurm:
+                hosts = [(n, self.host_ip(n)) for n in wanted]
+                cluster = (lab_slurm.config(hosts), lab_slurm.ensure_key(self.state_dir))
             specs: dict[str, lab_vm.VmSpec] = {}
             if vm:
                 img = lab_image.ensure_image(self.cache_dir, say)
@@ -327,7 +341,7 @@ class Lab:
                     cg = vm_cgroup[min(i, len(vm_cgroup) - 1)]
                     specs[n] = lab_vm.VmSpec(str(img), vm_memory_mib, cg, accel)
             procs = self._procs()
-            keep = [n for n in wanted if self._healthy(n, base, procs, specs.get(n))]
+            keep = [n for n in wanted if self._healthy(n, lower, procs, specs.get(n), cluster)]
             stale = sorted((self._discover(procs) | set(wanted)) - set(keep))
             # Refuse before anything is stopped: what the VMs to start need, less what stopping VMs frees.
             freeing = 0
@@ -356,13 +370,18 @@ class Lab:
                         else ""
                     )
                 )
-                self._parallel(lambda n: self._start_host(n, base, specs.get(n)), start)
+                self._parallel(lambda n: self._start_host(n, lower, specs.get(n), cluster), start)
             self._write_known_hosts(wanted)
             self._parallel(
                 lambda n: self._wait_ssh(n, max(timeout, VM_SSH_TIMEOUT_S) if n in specs else timeout, say),
                 wanted,
             )
-            self._write_inventory(wanted)
+            if cluster is not None:
+                lab_slurm.start_controller(self.state_dir, hosts, cluster[1])
+                lab_slurm.wait_ready(self.run, wanted, say)
+            else:
+                lab_slurm.stop_controller(self.state_dir, forget=True)
+            self._write_inventory(wanted, slurm=cluster is not None)
             if ec2:
                 lab_ec2.up(
                     self.state_dir,
@@ -394,6 +413,7 @@ class Lab:
             state_dirs = self._known_state_dirs(procs)
             for state_dir in state_dirs:
                 lab_ec2.down(state_dir)
+                lab_slurm.stop_controller(state_dir, forget=True)
                 system.unmount_under(state_dir / "hosts", what="unmount the lab's overlays")
             for link in system.link_names():
                 if self.names.link_re.match(link) or link == self.names.bridge:
@@ -655,8 +675,16 @@ class Lab:
                 names.update(n for n in os.listdir(top) if _NAME_RE.match(n) and (top / n).is_dir())
         return {n for n in names if 1 <= int(n.removeprefix("lab-")) <= MAX_HOSTS}
 
-    def _healthy(self, name: str, base: Path, procs: dict[str, _Procs], spec: lab_vm.VmSpec | None) -> bool:
-        """Running from this state dir, on the current rootfs (or VM image and settings), with its network."""
+    def _healthy(
+        self,
+        name: str,
+        lower: str,
+        procs: dict[str, _Procs],
+        spec: lab_vm.VmSpec | None,
+        cluster: tuple[str, bytes] | None = None,
+    ) -> bool:
+        """Running from this state dir, on the current rootfs (``lower``: the overlay's lower layers; or VM
+        image and settings), with its network (and a Slurm lab's current slurm.conf)."""
         p = procs.get(name)
         if spec is not None:
             if p is None or p.supervisors or p.nspawns or len(p.vms) != 1:
@@ -671,7 +699,9 @@ class Lab:
             return False
         merged = self._host_dir(name) / "merged"
         overlay = [m for m in system.mounts() if m.mountpoint == merged and m.fstype == "overlay"]
-        if len(overlay) != 1 or f"lowerdir={base}," not in overlay[0].super_options + ",":
+        if len(overlay) != 1 or f"lowerdir={lower}," not in overlay[0].super_options + ",":
+            return False
+        if cluster is not None and lab_slurm.host_conf(merged) != cluster[0]:
             return False
         return (system.NETNS_DIR / self._netns(name)).exists() and system.link_exists(self._veth_host(name))
 
@@ -715,7 +745,13 @@ class Lab:
         )
         system.run_cmd(["ip", "link", "set", bridge, "up"], what=f"bring up the bridge {bridge}")
 
-    def _start_host(self, name: str, base: Path, spec: lab_vm.VmSpec | None = None) -> None:
+    def _start_host(
+        self,
+        name: str,
+        lower: str,
+        spec: lab_vm.VmSpec | None = None,
+        cluster: tuple[str, bytes] | None = None,
+    ) -> None:
         if spec is not None:
             self._start_vm(name, spec)
             return
@@ -730,12 +766,14 @@ class Lab:
                 "overlay",
                 f"fleetops-{name}",
                 "-o",
-                f"lowerdir={base},upperdir={upper},workdir={work}",
+                f"lowerdir={lower},upperdir={upper},workdir={work}",
                 str(merged),
             ],
             what=f"mount the root of {name}",
         )
         self._personalise(name, merged)
+        if cluster is not None:
+            lab_slurm.personalise(merged, name, *cluster)
         self._setup_network(name)
         system.cgroup_create(self._cgroup(name))
         self._spawn_supervisor(name, merged)
@@ -934,9 +972,12 @@ class Lab:
         """The lab's EC2 inventory (``fleetops.node.ec2`` over the local moto endpoint), after ``up(ec2=True)``."""
         return lab_ec2.inventory_path(self.state_dir)
 
-    def _write_inventory(self, names: Sequence[str]) -> None:
+    def _write_inventory(self, names: Sequence[str], slurm: bool = False) -> None:
         hosts = {n: {"ansible_host": self.host_ip(n), "fleetops_az": host_az(n)} for n in names}
-        children: dict[str, object] = {GROUP: {"hosts": hosts, "vars": self.ssh_vars()}}
+        group_vars: dict[str, str] = dict(self.ssh_vars())
+        if slurm:  # where this machine's scontrol finds the lab's cluster (quarantine's Slurm backend)
+            group_vars["fleetops_slurm_conf"] = str(lab_slurm.controller_conf_path(self.state_dir))
+        children: dict[str, object] = {GROUP: {"hosts": hosts, "vars": group_vars}}
         for az in AZS:
             members = [n for n in names if host_az(n) == az]
             if members:

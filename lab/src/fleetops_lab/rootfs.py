@@ -158,11 +158,18 @@ def _remove_build(path: Path) -> None:
 def _unused_rootfs(cache_dir: Path, keep: Path) -> list[Path]:
     """Complete rootfs trees of older recipes that no overlay uses any more."""
     base = cache_dir / "rootfs"
-    in_use = "\n".join(m.super_options for m in system.mounts() if m.fstype == "overlay")
+    in_use = {
+        layer
+        for m in system.mounts()
+        if m.fstype == "overlay"
+        for option in m.super_options.split(",")
+        if option.startswith("lowerdir=")
+        for layer in option.removeprefix("lowerdir=").split(":")
+    }
     return sorted(
         p
         for p in base.glob(f"{SUITE}-*")
-        if p != keep and ".tmp-" not in p.name and p.is_dir() and f"lowerdir={p}" not in in_use
+        if p != keep and ".tmp-" not in p.name and p.is_dir() and str(p) not in in_use
     )
 
 
@@ -283,3 +290,122 @@ def bake(root: Path) -> None:
     # Nothing from the build host's package cache or logs.
     for leftover in (root / "var/cache/apt/archives").glob("*.deb"):
         leftover.unlink()
+
+
+# --------------------------------------------------------------------------- the Slurm layer
+
+# Debian 12's Slurm 22.05 and munge, for `fleetops-lab up --slurm` only: installed on demand into a
+# layer over the rootfs (an overlay's upper tree, cached like the rootfs), so the rootfs every lab and
+# every CI run builds stays as it is. Measured on this machine: see README ("A Slurm lab").
+SLURM_PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
+# Bump when build_slurm_layer() changes in a way the packages do not capture.
+SLURM_LAYER_VERSION = 1
+SLURM_INSTALL_TIMEOUT_S = 900.0
+
+
+def slurm_layer_dir(cache_dir: Path) -> Path:
+    """Where the Slurm layer for the current rootfs recipe lives (complete when it exists)."""
+    blob = json.dumps(
+        {"rootfs": recipe_hash(), "packages": list(SLURM_PACKAGES), "version": SLURM_LAYER_VERSION},
+        sort_keys=True,
+    ).encode()
+    return cache_dir / "rootfs" / f"slurm-{hashlib.sha256(blob).hexdigest()[:12]}"
+
+
+def ensure_slurm_layer(cache_dir: Path, base: Path, progress: Progress | None = None) -> Path:
+    """The Slurm layer over ``base`` (the current rootfs), building it first if it is not cached.
+
+    Built as an overlay's upper tree: ``base`` below, apt-get install of SLURM_PACKAGES chrooted into the
+    merged view (with a policy-rc.d that keeps every daemon from starting), then the upper tree alone is
+    kept. Its daemons stay enabled (munge, slurmd: a slurm lab host starts them at boot once the lab has
+    written its key and slurm.conf) except slurmctld, which the lab enables on its controller host only.
+    """
+    final = slurm_layer_dir(cache_dir)
+    if final.is_dir():
+        return final
+    with _locked(final.parent / ".lock"):
+        if final.is_dir():
+            return final
+        for path in _stale_builds(cache_dir):
+            _remove_build(path)
+        tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+        log = final.with_name(f"{final.name}.build.log")
+        if progress:
+            progress(f"installing Slurm into a lab layer (once, about 1 min): {final}")
+        started = time.monotonic()
+        try:
+            _build_slurm_layer(tmp, base, log)
+            os.rename(tmp / "upper", final)
+            shutil.rmtree(tmp)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                _remove_build(tmp)
+            raise
+        if progress:
+            progress(f"Slurm layer built in {time.monotonic() - started:.0f} s")
+        return final
+
+
+def _build_slurm_layer(tmp: Path, base: Path, log: Path) -> None:
+    upper, work, merged = tmp / "upper", tmp / "work", tmp / "merged"
+    for path in (upper, work, merged):
+        path.mkdir(parents=True)
+    system.run_cmd(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "fleetops-slurm-build",
+            "-o",
+            f"lowerdir={base},upperdir={upper},workdir={work}",
+            str(merged),
+        ],
+        what="mount the Slurm layer's build",
+    )
+    try:
+        guard = merged / "usr/sbin/policy-rc.d"
+        guard.write_text("#!/bin/sh\nexit 101\n")
+        guard.chmod(0o755)
+        resolv = merged / "etc/resolv.conf"
+        resolv.write_text(Path("/etc/resolv.conf").read_text())
+        system.run_cmd(["mount", "-t", "proc", "proc", str(merged / "proc")], what="mount /proc for apt")
+        try:
+            env = {
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "DEBIAN_FRONTEND": "noninteractive",
+                "LC_ALL": "C",
+            }
+            with log.open("w") as out:
+                for argv in (
+                    ["apt-get", "update"],
+                    ["apt-get", "install", "-y", "--no-install-recommends", *SLURM_PACKAGES],
+                    ["apt-get", "clean"],
+                ):
+                    proc = subprocess.run(
+                        ["chroot", str(merged), *argv],
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        timeout=SLURM_INSTALL_TIMEOUT_S,
+                        check=False,
+                    )
+                    if proc.returncode != 0:
+                        raise LabError(
+                            f"Failed to build the lab's Slurm layer: {' '.join(argv)} exited with "
+                            f"{proc.returncode} (log: {log}):\n" + system.tail(log, 10)
+                        )
+        finally:
+            system.run_cmd(["umount", str(merged / "proc")], what="unmount the build's /proc", check=False)
+        guard.unlink()
+        resolv.write_text("")
+        for lists in (merged / "var/lib/apt/lists").glob("*_*"):
+            lists.unlink()
+        # One key per lab (the lab writes it), not the build's.
+        with contextlib.suppress(FileNotFoundError):
+            (merged / "etc/munge/munge.key").unlink()
+        # slurmctld runs on the lab's controller host only: the lab enables it there.
+        for wants in (merged / "etc/systemd/system").glob("*.wants/slurmctld.service"):
+            wants.unlink()
+    finally:
+        system.run_cmd(["umount", str(merged)], what="unmount the Slurm layer's build", check=False)

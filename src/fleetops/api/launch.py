@@ -16,7 +16,7 @@ from fleetops.api.signals import ctrl_c
 from fleetops.errors import UsageError
 from fleetops.planner import MaxParallel, one_per_batch
 from fleetops.planner import plan as plan_batches
-from fleetops.remediations import REMEDIATIONS, Remediation
+from fleetops.remediations import REMEDIATIONS, Remediation, backends
 from fleetops.rollout import guards, killswitch
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
@@ -126,7 +126,9 @@ def start_listed(
                     f"remediate {remediation.name}: its plan names host(s) outside the selection: {' '.join(unknown)}"
                 )
             hosts = [h for h in hosts if h.name in wanted]
-    if extravars.get("fleetops_kube_drain") or remediation.kubernetes is not None:
+    if remediation.kubernetes is not None:  # quarantine, unquarantine: each host's backend decides
+        backends.check_targets(hosts, evict=bool(extravars.get("fleetops_quarantine_evict")))
+    elif extravars.get("fleetops_kube_drain"):
         for target in hosts:
             node = target.hostvars.get("k8s_node_name") or target.name
             guards.check_k8s_node_name(str(node), target.name)

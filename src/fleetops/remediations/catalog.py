@@ -311,9 +311,11 @@ register(
     Remediation(
         name="quarantine",
         playbook="fleetops.node.quarantine",
-        actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
-        help="take hosts' Kubernetes nodes out of scheduling for a finding: cordon, taint "
-        "fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict drains too",
+        # debug: a dry run's note; slurm_node: the Slurm backend (fleetops.remediations.backends)
+        actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
+        help="take hosts out of scheduling for a finding, by each host's fleetops_quarantine_backend: "
+        "kubernetes (default: cordon, taint fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict "
+        "drains too), slurm (scontrol DRAIN with reason 'fleetops: <check>: <reason>'; jobs finish) or none",
         ladder=50,
         disruptive=True,
         protects=True,  # a storm brake lets it go on: it keeps new work off a host, within its budget
@@ -330,7 +332,7 @@ register(
             ),
             Param(
                 "reason",
-                "why, kept in the node's annotation",
+                "why: kept in the node's annotation (kubernetes), the drain reason's last part (slurm)",
                 default="",
                 metavar="TEXT",
                 extravars=("fleetops_quarantine_reason",),
@@ -409,9 +411,10 @@ register(
     Remediation(
         name="unquarantine",
         playbook="fleetops.node.unquarantine",
-        actions=("ansible.builtin.command", "ansible.builtin.debug"),  # debug: a dry run's note
+        actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
         help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
-        "check: remove our taint, uncordon if we cordoned, drop the annotation",
+        "check: remove our taint, uncordon if we cordoned, drop the annotation (kubernetes); resume a node "
+        "fleetops drained (slurm); a node someone else took out is left alone",
         kubernetes="uncordon",
         parameters=(
             replace(

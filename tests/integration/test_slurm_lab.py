@@ -1,0 +1,173 @@
+"""Quarantine's Slurm backend against a real Slurm 22.05 cluster on the lab (``fleetops-lab up 3 --slurm``:
+slurmctld on lab-01, slurmd and munged on every host) and this machine's real scontrol (slurm-client),
+authenticated by the lab's munged: nothing here is a stand-in.
+
+A job runs on lab-02; quarantine drains lab-02 with our reason while the job runs (DRAINING), and the node
+is DRAINED once the job ends (no job is cancelled); unquarantine resumes it and a new job runs there. lab-03,
+drained by an admin with another reason, is neither re-reasoned by the quarantine nor resumed by the
+unquarantine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.fleetops.node.plugins.module_utils import slurm
+
+from fleetops_lab import Lab
+from fleetops_lab import slurm as lab_slurm
+from tests.helpers import fleetops
+
+pytestmark = pytest.mark.lab
+SICK, ADMIN, OTHER = "lab-02", "lab-03", "lab-01"
+JOB_MAX_S = 120  # the job's own limit; the test ends it sooner (DONE_FILE) once DRAINING is seen
+DONE_FILE = "/tmp/fleetops-test-job-done"
+ADMIN_REASON = "admin: firmware update"
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    lab = Lab()
+    lab.up(3, slurm=True)
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+def _scontrol(lab: Lab, *args: str) -> str:
+    proc = subprocess.run(
+        ["scontrol", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env={**os.environ, **lab_slurm.controller_env(lab.state_dir)},
+    )
+    return proc.stdout
+
+
+def _node(lab: Lab, name: str) -> dict[str, Any]:
+    node = slurm.parse_show_node(_scontrol(lab, "show", "node", name))
+    assert node is not None
+    return node
+
+
+def _wait(what: str, predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.3)
+
+
+def _long_job(lab: Lab, node: str) -> str:
+    """A job on ``node`` that ends on its own (exit 0) once DONE_FILE exists there: the test decides when the
+    job ends without cancelling it, so the quarantine's time on a busy machine cannot outlast it."""
+    wrap = f"for i in $(seq {JOB_MAX_S * 5}); do [ -e {DONE_FILE} ] && exit 0; sleep 0.2; done"
+    argv = [*lab_slurm.submit_argv(node, 1)[:-1], f"--wrap={wrap}"]
+    proc = lab.run(lab_slurm.CONTROLLER_HOST, argv, check=True, timeout=30)
+    return proc.stdout.strip().split(";")[0]
+
+
+def _job(lab: Lab, job: str) -> dict[str, str]:
+    words = _scontrol(lab, "show", "job", "--oneliner", job).split()
+    return dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_only_ours(
+    lab: Lab, tmp_path: Path, env: dict[str, str]
+) -> None:
+    # Each host picks its backend in the inventory: every lab host is a Slurm node here.
+    backend = tmp_path / "slurm.yml"
+    backend.write_text(
+        yaml.safe_dump(
+            {"all": {"children": {"fleetops_lab": {"vars": {"fleetops_quarantine_backend": "slurm"}}}}}
+        )
+    )
+    common = ("-i", str(lab.inventory_path()), "-i", str(backend), "--apply", "--format", "json")
+    hosts = ("-l", f"{SICK},{ADMIN}", "--per-group-max", "none", "--max-parallel", "2", "--canary", "0")
+
+    _scontrol(lab, "update", f"NodeName={ADMIN}", "State=DRAIN", f"Reason={ADMIN_REASON}")
+    lab.run(SICK, ["rm", "-f", DONE_FILE], check=True)
+    job = _long_job(lab, SICK)
+    _wait("the job runs on lab-02", lambda: _job(lab, job).get("JobState") == "RUNNING", 30)
+
+    # A dry run changes nothing; a node name Slurm does not know fails only its host, with scontrol's cause.
+    unknown = tmp_path / "unknown.yml"
+    unknown.write_text(yaml.safe_dump({"all": {"hosts": {OTHER: {"fleetops_slurm_node": "lab-99"}}}}))
+    both = ("-l", f"{OTHER},{SICK}", "--per-group-max", "none", "--max-parallel", "2", "--canary", "0")
+    dry = fleetops(
+        "remediate", "quarantine", *common[:4], "-i", str(unknown), "--format", "json", *both,
+        "--finding", "gpu_health", env=env,
+    )  # fmt: skip
+    assert dry.rc != 0
+    dry_results = {h: r for b in json.loads(dry.stdout)["batches"] for h, r in b["results"].items()}
+    assert dry_results[OTHER]["status"] == "failed"
+    assert (
+        "Failed to drain Slurm node lab-99: scontrol show node: Node lab-99 not found"
+        in dry_results[OTHER]["msg"]
+    )
+    assert dry_results[SICK]["status"] == "ok" and dry_results[SICK]["changed"] is True
+    assert any("dry run: slurm node lab-02: would drain" in n for n in dry_results[SICK]["notes"])
+    for name in (OTHER, SICK):
+        node = _node(lab, name)
+        assert (slurm.phase(node), node["reason"], node["comment"]) == ("in", "", ""), name
+
+    quarantined = fleetops(
+        "remediate",
+        "quarantine",
+        *common,
+        *hosts,
+        "--finding",
+        "gpu_health",
+        "--reason",
+        "1 uncorrectable ECC error",
+        env=env,
+    )
+    assert quarantined.rc == 0, quarantined.stderr
+    ours = "fleetops: gpu_health: 1 uncorrectable ECC error"
+    sick = _node(lab, SICK)
+    assert _job(lab, job).get("JobState") == "RUNNING"  # asserted after the read: it was running throughout
+    assert (slurm.phase(sick), sick["reason"]) == ("draining", ours)
+    assert slurm.parse_record(sick["comment"])["check"] == "gpu_health"  # type: ignore[index]
+    admin = _node(lab, ADMIN)
+    assert (slurm.phase(admin), admin["reason"], admin["comment"]) == ("drained", ADMIN_REASON, "")
+    results = {h: r for b in json.loads(quarantined.stdout)["batches"] for h, r in b["results"].items()}
+    assert results[SICK]["changed"] is True and results[ADMIN]["changed"] is False
+    assert any("left alone: drained by someone else" in n for n in results[ADMIN]["notes"])
+
+    # The job is not cancelled: it ends on its own, and then the node is DRAINED with our reason.
+    time.sleep(1)
+    assert slurm.phase(_node(lab, SICK)) == "draining"
+    lab.run(SICK, ["touch", DONE_FILE], check=True)
+    _wait("lab-02 drained", lambda: slurm.phase(_node(lab, SICK)) == "drained", 30)
+    assert _job(lab, job)["JobState"] == "COMPLETED"
+    assert _node(lab, SICK)["reason"] == ours
+
+    # A second quarantine of the drained node changes nothing (our reason and record stay).
+    again = fleetops("remediate", "quarantine", *common, "-l", SICK, "--finding", "gpu_health", env=env)
+    assert again.rc == 0, again.stderr
+    assert _node(lab, SICK)["reason"] == ours
+
+    freed = fleetops("remediate", "unquarantine", *common, *hosts, "--sample-seconds", "1", env=env)
+    assert freed.rc == 0, freed.stderr
+    sick = _node(lab, SICK)
+    assert (slurm.phase(sick), sick["reason"], sick["comment"]) == ("in", "", "")
+    admin = _node(lab, ADMIN)
+    assert (slurm.phase(admin), admin["reason"]) == (
+        "drained",
+        ADMIN_REASON,
+    )  # neither resumed nor re-reasoned
+    assert _node(lab, OTHER)["reason"] == ""  # never touched
+
+    after = lab_slurm.submit(lab.run, SICK, 1)
+    _wait("a new job ran on lab-02", lambda: _job(lab, after).get("JobState") == "COMPLETED", 30)
+    assert _job(lab, after)["NodeList"] == SICK
