@@ -137,6 +137,9 @@ COMPUTED = {
     ("rolling_reboot.yml", "fleetops.node.ec2_lease", "ttl"),
     ("stop_start.yml", "fleetops.node.ec2_lease", "ttl"),  # a stop and a start
     ("replace.yml", "fleetops.node.ec2_lease", "ttl"),  # the group's replacement and the new host's ssh
+    # a Slurm node is named as its host unless the inventory says otherwise (not a module default)
+    ("quarantine.yml", "fleetops.node.slurm_node", "name"),
+    ("unquarantine.yml", "fleetops.node.slurm_node", "name"),
 }
 
 
