@@ -11,7 +11,11 @@
 #   CAP_SYS_RESOURCE): `make ee` / `make test-ee` build and run the execution environment
 #   with --ci: make, git; prometheus (promtool) and prometheus-alertmanager (amtool) for the alert
 #   rules' tests (tests/unit/test_prometheus_rules.py), wanted for their tools only: installed without
-#   recommends (no node exporter), with their daemons kept from starting and disabled
+#   recommends (no node exporter), with their daemons kept from starting and disabled; the tests that
+#   run them as servers (tests/integration/test_eda_lab.py) start their own on loopback and the lab's
+#   network; openjdk-17-jre-headless, the Java ansible-rulebook's rule engine (Drools) runs on
+#   (tests/unit/test_eda_rulebook.py; about 7 s to download and unpack here, nothing on an image that
+#   has it)
 # Idempotent: prints nothing and installs nothing when every package is there. Needs root (apt-get)
 # only when something is missing; otherwise it says which packages to install and exits 2.
 set -euo pipefail
@@ -21,7 +25,7 @@ tools=()  # packages wanted for a command-line tool only, not for the service th
 for arg in "$@"; do
   case "$arg" in
     --ci)
-      need+=(make git)
+      need+=(make git openjdk-17-jre-headless)
       tools+=(prometheus prometheus-alertmanager)
       ;;
     # VM lab hosts (fleetops-lab up --vm): QEMU, qemu-img for the per-host qcow2 disks, mke2fs for

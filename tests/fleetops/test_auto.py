@@ -970,4 +970,7 @@ def test_cause_is_one_printable_line(text: str, problem: str) -> None:
 
     with pytest.raises(ValueError, match=problem):
         values.cause(text)
-    assert values.cause("  alert FleetopsUnitsCrashLooping on lab-01 ") == "alert FleetopsUnitsCrashLooping on lab-01"
+    assert (
+        values.cause("  alert FleetopsUnitsCrashLooping on lab-01 ")
+        == "alert FleetopsUnitsCrashLooping on lab-01"
+    )
