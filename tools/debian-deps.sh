@@ -10,10 +10,11 @@
 #   with --ee: podman and runc (crun, podman's default, cannot start containers without
 #   CAP_SYS_RESOURCE): `make ee` / `make test-ee` build and run the execution environment
 #   with --ci: make, git; prometheus (promtool) and prometheus-alertmanager (amtool) for the alert
-#   rules' tests (tests/unit/test_prometheus_rules.py), wanted for their tools only: installed without
-#   recommends (no node exporter), with their daemons kept from starting and disabled; the tests that
-#   run them as servers (tests/integration/test_eda_lab.py) start their own on loopback and the lab's
-#   network; openjdk-17-jre-headless, the Java ansible-rulebook's rule engine (Drools) runs on
+#   rules' tests (tests/unit/test_prometheus_rules.py) and prometheus-node-exporter, wanted for their
+#   binaries only: installed without recommends, with their daemons kept from starting (ports 9090,
+#   9093, 9100), then disabled and stopped; the test that runs them as servers
+#   (tests/integration/test_eda_lab.py) starts its own on loopback and the lab's network and stops them
+#   by PID; openjdk-17-jre-headless, the Java ansible-rulebook's rule engine (Drools) runs on
 #   (tests/unit/test_eda_rulebook.py; about 7 s to download and unpack here, nothing on an image that
 #   has it)
 # Idempotent: prints nothing and installs nothing when every package is there. Needs root (apt-get)
@@ -26,7 +27,7 @@ for arg in "$@"; do
   case "$arg" in
     --ci)
       need+=(make git openjdk-17-jre-headless)
-      tools+=(prometheus prometheus-alertmanager)
+      tools+=(prometheus prometheus-alertmanager prometheus-node-exporter)
       ;;
     # VM lab hosts (fleetops-lab up --vm): QEMU, qemu-img for the per-host qcow2 disks, mke2fs for
     # the image (the guest kernel is installed into the image itself, not on this machine).
@@ -70,7 +71,7 @@ if ((${#missing_tools[@]})); then
   [[ -z $guard ]] || rm -f "$guard"
   # Enabled by their postinst: disabled, so that no boot starts them either (no-op without systemd).
   if [[ -d /run/systemd/system ]]; then
-    for p in "${missing_tools[@]}"; do systemctl disable --quiet "$p.service" 2>/dev/null || true; done
+    for p in "${missing_tools[@]}"; do systemctl disable --now --quiet "$p.service" 2>/dev/null || true; done
   fi
 fi
 echo "== installed: ${missing[*]} ${missing_tools[*]}"
