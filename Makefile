@@ -49,8 +49,8 @@ demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src lab tests bench plugins
-	$(BIN)/ruff format --check src lab tests bench
+	$(BIN)/ruff check src lab tests bench plugins extensions
+	$(BIN)/ruff format --check src lab tests bench extensions
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production

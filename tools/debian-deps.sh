@@ -14,8 +14,13 @@
 #   of the lab's own on its own socket): wanted for their tools only, daemons kept from starting and
 #   disabled; the lab hosts' Slurm packages are installed into a cached layer of the lab's, not here
 #   with --ci: make, git; prometheus (promtool) and prometheus-alertmanager (amtool) for the alert
-#   rules' tests (tests/unit/test_prometheus_rules.py), wanted for their tools only: installed without
-#   recommends (no node exporter), with their daemons kept from starting and disabled
+#   rules' tests (tests/unit/test_prometheus_rules.py) and prometheus-node-exporter, wanted for their
+#   binaries only: installed without recommends, with their daemons kept from starting (ports 9090,
+#   9093, 9100), then disabled and stopped; the test that runs them as servers
+#   (tests/integration/test_eda_lab.py) starts its own on loopback and the lab's network and stops them
+#   by PID; openjdk-17-jre-headless, the Java ansible-rulebook's rule engine (Drools) runs on
+#   (tests/unit/test_eda_rulebook.py; about 7 s to download and unpack here, nothing on an image that
+#   has it)
 # Idempotent: prints nothing and installs nothing when every package is there. Needs root (apt-get)
 # only when something is missing; otherwise it says which packages to install and exits 2.
 set -euo pipefail
@@ -25,8 +30,8 @@ tools=()  # packages wanted for a command-line tool only, not for the service th
 for arg in "$@"; do
   case "$arg" in
     --ci)
-      need+=(make git)
-      tools+=(prometheus prometheus-alertmanager)
+      need+=(make git openjdk-17-jre-headless)
+      tools+=(prometheus prometheus-alertmanager prometheus-node-exporter)
       ;;
     # VM lab hosts (fleetops-lab up --vm): QEMU, qemu-img for the per-host qcow2 disks, mke2fs for
     # the image (the guest kernel is installed into the image itself, not on this machine).
@@ -71,7 +76,7 @@ if ((${#missing_tools[@]})); then
   [[ -z $guard ]] || rm -f "$guard"
   # Enabled by their postinst: disabled, so that no boot starts them either (no-op without systemd).
   if [[ -d /run/systemd/system ]]; then
-    for p in "${missing_tools[@]}"; do systemctl disable --quiet "$p.service" 2>/dev/null || true; done
+    for p in "${missing_tools[@]}"; do systemctl disable --now --quiet "$p.service" 2>/dev/null || true; done
   fi
 fi
 echo "== installed: ${missing[*]} ${missing_tools[*]}"

@@ -71,6 +71,22 @@ def sample_seconds(text: str) -> float:
     return value
 
 
+CAUSE_MAX = 1000  # characters of a pass's --cause (an alert, a ticket) kept in its JSON and the audit log
+
+
+def cause(text: str) -> str:
+    """Why a pass runs, in one printable line of at most ``CAUSE_MAX`` characters (surrounding blanks
+    dropped): it is written into the audit log as it is, so no newline or other control character."""
+    value = text.strip()
+    if not value:
+        raise ValueError("must not be empty")
+    if len(value) > CAUSE_MAX:
+        raise ValueError(f"must be at most {CAUSE_MAX} characters (got {len(value)})")
+    if not value.isprintable():
+        raise ValueError(f"must be one line of printable characters: {value[:80]!r}")
+    return value
+
+
 def percent(text: str) -> float:
     """A percentage from 0 to 100 (a trailing ``%`` allowed)."""
     try:

@@ -909,3 +909,68 @@ def test_a_remediation_request_naming_hosts_acts_on_those_only(
         api_mod.NullObserver(),
     )
     assert planned is not None and sorted(planned.hosts) == ["a", "c"]
+
+
+def test_a_pass_with_a_cause_writes_one_audit_line_and_says_it_in_its_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cause`` (the event-driven rulebook passes the alert): the pass's document carries it, and the
+    audit log gets one line for the pass with its cause, limit, decisions and each action's rollout;
+    a pass without one writes no such line and its document is as before."""
+    import fleetops.api as api_mod
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    log = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(log))
+    inv = _static_inventory(tmp_path, {"lab-01": "a", "lab-02": "b"})
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: report(**{"lab-01": [CRASHLOOP]}))
+    monkeypatch.setattr(
+        api_mod,
+        "remediate",
+        lambda request, observer=None, **k: api_mod.RolloutResult(None, {"id": "R-1"}, ExitCode.OK),
+    )
+    cause = 'alertmanager: FleetopsUnitsCrashLooping{host="lab-01"} fingerprint=0123abcd'
+    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], limit="lab-01", apply=True, cause=cause))
+    assert result.document["cause"] == cause
+    (line,) = [json.loads(text) for text in log.read_text().splitlines()]
+    assert line["event"] == "auto_pass" and line["cause"] == cause and line["limit"] == "lab-01"
+    assert line["decisions"] == {"lab-01": "act"} and line["apply"] is True
+    assert line["actions"] == [
+        {"action": "fix", "rollout": "R-1", "hosts": ["lab-01"], "done": [], "exit_code": 0}
+    ]
+    assert line["exit_code"] == result.exit_code and line["operator"]
+    plain = api_mod.auto(api_mod.AutoRequest(inventory=[inv], limit="lab-01", apply=True))
+    assert "cause" not in plain.document and len(log.read_text().splitlines()) == 1
+
+
+def test_a_pass_whose_cause_cannot_be_audited_does_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fleetops.api as api_mod
+    from fleetops.rollout.audit import AuditError
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "file" / "audit.jsonl"))
+    inv = _static_inventory(tmp_path, {"lab-01": "a"})
+    scanned: list[Any] = []
+    monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: scanned.append(opts) or report())
+    with pytest.raises(AuditError, match="nothing was changed"):
+        api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=True, cause="alert X"))
+    assert scanned == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("", "must not be empty"), ("  ", "must not be empty"), ("a\nb", "one line"), ("\x1b[2J", "one line"),
+     ("x" * 1001, "at most 1000")],
+)  # fmt: skip
+def test_cause_is_one_printable_line(text: str, problem: str) -> None:
+    from fleetops import values
+
+    with pytest.raises(ValueError, match=problem):
+        values.cause(text)
+    assert (
+        values.cause("  alert FleetopsUnitsCrashLooping on lab-01 ")
+        == "alert FleetopsUnitsCrashLooping on lab-01"
+    )

@@ -33,6 +33,7 @@ SECONDS = {
     "test_stop_start_lab.py": 172,
     "test_ucx_lab.py": 170,
     "test_detector_timer_lab.py": 145,  # measured 2026-12-03, alone on a named lab
+    "test_eda_lab.py": 115,  # measured 2026-12-03 (100 and 124 s), alone on a named lab, other labs beside it
     "test_crashloop_lab.py": 130,
     "test_replace_lab.py": 122,
     "test_rollout_guards_lab.py": 115,

@@ -493,10 +493,29 @@ def test_auto_survey_asks_the_policy_the_floor_and_the_kubeconfig_and_repeats_no
         "fleetops_auto_policy",
         "fleetops_max_unhealthy",
         "fleetops_kubeconfig",
+        "fleetops_auto_cause",  # the event-driven rulebook's answers (extensions/eda/rulebooks/)
+        "fleetops_auto_locked_retries",
     }
     for variable, q in questions.items():
         if variable != "fleetops_targets":
             assert q["required"] is False and "default" not in q, variable
+
+
+def test_the_controller_rulebook_launches_the_auto_template_with_survey_answers_only() -> None:
+    """AWX refuses a launch whose extra vars are not the survey's (ask_variables_on_launch is off): the
+    EDA controller's rulebook sends only survey variables, without the event (include_events: false)."""
+    book = yaml.safe_load(
+        (REPO / "extensions" / "eda" / "rulebooks" / "fleetops_alerts_controller.yml").read_text()
+    )
+    template = _auto_template()
+    questions = {q["variable"] for q in template["survey_spec"]["spec"]}
+    actions = [rule["action"]["run_job_template"] for rule in book[0]["rules"]]
+    assert actions and all(a == actions[0] for a in actions)
+    action = actions[0]
+    assert action["include_events"] is False
+    assert set(action["job_args"]["extra_vars"]) <= questions
+    assert f"default('{template['name']}')" in action["name"]
+    assert not template.get("ask_variables_on_launch")
 
 
 def test_auto_playbooks_default_inventory_is_the_awx_inventory_sources_config() -> None:

@@ -44,6 +44,13 @@ if os.environ.get("STANDIN_NESTED"):  # run ansible through ansible-runner, as t
     sys.exit(nested.rc)
 sys.stdout.write(os.environ.get("STANDIN_STDOUT", ""))
 sys.stderr.write(os.environ.get("STANDIN_STDERR", ""))
+seq = os.environ.get("STANDIN_RC_SEQ", "").split()  # one exit code per call, the last one repeated
+if seq:
+    with open(os.environ["STANDIN_RECORD"] + ".calls", "a+") as f:
+        f.seek(0)
+        n = len(f.read())
+        f.write("x")
+    sys.exit(int(seq[min(n, len(seq) - 1)]))
 sys.exit(int(os.environ["STANDIN_RC"]))
 """
 
@@ -108,6 +115,7 @@ def _job(
     user: str | None = None,
     sleep: float = 0,
     nested: Path | None = None,
+    rc_seq: str = "",
 ) -> Job:
     standin_dir = tmp_path / "standin"
     standin_dir.mkdir()
@@ -138,6 +146,7 @@ def _job(
             "STANDIN_STDERR": stderr,
             "STANDIN_SLEEP": str(sleep),
             "STANDIN_NESTED": str(nested or ""),
+            "STANDIN_RC_SEQ": rc_seq,
         },
         quiet=True,
         timeout=240,
@@ -185,6 +194,7 @@ def test_run_job_applies_with_every_knob_as_one_argv_element(tmp_path: Path) -> 
         "fleetops_max_unhealthy": "10%",
         "fleetops_sample_seconds": 5,
         "fleetops_auto_timeout": 900,
+        "fleetops_auto_cause": "alertmanager: FleetopsUnitsCrashLooping (host=gpu-1) fingerprint 0a1b",
     }
     applied = {**DOCUMENT, "apply": True, "actions": [{**DOCUMENT["actions"][0], "done": ["gpu-1"]}]}
     job = _job(tmp_path, 0, check=False, extravars=knobs, stdout=json.dumps(applied), user="ec2-user")
@@ -201,6 +211,7 @@ def test_run_job_applies_with_every_knob_as_one_argv_element(tmp_path: Path) -> 
         "--host-timeout", "600",
         "--max-unhealthy", "10%",
         "--sample-seconds", "5",
+        "--cause", "alertmanager: FleetopsUnitsCrashLooping (host=gpu-1) fingerprint 0a1b",
         "--no-ec2-tags",
         "--apply",
     ]  # fmt: skip
@@ -323,3 +334,31 @@ def test_a_zero_exit_passes_even_with_no_decision(tmp_path: Path) -> None:
     assert (job.status, job.rc) == ("successful", 0)
     assert job.task("Fail the job")["event"] == "runner_on_skipped"
     assert job.task("Run one pass")["event_data"]["res"]["changed"] is False
+
+
+@pytest.mark.parametrize(
+    ("rc_seq", "retries", "calls", "status"),
+    [
+        ("4 4 0", 3, 3, "successful"),  # locked twice, then the pass runs
+        ("4", 2, 3, "failed"),  # locked every time: bounded, then the job fails with exit 4's meaning
+        ("1 0", 3, 1, "failed"),  # any other exit is the pass's own: never run again
+        ("4 0", 0, 1, "failed"),  # the default (the schedule): no retry
+    ],
+)
+def test_a_locked_pass_is_run_again_up_to_fleetops_auto_locked_retries(
+    tmp_path: Path, rc_seq: str, retries: int, calls: int, status: str
+) -> None:
+    """The event-driven rulebook's passes (extensions/eda/rulebooks/) set fleetops_auto_locked_retries: its
+    throttle has already swallowed the alert's repeats, so a pass that found another one running (exit 4)
+    is run again, fleetops_auto_locked_delay s apart, instead of being lost."""
+    knobs: dict[str, Any] = {"fleetops_auto_locked_delay": 1}
+    if retries:
+        knobs["fleetops_auto_locked_retries"] = retries
+    started = time.monotonic()
+    job = _job(tmp_path, 0, check=False, extravars=knobs, stdout=json.dumps(DOCUMENT), rc_seq=rc_seq)
+    assert job.status == status
+    assert len((tmp_path / "argv.json.calls").read_text()) == calls
+    assert time.monotonic() - started >= calls - 1  # the delay between tries
+    if status == "failed":
+        expected = "fleetops remediate auto exited " + rc_seq.split()[min(calls, len(rc_seq.split())) - 1]
+        assert job.task("Fail the job")["event_data"]["res"]["msg"].startswith(expected)

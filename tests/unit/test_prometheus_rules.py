@@ -111,15 +111,34 @@ def test_amtool_checks_the_example_route_and_routes_by_severity() -> None:
     amtool = _tool("amtool", "prometheus-alertmanager")
     result = _run(amtool, "check-config", str(ALERTMANAGER))
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
-    for labels, receiver in (
-        (["alertname=FleetopsGpuXid", "severity=critical", "host=h1"], "fleetops-slack-critical"),
-        (["alertname=FleetopsGpuXid", "severity=warning", "host=h1"], "fleetops-slack"),
+    # the alerts a rung can act on go to the event-driven rulebook too (fleetops-eda, then the people's route)
+    for labels, receivers in (
+        (
+            ["alertname=FleetopsGpuXid", "severity=critical", "host=h1"],
+            "fleetops-eda,fleetops-slack-critical",
+        ),
+        (["alertname=FleetopsGpuXid", "severity=warning", "host=h1"], "fleetops-eda,fleetops-slack"),
         (["alertname=FleetopsScanStale", "severity=warning", "instance=ctl:9100"], "fleetops-slack"),
-        (["alertname=FleetopsGpuXid", "severity=info", "host=h1"], "null"),
+        (["alertname=FleetopsDetectorErrors", "severity=warning", "host=h1"], "fleetops-slack"),
+        (["alertname=FleetopsGpuXid", "severity=info", "host=h1"], "fleetops-eda,null"),
         (["alertname=NodeDown", "severity=critical"], "null"),
     ):
         result = _run(amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}", *labels)
-        assert result.returncode == 0 and result.stdout.split() == [receiver], (labels, result.stdout)
+        assert result.returncode == 0 and result.stdout.split() == [receivers], (labels, result.stdout)
+
+
+def test_the_example_sends_the_rulebook_exactly_the_alerts_its_rules_act_on() -> None:
+    """The fleetops-eda route's alertnames are the rulebooks' (extensions/eda/rulebooks/), and each is an
+    alert of the rules."""
+    route = yaml.safe_load(ALERTMANAGER.read_text())["route"]["routes"][0]
+    assert route["receiver"] == "fleetops-eda" and route["continue"] is True
+    (matcher,) = route["matchers"]
+    routed = set(re.fullmatch(r'alertname =~ "Fleetops\((.*)\)"', matcher).group(1).split("|"))  # type: ignore[union-attr]
+    names = {rule["alert"] for rule in _alerts()}
+    for book in sorted((REPO / "extensions" / "eda" / "rulebooks").glob("*.yml")):
+        acted = set(re.findall(r'"(Fleetops\w+)"', book.read_text()))
+        assert {f"Fleetops{n}" for n in routed} == acted, book.name
+        assert acted <= names, acted - names
 
 
 # ---- the rules read what fleetops.metrics writes

@@ -75,6 +75,8 @@ from fleetops.policy import SPENT_TAG_KEY, TAG_KEY, Policy, default_policy_path,
 from fleetops.remediations import REMEDIATIONS
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
+from fleetops.rollout.audit import audit_pass
+from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
@@ -317,8 +319,14 @@ def auto(
     policy = load_policy(policy_path)
     auto_mod.check_policy_actions(policy, str(policy_path))
     signals = PassSignals()
+    if request.cause is not None:
+        ensure_audit_writable()  # a pass with a cause is audited: AuditError (exit 3) before it acts
     with signals.installed() if handle_signals else contextlib.nullcontext():
-        return _auto(request, obs, policy, policy_path, handle_signals, signals)
+        result = _auto(request, obs, policy, policy_path, handle_signals, signals)
+    if request.cause is None:
+        return result
+    # the pass's own audit line (its cause, decisions and rollouts); its document says the cause too
+    return dataclasses.replace(result, document=audit_pass(result.document, request.cause, request.limit))
 
 
 def _tag_targets(hosts: Sequence[Any]) -> dict[str, auto_mod.TagTarget]:

@@ -314,6 +314,8 @@ class AutoRequest(RolloutCaps, RolloutLimits):
     ec2_tags: bool = True  # keep each EC2 host's ladder and budgets spent in its fleetops.io tags too
     # per action, parameters the operator sets for every pass (quarantine: kubectl, kubeconfig)
     action_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # why the pass runs (an alert, a ticket): in its document as "cause", and one audit line per pass
+    cause: str | None = None
 
 
 @dataclass(frozen=True)

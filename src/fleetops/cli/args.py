@@ -104,6 +104,7 @@ percent = argtype(values.percent)
 seconds = argtype(values.sample_seconds)  # 0..an hour (--sample-seconds)
 key_value = argtype(values.key_value)
 shard = argtype(values.shard)  # I/N (--shard)
+cause = argtype(values.cause)  # one printable line (remediate auto --cause)
 
 
 def int_range(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetops.cli.args import add_format_arg, add_target_args, seconds_range
+from fleetops.cli.args import add_format_arg, add_target_args, cause, seconds_range
 from fleetops.cli.plan import add_rollout_args, targets_and_caps
 from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
 
@@ -77,6 +77,14 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
     p.add_argument("--lift-brake", metavar="RULE", default=None,
                    help="lift the storm brake on RULE (audited) and exit; no pass runs")  # fmt: skip
     p.add_argument("--reason", default="", metavar="TEXT", help="why the brake is lifted (kept in the audit)")
+    p.add_argument(
+        "--cause",
+        type=cause,
+        metavar="TEXT",
+        help="why this pass runs (an alert, a ticket; one line, up to 1000 characters): kept in the pass's "
+        "JSON and written with its decisions and rollouts as one line of the audit log "
+        "(the event-driven rulebook passes the alert that started the pass)",
+    )
     add_kubectl_args(p)  # for the actions that act on Kubernetes nodes (quarantine, unquarantine)
     add_format_arg(p)
     p.set_defaults(func=cmd_auto, resume=None)
@@ -98,6 +106,7 @@ def auto_request(args: argparse.Namespace) -> api.AutoRequest:
         not_after=args.not_after,
         ec2_tags=not args.no_ec2_tags,
         action_params={r.name: kube for r in REMEDIATIONS.values() if r.kubernetes} if kube else {},
+        cause=args.cause,
     )
 
 

@@ -3,7 +3,9 @@
 ``before`` / ``after`` come from the modules' own results: a reboot's boot ids, set-env's variables
 (``env_before`` / ``env_after``, values digested by the module unless ``--show-values``, and by
 fleetops again as a net), disable-unit's and reclaim's ``before`` / ``after``; a remediation of
-several steps (``fix``) lists each step's in ``steps``. The log is 0600 in a 0700 directory and
+several steps (``fix``) lists each step's in ``steps``. A ``remediate auto`` pass
+given a cause (``--cause``: the alert that started it) adds one line of its own (``audit_pass``). The
+log is 0600 in a 0700 directory and
 never followed through a symbolic link. When a line cannot be written the rollout must not go on
 unaudited: :class:`AuditError` (exit 3) stops it, with its state saved as ``stopped``.
 """
@@ -14,13 +16,14 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fleetops.errors import FleetopsError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout.outcome import HostOutcome
-from fleetops.rollout.state import Rollout, state_home
+from fleetops.rollout.state import Rollout, operator, state_home
 from fleetops.util import open_append, private_dir, redact
 
 
@@ -166,13 +169,13 @@ def audit(rollout: Rollout, host: str, outcome: HostOutcome) -> None:
                          f"{rollout.state_path}") from None  # fmt: skip
 
 
-def audit_event(event: str, operator: str, **data: Any) -> None:
+def audit_event(event: str, who: str, **data: Any) -> None:
     """Append one line for a decision a person took that changes no host (a storm brake lifted): time,
     operator, event and its data. AuditError (exit 3) when it cannot be written: the caller changes
     nothing unaudited."""
     entry = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "operator": operator,
+        "operator": who,
         "event": event,
         **data,
     }
@@ -183,3 +186,41 @@ def audit_event(event: str, operator: str, **data: Any) -> None:
         raise AuditError(
             f"Failed to write the audit log {path}: {exc.strerror or exc}; nothing was changed"
         ) from None
+
+
+def audit_pass(document: Mapping[str, Any], cause: str, limit: str | None) -> dict[str, Any]:
+    """Append a ``remediate auto`` pass's own line (``"event": "auto_pass"``: its cause, limit, each
+    host's decision and each action's rollout id, whose host lines say what changed) and return the
+    pass's document with ``cause`` added. AuditError (exit 3) when the line cannot be written."""
+    actions = [
+        {
+            "action": a.get("action"),
+            "rollout": (a.get("rollout") or {}).get("id"),
+            "hosts": a.get("hosts"),
+            "done": a.get("done"),
+            "exit_code": a.get("exit_code"),
+        }
+        for a in document.get("actions") or []
+    ]
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "ts": time.time(),
+        "operator": operator(),
+        "event": "auto_pass",
+        "cause": cause,
+        "limit": limit,
+        "apply": document.get("apply"),
+        "policy": document.get("policy"),
+        "decisions": {d.get("host"): d.get("status") for d in document.get("decisions") or []},
+        "actions": actions,
+        "exit_code": document.get("exit_code"),
+    }
+    path = audit_path()
+    try:
+        _append(path, (json.dumps(entry, default=str) + "\n").encode("utf-8"))
+    except OSError as exc:
+        raise AuditError(
+            f"Failed to write the audit log {path}: {exc.strerror or exc}: the pass (cause: {cause}) "
+            "ran, but its own line is missing"
+        ) from None
+    return {**document, "cause": cause}
