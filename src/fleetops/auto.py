@@ -81,6 +81,9 @@ LADDER_FILE = "ladder.json"
 LEDGER_FILE = "ledger.json"
 BRAKES_FILE = "brakes.json"  # the storm brakes in force, without a shared store
 BRAKES_SCHEMA = "fleetops.auto.brakes/v1"
+# a reservation older than this when its batch starts (the pass hung while reserving) is stamped again,
+# so the budget's window runs from when the batch really starts
+RESTAMP_S = 10.0
 PASS_LOCK_TIMEOUT_S = 2.0  # another pass holds the state: fail at once rather than queue behind it
 REASON_MAX = 200  # the quarantine reason kept in the node's annotation
 # A rollout ended by Ctrl-C, SIGTERM or SIGHUP: the pass starts no further action and exits with it.
@@ -825,9 +828,17 @@ class _Pass:
                             for d in decisions
                             if d.host in inputs.tags
                         }
-                        reserved[action] = state.reserve(
-                            pass_id, action, picks, controller, self.clock(), instances
-                        )
+                        at = self.clock()
+                        reserved[action] = state.reserve(pass_id, action, picks, controller, at, instances)
+                        # the lease, checked with a write of its own right before acting: a pass that hung
+                        # while reserving (past its lease) finds it taken and acts on nothing
+                        if lease is not None:
+                            lease.renew()
+                            if lease.lost is not None:
+                                result.store_failure = f"the shared store's lease was lost: {lease.lost}"
+                                return result.store_failure
+                        if self.clock() - at > RESTAMP_S:  # it hung, and nobody took over: spend it now
+                            state.restamp(reserved[action].values(), self.clock())
                 except StoreFailure as exc:
                     result.store_failure = str(exc)
                     return str(exc)

@@ -577,6 +577,15 @@ class StoredState:
         self.flush()
         return ids
 
+    def restamp(self, entry_ids: Iterable[str], now: float) -> None:
+        """Move the entries ``entry_ids`` to ``now`` and write them (a batch that starts later than it
+        was reserved spends its budget from when it starts)."""
+        ids = set(entry_ids)
+        self.ledger.entries = [
+            dataclasses.replace(e, at=now) if e.id in ids else e for e in self.ledger.entries
+        ]
+        self.flush()
+
     def settle(self, reserved: Mapping[str, str], attempted: Iterable[str], action: str, now: float) -> None:
         """After the batch: each attempted host's entry is ``done`` and its ladder records the rung (its
         clear time starts ``now``); a host not attempted gives its reservation back."""
