@@ -10,6 +10,8 @@ gauges on each host, every interval, with the same code.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from fleetops.ansible.facts import gauges
+from fleetops.remediations import REMEDIATIONS
 from fleetops.util import atomic_write
 
 
@@ -46,3 +49,65 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
 def write_textfile(report: dict[str, Any], path: Path) -> None:
     """Write the report's metrics to PATH atomically (a temp file renamed into place)."""
     atomic_write(path, generate_latest(build_registry(report), openmetrics.ALLOWUTF8))
+
+
+# ---- the auto pass's own state (``remediate auto --prometheus FILE``)
+
+# (name, help, labels): one definition, read by build_auto_registry and by the alert rules' tests.
+AUTO_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("auto_pass_timestamp_seconds", "When the last remediate auto pass ended (Unix time)", ()),
+    ("auto_pass_exit_code", "The last pass's exit code (0 ok, 1 a person must act, 3 failed, 5 paused)", ()),
+    ("auto_pass_apply", "1 when the last pass acted (--apply), 0 for a dry run", ()),
+    ("auto_hosts", "Hosts of the last pass by decision status", ("status",)),
+    ("auto_human_needed", "1 per host whose ladder reached 'human' or ran out", ("host", "rule", "check")),
+    ("auto_brake", "1 per rule a storm brake holds (its reboot, stop-start and replace rungs)", ("rule",)),
+    (
+        "auto_budget_blocked",
+        "Hosts the last pass held back because an action's budget was spent",
+        ("action",),
+    ),
+    ("auto_rung_failed", "Hosts an action was attempted on and did not finish in the last pass", ("action",)),
+    ("auto_paused", "1 when automation was paused (fleetops pause) at the last pass", ()),
+    ("auto_store_failure", "1 when the last pass could not use the shared store (nothing more acted)", ()),
+)
+AUTO_STATUSES = ("act", "wait", "budget", "brake", "human", "exhausted", "clean", "no_rule", "not_scanned")
+
+
+def build_auto_registry(doc: Mapping[str, Any], ended: float) -> CollectorRegistry:
+    """The gauges of one pass, from its document (``fleetops.auto/v1``); ``ended``: when it ended."""
+    reg = CollectorRegistry()
+    made = {
+        name: Gauge(f"fleetops_{name}", text, labelnames=labels, registry=reg)
+        for name, text, labels in AUTO_GAUGES
+    }
+    decisions = list(doc.get("decisions") or [])
+    made["auto_pass_timestamp_seconds"].set(ended)
+    made["auto_pass_exit_code"].set(int(doc.get("exit_code", 0)))
+    made["auto_pass_apply"].set(1 if doc.get("apply") else 0)
+    counts = Counter(str(d.get("status")) for d in decisions)
+    for status in AUTO_STATUSES:
+        made["auto_hosts"].labels(status).set(counts.get(status, 0))
+    for d in decisions:
+        if d.get("status") in ("human", "exhausted"):
+            made["auto_human_needed"].labels(d.get("host"), d.get("rule") or "", d.get("check") or "").set(1)
+    for rule in sorted(doc.get("brakes") or {}):
+        made["auto_brake"].labels(rule).set(1)
+    blocked = Counter(str(d.get("rung_action")) for d in decisions if d.get("status") == "budget")
+    failed = Counter(
+        str(a.get("action"))
+        for a in doc.get("actions") or []
+        for h in a.get("attempted") or []
+        if h not in (a.get("done") or [])
+    )
+    for action in sorted(set(blocked) | set(failed) | {a for a in REMEDIATIONS}):
+        made["auto_budget_blocked"].labels(action).set(blocked.get(action, 0))
+        made["auto_rung_failed"].labels(action).set(failed.get(action, 0))
+    shared = doc.get("store") or {}
+    made["auto_paused"].set(1 if shared.get("paused") else 0)
+    made["auto_store_failure"].set(1 if shared.get("failure") else 0)
+    return reg
+
+
+def write_auto_textfile(doc: Mapping[str, Any], path: Path, ended: float) -> None:
+    """Write the pass's gauges to PATH atomically (node_exporter's textfile directory)."""
+    atomic_write(path, generate_latest(build_auto_registry(doc, ended), openmetrics.ALLOWUTF8))

@@ -25,7 +25,7 @@ from ansible_collections.fleetops.node.plugins.module_utils import cpustat, cras
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetops.metrics import build_registry
+from fleetops.metrics import build_auto_registry, build_registry
 from tests.fleetops.test_metrics_hw import _facts as hardware_facts
 from tests.paths import FIXTURES, REPO
 
@@ -76,6 +76,7 @@ def _written() -> dict[str, dict[str, set[str]]]:
     report = json.loads((FIXTURES / "documents" / "scan-3hosts.json").read_text())
     report["hosts"]["local2"]["facts"].update(hardware_facts())
     text = generate_latest(build_registry(report)).decode()
+    text += generate_latest(build_auto_registry(_auto_document(), 1_800_000_000.0)).decode()
     families: dict[str, dict[str, set[str]]] = {}
     for family in text_string_to_metric_families(text):
         labels = families.setdefault(family.name, defaultdict(set))
@@ -83,6 +84,51 @@ def _written() -> dict[str, dict[str, set[str]]]:
             for key, value in sample.labels.items():
                 labels[key].add(value)
     return families
+
+
+AUTO_POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  quarantine: {window: 1h, max: 1}
+  reboot: {window: 1h, max: 5}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: quarantine, clear_after: 10m}
+      - {action: human}
+  - name: crashloop
+    match: [{check: crashloop_unit}]
+    ladder:
+      - {action: reboot, clear_after: 10m}
+      - {action: human}
+"""
+
+
+@cache
+def _auto_document() -> dict[str, Any]:
+    """A real remediate auto pass's document (fleetops.auto/v1): a quarantine budget spent, a storm brake,
+    a reboot that failed on one host, and (a second pass) ladders at their human rung."""
+    import tempfile
+    from pathlib import Path
+
+    from fleetops import auto
+    from fleetops.policy import parse_policy
+    from tests.fleetops.test_auto import CRASHLOOP, T0, Runner, ecc, report
+
+    scan = report(**{f"gpu-{i}": [ecc()] for i in range(5)}, **{"cpu-1": [CRASHLOOP], "cpu-2": [CRASHLOOP]})
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = auto.PassInputs(
+            policy=parse_policy(AUTO_POLICY, "policy.yml"),
+            policy_source="policy.yml",
+            scan_report=scan,
+            group_of={h: "az-a" for h in scan["hosts"]},
+            state_dir=Path(tmp),
+            apply=True,
+        )
+        auto.run_pass(inputs, Runner(fail=["cpu-2"]), lambda text, style: None, clock=lambda: T0)
+        doc = auto.run_pass(inputs, Runner(), lambda text, style: None, clock=lambda: T0 + 3600).document()
+    return doc
 
 
 def _selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:

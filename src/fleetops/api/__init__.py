@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -321,12 +322,21 @@ def auto(
     signals = PassSignals()
     if request.cause is not None:
         ensure_audit_writable()  # a pass with a cause is audited: AuditError (exit 3) before it acts
+    why = check_writable(request.prometheus) if request.prometheus is not None else None
+    if why:  # before the pass, not after it acted
+        raise UsageError(f"cannot write {request.prometheus}: {why}")
     with signals.installed() if handle_signals else contextlib.nullcontext():
         result = _auto(request, obs, policy, policy_path, handle_signals, signals)
-    if request.cause is None:
-        return result
-    # the pass's own audit line (its cause, decisions and rollouts); its document says the cause too
-    return dataclasses.replace(result, document=audit_pass(result.document, request.cause, request.limit))
+    if request.cause is not None:
+        # the pass's own audit line (its cause, decisions and rollouts); its document says the cause too
+        result = dataclasses.replace(
+            result, document=audit_pass(result.document, request.cause, request.limit)
+        )
+    if request.prometheus is not None:
+        from fleetops.metrics import write_auto_textfile
+
+        write_auto_textfile(result.document, request.prometheus, time.time())
+    return result
 
 
 def _tag_targets(hosts: Sequence[Any]) -> dict[str, auto_mod.TagTarget]:

@@ -316,6 +316,8 @@ class AutoRequest(RolloutCaps, RolloutLimits):
     action_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # why the pass runs (an alert, a ticket): in its document as "cause", and one audit line per pass
     cause: str | None = None
+    # node_exporter's textfile: the pass's own state as gauges (fleetops.metrics.AUTO_GAUGES), for alerts
+    prometheus: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,9 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
                    help="each action's capacity floor (default: the action's)")  # fmt: skip
     p.add_argument("--not-after", type=not_after, default=None, metavar="TIME",
                    help="no batch of any action starts at or after TIME (ISO 8601 or 90m, 2h)")  # fmt: skip
+    p.add_argument("--prometheus", type=Path, metavar="FILE", default=None,
+                   help="also write the pass's state as Prometheus gauges (node_exporter's textfile directory): "
+                   "hosts waiting for a human, storm brakes, budgets spent, failed rungs, paused")  # fmt: skip
     p.add_argument("--lift-brake", metavar="RULE", default=None,
                    help="lift the storm brake on RULE (audited) and exit; no pass runs")  # fmt: skip
     p.add_argument("--reason", default="", metavar="TEXT", help="why the brake is lifted (kept in the audit)")
@@ -105,6 +108,7 @@ def auto_request(args: argparse.Namespace) -> api.AutoRequest:
         max_unhealthy=args.max_unhealthy,
         not_after=args.not_after,
         ec2_tags=not args.no_ec2_tags,
+        prometheus=args.prometheus,
         action_params={r.name: kube for r in REMEDIATIONS.values() if r.kubernetes} if kube else {},
         cause=args.cause,
     )
