@@ -410,6 +410,9 @@ class Simulation:
 
     def inject_faults(self) -> None:
         rng, fleet = self.rng, self.fleet
+        for h in sorted(fleet.cordoned):  # a person releases a quarantined host whose fault is gone
+            if fleet.fault.get(h) is None and rng.random() < 0.3:
+                fleet.cordoned.discard(h)
         rules = sorted(FINDINGS)
         for h in fleet.hosts:
             if rng.random() < self.fault_rate:

@@ -69,6 +69,7 @@ from fleetops.policy import (
     decide,
     file_lock,
     hold_for_brakes,
+    hold_for_floors,
     storm_brakes,
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
@@ -150,6 +151,8 @@ class PassResult:
     malformed_store: list[str] = field(default_factory=list)  # store items that did not parse (kept)
     finished: list[str] = field(default_factory=list)  # actions a dead pass left half done, finished now
     unfinished: list[str] = field(default_factory=list)  # ... that could not be finished (the pass fails)
+    # the groups a capacity floor judged: size, unavailable hosts and why, taken, kept, held back
+    capacity: list[dict[str, Any]] = field(default_factory=list)
     # the storm brakes in force: rule -> {"why", "since", "new"} (new: tripped by this pass)
     brakes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -184,6 +187,8 @@ class PassResult:
             doc["malformed_tags"] = list(self.malformed_tags)
         if self.brakes:
             doc["brakes"] = {r: dict(b) for r, b in sorted(self.brakes.items())}
+        if self.capacity:
+            doc["capacity"] = [dict(c) for c in self.capacity]
         if self.store is not None:
             doc["store"] = {
                 "where": self.store,
@@ -526,6 +531,7 @@ class _Pass:
     shield: Callable[[], contextlib.AbstractContextManager[Any]]
 
     def __post_init__(self) -> None:
+        self.in_flight: dict[str, str] = {}  # host -> what a dead pass left half done on it (the store's)
         self.brakes: dict[str, dict[str, Any]] = {}  # the storm brakes in force before this pass
         self.trip: Callable[[Mapping[str, str]], None] = lambda new: None  # record brakes this pass trips
         inputs = self.inputs
@@ -572,6 +578,7 @@ class _Pass:
             inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
         )
         self.apply_brakes()
+        self.apply_floors(ladder)
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
                 d.status, ""
@@ -644,6 +651,48 @@ class _Pass:
                 self.say(f"storm brake on rule {rule} holds: {why}", "dim")
         if inputs.apply and new:
             self.trip(new)
+
+    def apply_floors(self, ladder: LadderState) -> None:
+        """The capacity floors (the policy's ``floor``): per group, the hosts out of service now —
+        unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), left half
+        done by a dead pass (``in_flight``) — and the ones this pass takes; a disruptive action that would
+        leave its group below the floor waits (status ``floor``). One line per group with such an action."""
+        inputs, result = self.inputs, self.result
+        policy = inputs.policy
+        if policy.floor is None and not any(r.floor is not None for r in policy.rules):
+            return
+        unavailable: dict[str, tuple[str, str]] = {}
+        for host, entry in (inputs.scan_report.get("hosts") or {}).items():
+            if isinstance(entry, Mapping) and entry.get("status") != "ok":
+                unavailable[host] = (
+                    self.group_of(host) or NO_GROUP,
+                    str(entry.get("status") or "not scanned"),
+                )
+        quarantined = {
+            host: self.group_of(host) or NO_GROUP
+            for host, rules in ladder.hosts.items()
+            if any(rec.quarantined for rec in rules.values())
+        }
+        quarantined.update({d.host: d.group for d in result.decisions if d.still_quarantined})
+        for host, group in quarantined.items():
+            unavailable.setdefault(host, (group, "quarantined"))
+        for host, why in self.in_flight.items():
+            unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, why))
+        result.decisions, capacity = hold_for_floors(
+            policy,
+            result.decisions,
+            self.sizes,
+            unavailable,
+            quarantined,
+            lambda a: a in REMEDIATIONS and REMEDIATIONS[a].disruptive,
+        )
+        result.capacity = [
+            {"group": c.group, "size": c.size, "unavailable": dict(c.unavailable), "taken": list(c.taken),
+             "keep": c.keep, "held": list(c.held)}
+            for c in capacity
+        ]  # fmt: skip
+        for c in capacity:
+            self.say(c.line(), "warning" if c.held else "dim")
 
     def write_mirror(
         self, ladder: LadderState, ledger: BudgetLedger, malformed: set[tuple[str, str]]
@@ -770,6 +819,8 @@ class _Pass:
             self.say(line, "bold")
         if result.finished:
             state.flush()
+        for entry, _journal in state.unfinished(finishers):
+            self.in_flight[entry.host] = f"{entry.action} left half done"
 
     def run_with_store(self, store: Store) -> None:
         inputs, result = self.inputs, self.result

@@ -67,10 +67,22 @@ AUTO_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("action",),
     ),
     ("auto_rung_failed", "Hosts an action was attempted on and did not finish in the last pass", ("action",)),
+    ("auto_floor_held", "Hosts the last pass held back to keep their group's capacity floor", ("group",)),
     ("auto_paused", "1 when automation was paused (fleetops pause) at the last pass", ()),
     ("auto_store_failure", "1 when the last pass could not use the shared store (nothing more acted)", ()),
 )
-AUTO_STATUSES = ("act", "wait", "budget", "brake", "human", "exhausted", "clean", "no_rule", "not_scanned")
+AUTO_STATUSES = (
+    "act",
+    "wait",
+    "budget",
+    "brake",
+    "floor",
+    "human",
+    "exhausted",
+    "clean",
+    "no_rule",
+    "not_scanned",
+)
 
 
 def build_auto_registry(doc: Mapping[str, Any], ended: float) -> CollectorRegistry:
@@ -102,6 +114,8 @@ def build_auto_registry(doc: Mapping[str, Any], ended: float) -> CollectorRegist
     for action in sorted(set(blocked) | set(failed) | {a for a in REMEDIATIONS}):
         made["auto_budget_blocked"].labels(action).set(blocked.get(action, 0))
         made["auto_rung_failed"].labels(action).set(failed.get(action, 0))
+    for c in doc.get("capacity") or []:
+        made["auto_floor_held"].labels(str(c.get("group"))).set(len(c.get("held") or []))
     shared = doc.get("store") or {}
     made["auto_paused"].set(1 if shared.get("paused") else 0)
     made["auto_store_failure"].set(1 if shared.get("failure") else 0)

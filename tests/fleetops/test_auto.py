@@ -29,6 +29,7 @@ from fleetops.policy import (
     SPENT_TAG_KEY,
     TAG_KEY,
     LadderState,
+    Policy,
     default_policy_path,
     file_lock,
     load_policy,
@@ -91,6 +92,12 @@ class Runner:
         )
 
 
+def without_floor(policy: Policy) -> Policy:
+    """The policy without its capacity floor: these tests are about ladders and budgets on fleets of a few
+    hosts in one group, where the default floor (half a group stays in service) holds most actions."""
+    return policy.model_copy(update={"floor": None})
+
+
 def run(
     tmp_path: Path,
     scan: dict[str, Any],
@@ -103,7 +110,12 @@ def run(
     tags: Mapping[str, auto.TagTarget] | None = None,
 ) -> tuple[auto.PassResult, list[str]]:
     lines: list[str] = []
-    policy = parse_policy(policy_text, "policy.yml") if policy_text else load_policy(default_policy_path())
+    # the default policy's capacity floor (proven in test_floors.py) would hold these small one-group fleets
+    policy = (
+        parse_policy(policy_text, "policy.yml")
+        if policy_text
+        else without_floor(load_policy(default_policy_path()))
+    )
     inputs = auto.PassInputs(
         policy=policy,
         policy_source="policy.yml",
@@ -333,7 +345,7 @@ def test_a_failed_tag_write_fails_the_pass_and_every_other_host_is_still_written
         }
         lines: list[str] = []
         inputs = auto.PassInputs(
-            policy=load_policy(default_policy_path()),
+            policy=without_floor(load_policy(default_policy_path())),
             policy_source="default",
             scan_report=report(**{h: [ecc()] for h in targets}),
             group_of={h: f"az-{h}" for h in targets},
@@ -431,7 +443,7 @@ def run_action(action, hosts, params):
 def main():
     scan = {"hosts": {"lab-01": {"status": "ok", "findings": [%(crash)r]},
                       "lab-03": {"status": "ok", "findings": [%(ecc)r]}}}
-    inputs = auto.PassInputs(policy=load_policy(default_policy_path()), policy_source="default",
+    inputs = auto.PassInputs(policy=load_policy(default_policy_path()).model_copy(update={"floor": None}), policy_source="default",
                              scan_report=scan, group_of={"lab-01": "a", "lab-03": "a"},
                              state_dir=tmp / "auto", apply=True)
     with api._PassSignals().installed() as signals:
@@ -487,7 +499,7 @@ def test_a_sigterm_as_the_pass_saves_waits_until_ladder_and_ledger_are_both_writ
     with signals.installed(), pytest.raises(Signalled) as err:
         lines: list[str] = []
         inputs = auto.PassInputs(
-            policy=load_policy(default_policy_path()), policy_source="default",
+            policy=without_floor(load_policy(default_policy_path())), policy_source="default",
             scan_report=report(**{"lab-03": [ecc()]}), group_of={"lab-03": "az-a"},
             state_dir=tmp_path / "auto", apply=True,
         )  # fmt: skip
@@ -696,7 +708,13 @@ def test_api_auto_runs_each_action_on_exactly_the_hosts_it_decided(
         return api_mod.RolloutResult(None, {"recorded": True}, ExitCode.OK)
 
     monkeypatch.setattr(api_mod, "remediate", remediate)
-    result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=True, canary=0, max_parallel=2))
+    policy = tmp_path / "policy.yml"  # the default policy but its floor (one host per group here)
+    policy.write_text(
+        "\n".join(x for x in default_policy_path().read_text().splitlines() if not x.startswith("floor:"))
+    )
+    result = api_mod.auto(
+        api_mod.AutoRequest(policy=policy, inventory=[inv], apply=True, canary=0, max_parallel=2)
+    )
     assert [(r.action, list(r.hosts or [])) for r in seen] == [
         ("fix", ["lab-01"]),
         ("quarantine", ["lab-03"]),

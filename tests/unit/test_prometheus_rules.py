@@ -99,6 +99,7 @@ rules:
       - {action: human}
   - name: crashloop
     match: [{check: crashloop_unit}]
+    floor: {min_available_pct: 90}
     ladder:
       - {action: reboot, clear_after: 10m}
       - {action: human}
@@ -108,7 +109,7 @@ rules:
 @cache
 def _auto_document() -> dict[str, Any]:
     """A real remediate auto pass's document (fleetops.auto/v1): a quarantine budget spent, a storm brake,
-    a reboot that failed on one host, and (a second pass) ladders at their human rung."""
+    reboots held by a capacity floor, and (a second pass) ladders at their human rung."""
     import tempfile
     from pathlib import Path
 

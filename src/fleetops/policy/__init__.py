@@ -88,11 +88,13 @@ from __future__ import annotations
 from fleetops.policy.decide import (
     NO_GROUP,
     Decision,
+    GroupCapacity,
     Spending,
     Status,
     commit,
     decide,
     hold_for_brakes,
+    hold_for_floors,
     storm_brakes,
 )
 from fleetops.policy.language import (
@@ -108,6 +110,7 @@ from fleetops.policy.language import (
     Budget,
     Condition,
     Duration,
+    Floor,
     Match,
     Ops,
     Policy,
@@ -163,6 +166,8 @@ __all__ = [
     "Condition",
     "Decision",
     "Duration",
+    "Floor",
+    "GroupCapacity",
     "LadderState",
     "LedgerEntry",
     "Match",
@@ -184,6 +189,7 @@ __all__ = [
     "file_lock",
     "fmt_duration",
     "hold_for_brakes",
+    "hold_for_floors",
     "json_schema",
     "json_schema_text",
     "load_policy",

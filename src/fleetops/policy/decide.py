@@ -70,7 +70,9 @@ class Spending:
 # ---------------------------------------------------------------------------------- deciding
 
 
-Status = Literal["act", "wait", "budget", "brake", "human", "exhausted", "clean", "no_rule", "not_scanned"]
+Status = Literal[
+    "act", "wait", "budget", "brake", "floor", "human", "exhausted", "clean", "no_rule", "not_scanned"
+]
 
 
 @dataclass(frozen=True)
@@ -368,3 +370,102 @@ def hold_for_brakes(
             )
         out.append(d)
     return out
+
+
+# ---------------------------------------------------------------------------------- capacity floors
+
+
+@dataclass(frozen=True)
+class GroupCapacity:
+    """One group as the floors see it after a pass decided: its size, the hosts unavailable before the
+    pass (and why), those the pass takes, what its floor keeps, and the hosts the floor held back."""
+
+    group: str
+    size: int
+    unavailable: dict[str, str]
+    taken: tuple[str, ...]
+    keep: int | None
+    held: tuple[str, ...]
+
+    def line(self) -> str:
+        why = ", ".join(f"{h} {w}" for h, w in sorted(self.unavailable.items())[:5])
+        more = f" and {len(self.unavailable) - 5} more" if len(self.unavailable) > 5 else ""
+        left = self.size - len(self.unavailable) - len(self.taken)
+        may = max(0, left - self.keep) if self.keep is not None else left
+        return (
+            f"group {self.group}: {self.size} hosts, {len(self.unavailable)} unavailable"
+            + (f" ({why}{more})" if why else "")
+            + f", {len(self.taken)} taken now"
+            + (f", keeps {self.keep} available: {may} more may be taken" if self.keep is not None else "")
+            + (f"; held by the floor: {' '.join(self.held)}" if self.held else "")
+        )
+
+
+def hold_for_floors(
+    policy: Policy,
+    decisions: Sequence[Decision],
+    group_sizes: Mapping[str, int],
+    unavailable: Mapping[str, tuple[str, str]],
+    quarantined: Mapping[str, str],
+    disruptive: Callable[[str], bool],
+) -> tuple[list[Decision], list[GroupCapacity]]:
+    """``decisions`` with each disruptive action that would leave its group below the rule's floor (or
+    over its quarantine cap) turned into status ``floor``, taken in host order; and each group's capacity.
+
+    ``unavailable``: host -> (group, why) of hosts out of service before this pass (unreachable,
+    quarantined, stopped, being replaced); ``quarantined``: host -> group of hosts standing quarantined.
+    A host already unavailable may be acted on without costing the group more. UsageError (exit 2) when
+    a floor keeps more hosts than a group it applies to has: no host of it could ever be taken."""
+    from fleetops.errors import UsageError
+
+    down: dict[str, dict[str, str]] = {}
+    for host, (group, cause) in unavailable.items():
+        down.setdefault(group, {})[host] = cause
+    in_quarantine = Counter(quarantined.values())
+    taken: dict[str, list[str]] = {}
+    held: dict[str, list[str]] = {}
+    keeps: dict[str, int] = {}
+    out = []
+    for d in decisions:
+        rule = policy.rule(d.rule) if d.rule else None
+        floor = policy.floor_of(rule) if rule is not None else None
+        if d.status != "act" or d.action is None or floor is None or not disruptive(d.action):
+            out.append(d)
+            continue
+        g, size = d.group, group_sizes.get(d.group, 1)
+        keep = floor.keep(size)
+        if keep > size:
+            raise UsageError(
+                f"policy: rule {d.rule}: its floor {floor.says(size)} in group {g}, which has {size} hosts: "
+                "no host of it could ever be taken (lower floor.min_available)"
+            )
+        keeps[g] = keep
+        gone = down.get(g, {})
+        mine = taken.setdefault(g, [])
+        why = None
+        cap = floor.quarantine_cap(size) if d.action == "quarantine" else None
+        if cap is not None and d.host not in quarantined and in_quarantine[g] >= cap:
+            why = f"floor: group {g} has {in_quarantine[g]} of {size} hosts quarantined (at most {cap})"
+        elif d.host not in gone and size - len(gone) - len(mine) - 1 < keep:
+            why = f"floor: group {g} {floor.says(size)}; {len(gone)} unavailable, {len(mine)} taken by this pass"
+        if why is not None:
+            held.setdefault(g, []).append(d.host)
+            out.append(replace(d, status="floor", action=None, reason=why))
+            continue
+        if d.host not in gone:
+            mine.append(d.host)
+        if d.action == "quarantine" and d.host not in quarantined:
+            in_quarantine[g] += 1
+        out.append(d)
+    capacity = [
+        GroupCapacity(
+            g,
+            group_sizes.get(g, 0),
+            dict(down.get(g, {})),
+            tuple(taken.get(g, [])),
+            keeps.get(g),
+            tuple(held.get(g, [])),
+        )
+        for g in sorted(set(taken) | set(held))
+    ]
+    return out, capacity

@@ -248,6 +248,35 @@ class Storm(_Strict):
         return None
 
 
+class Floor(_Strict):
+    """A capacity floor for the disruptive rungs (reboot, quarantine, stop-start, replace): per group, at
+    least this many hosts stay available — counting hosts unreachable, quarantined, stopped or being
+    replaced, and those this pass takes — and at most this share of a group stands quarantined."""
+
+    min_available_pct: Annotated[float, Field(ge=0, le=100)] = Field(
+        default=50, description="percent of each group's hosts that stay available (rounded up)"
+    )
+    min_available: Annotated[int, Field(ge=0)] = Field(
+        default=1, description="... and never fewer than this many hosts of a group"
+    )
+    max_quarantined_pct: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        default=None,
+        description="at most this percent of a group stands quarantined (rounded down, at least 1)",
+    )
+
+    def keep(self, size: int) -> int:
+        """Hosts of a group of ``size`` that must stay available."""
+        return max(self.min_available, math.ceil(Fraction(str(self.min_available_pct)) * size / 100))
+
+    def quarantine_cap(self, size: int) -> int | None:
+        if self.max_quarantined_pct is None:
+            return None
+        return max(1, math.floor(Fraction(str(self.max_quarantined_pct)) * size / 100))
+
+    def says(self, size: int) -> str:
+        return f"keeps {self.keep(size)} of {size} available ({self.min_available_pct:g}%, at least {self.min_available})"
+
+
 class Rule(_Strict):
     name: str = Field(pattern=RULE_NAME, max_length=64)
     description: str | None = None
@@ -255,6 +284,9 @@ class Rule(_Strict):
     ladder: list[Rung] = Field(min_length=1, description="the actions, in the order they are tried")
     storm: Storm | None = Field(
         default=None, description="this rule's storm brake limits (default: the policy's)"
+    )
+    floor: Floor | None = Field(
+        default=None, description="this rule's capacity floor (default: the policy's)"
     )
 
     @model_validator(mode="after")
@@ -337,6 +369,11 @@ class Policy(_Strict):
         default_factory=Storm,
         description="the storm brake's limits for every rule (a rule's own storm: replaces them)",
     )
+    floor: Floor | None = Field(
+        default=None,
+        description="the capacity floor of every rule's disruptive rungs (a rule's own floor replaces it; "
+        "none: only the engine's --max-unhealthy)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -371,6 +408,9 @@ class Policy(_Strict):
 
     def storm_of(self, rule: Rule) -> Storm:
         return rule.storm if rule.storm is not None else self.storm
+
+    def floor_of(self, rule: Rule) -> Floor | None:
+        return rule.floor if rule.floor is not None else self.floor
 
     def rule_for(self, finding: Mapping[str, Any]) -> Rule | None:
         """The first rule that takes ``finding``, or None."""

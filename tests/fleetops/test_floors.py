@@ -1,0 +1,137 @@
+"""Capacity floors from the live fleet (the policy's ``floor``): per group, hosts unreachable, quarantined or
+left half done by a dead pass count as out of service, and a disruptive rung that would leave its group
+below the floor waits. The actions' rollouts are test_auto.py's recorded stand-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetops import auto
+from fleetops.errors import UsageError
+from fleetops.exitcodes import ExitCode
+from fleetops.policy import parse_policy
+from tests.fleetops.test_auto import CRASHLOOP, T0, Runner, ecc, report
+
+POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  reboot: {{window: 1h, max: 100}}
+  quarantine: {{window: 1h, max: 100}}
+  stop-start: {{window: 1h, max: 100}}
+  fix: {{unlimited: true}}
+floor: {floor}
+storm: {{fleet_pct: 100, group_pct: 100}}
+rules:
+  - name: gpu-fatal
+    match: [{{check: gpu_health, severity: [critical]}}]
+    ladder:
+      - {{action: quarantine, clear_after: 1m}}
+      - {{action: stop-start, clear_after: 30m}}
+      - {{action: human}}
+  - name: crashloop
+    match: [{{check: crashloop_unit}}]
+    ladder:
+      - {{action: reboot, clear_after: 10m}}
+      - {{action: human}}
+"""
+FLOOR = "{min_available_pct: 50, min_available: 1}"
+
+
+def run(
+    tmp_path: Path,
+    scan: dict,  # type: ignore[type-arg]
+    now: float,
+    floor: str = FLOOR,
+    runner: Runner | None = None,
+    groups: dict[str, str] | None = None,
+) -> tuple[auto.PassResult, list[str], Runner]:
+    runner = runner if runner is not None else Runner()
+    lines: list[str] = []
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY.format(floor=floor), "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=scan,
+        group_of=groups if groups is not None else {h: "az-a" for h in scan["hosts"]},
+        state_dir=tmp_path / "auto",
+        apply=True,
+    )
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: now)
+    return result, lines, runner
+
+
+def test_a_group_keeps_its_floor_and_the_rest_waits(tmp_path: Path) -> None:
+    scan = report(**{f"h{i}": [CRASHLOOP] for i in range(4)})
+    result, lines, runner = run(tmp_path, scan, T0)
+    assert runner.calls == [("reboot", ["h0", "h1"], runner.calls[0][2])]  # 50% of 4 stays available
+    status = {d.host: d.status for d in result.decisions}
+    assert status == {"h0": "act", "h1": "act", "h2": "floor", "h3": "floor"}
+    assert "floor: group az-a keeps 2 of 4 available" in next(
+        d.reason for d in result.decisions if d.host == "h2"
+    )
+    assert (
+        "group az-a: 4 hosts, 0 unavailable, 2 taken now, keeps 2 available: 0 more may be taken; held by the floor: h2 h3"
+        in lines
+    )
+    assert result.exit_code == ExitCode.OK  # waiting, like a budget
+
+
+def test_unreachable_and_quarantined_hosts_count_against_the_floor(tmp_path: Path) -> None:
+    # h0 unreachable; h1 quarantined by an earlier pass (its ladder says so); h2, h3 need a reboot
+    run(tmp_path, report(h1=[ecc()], h0=[], h2=[], h3=[]), T0)  # h1 quarantined
+    scan = report(h0="unreachable", h1=[ecc()], h2=[CRASHLOOP], h3=[CRASHLOOP])
+    result, lines, runner = run(tmp_path, scan, T0 + 30)  # h1's quarantine gets 1m: it waits
+    assert runner.calls == []  # h1 waits out its quarantine; h2 and h3 would leave 1 of 4 available
+    assert {d.host: d.status for d in result.decisions if d.host in ("h2", "h3")} == {
+        "h2": "floor",
+        "h3": "floor",
+    }
+    assert any(
+        line.startswith("group az-a: 4 hosts, 2 unavailable (h0 unreachable, h1 quarantined)")
+        for line in lines
+    )
+
+
+def test_a_host_already_out_of_service_climbs_without_costing_its_group(tmp_path: Path) -> None:
+    # h0 and h1 quarantined (2 of 4: at the floor); after the clear time both climb to stop-start
+    run(tmp_path, report(h0=[ecc()], h1=[ecc()], h2=[], h3=[]), T0)
+    _, _, runner = run(tmp_path, report(h0=[ecc()], h1=[ecc()], h2=[], h3=[]), T0 + 120)
+    assert runner.calls[-1][:2] == ("stop-start", ["h0", "h1"])
+
+
+def test_the_quarantine_cap_holds_standing_quarantines(tmp_path: Path) -> None:
+    floor = "{min_available_pct: 0, min_available: 0, max_quarantined_pct: 25}"
+    scan = report(**{f"h{i}": [ecc()] for i in range(8)})
+    _, _, runner = run(tmp_path, scan, T0, floor=floor)
+    assert runner.calls[0][:2] == ("quarantine", ["h0", "h1"])  # 25% of 8
+    again, _lines, runner = run(tmp_path, scan, T0 + 30, floor=floor, runner=runner)
+    assert len(runner.calls) == 1  # the two stand quarantined: no third
+    assert {d.status for d in again.decisions if d.host not in ("h0", "h1")} == {"floor"}
+
+
+def test_groups_are_judged_apart(tmp_path: Path) -> None:
+    scan = report(a1=[CRASHLOOP], a2=[CRASHLOOP], b1=[CRASHLOOP], b2=[CRASHLOOP])
+    groups = {"a1": "az-a", "a2": "az-a", "b1": "az-b", "b2": "az-b"}
+    _, _, runner = run(tmp_path, scan, T0, groups=groups)
+    assert runner.calls[0][:2] == ("reboot", ["a1", "b1"])
+
+
+def test_a_floor_above_a_groups_size_names_the_rule(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"rule crashloop: its floor keeps 5 of 3 available .* group az-a"):
+        run(tmp_path, report(**{f"h{i}": [CRASHLOOP] for i in range(3)}), T0, floor="{min_available: 5}")
+
+
+def test_a_non_disruptive_rung_is_never_held(tmp_path: Path) -> None:
+    policy = POLICY.replace("{action: reboot, clear_after: 10m}", "{action: fix, clear_after: 10m}")
+    runner = Runner()
+    inputs = auto.PassInputs(
+        policy=parse_policy(policy.format(floor=FLOOR), "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=report(**{f"h{i}": [CRASHLOOP] for i in range(4)}),
+        group_of={f"h{i}": "az-a" for i in range(4)},
+        state_dir=tmp_path / "auto",
+        apply=True,
+    )
+    auto.run_pass(inputs, runner, lambda text, style: None, clock=lambda: T0)
+    assert runner.calls[0][:2] == ("fix", ["h0", "h1", "h2", "h3"])
