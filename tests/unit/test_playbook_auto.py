@@ -310,9 +310,10 @@ def test_a_host_that_needs_a_human_fails_the_job_and_names_it(tmp_path: Path) ->
         (2, "bad input (the policy or an option)"),
         (
             3,
-            "a host could not be scanned, a detector its ladder relies on failed, a rung could not act, or an action's rollout did not finish (or was stopped)",
+            "a host was not scanned, a detector its ladder relies on failed, a rung could not act, a rollout did not finish (or was stopped), or the store failed",
         ),
         (4, "another pass or rollout holds the state"),
+        (5, "automation is paused (fleetops pause): nothing acted"),
         (143, "the pass was stopped (SIGTERM)"),
     ],
 )
