@@ -229,10 +229,12 @@ def _timed_scan(lab: Lab, host_timeout: int, control_dir: Path) -> tuple[CliResu
 def test_ctrl_c_mid_scan_leaves_a_valid_partial_report(lab: Lab, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     partial = tmp_path / "report.json.partial"
-    # Two hosts at a time, each taking ~3 s (two samples): Ctrl-C lands with the fleet half done.
+    # One host at a time, each taking ~3 s (two samples): Ctrl-C after the second answer lands with four
+    # hosts (12 s or more) still to go, a margin that holds when a loaded controller handles the
+    # runner's events seconds late (two at a time, CI saw every host done before the Ctrl-C).
     proc = subprocess.Popen(
         [str(FLEETOPS), "scan", "-i", str(lab.inventory_path()), "--format", "json", "-o", str(out),
-         "--forks", "2", "--sample-seconds", "3"],
+         "--forks", "1", "--sample-seconds", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.stderr is not None
