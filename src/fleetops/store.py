@@ -50,6 +50,7 @@ from fleetops.exitcodes import ExitCode
 from fleetops.policy import BudgetLedger, LadderState
 from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
+from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.lease import Ec2Connection
 
 PAUSE_KEY = "pause"
@@ -90,9 +91,9 @@ def _now_iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def one_line(text: str, limit: int = REASON_MAX) -> str:
-    cleaned = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
+def _reason(text: str) -> str:
+    """A person's reason as one printable line (the kill switch's rule), or "no reason given"."""
+    return one_line(text, REASON_MAX) or "no reason given"
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -202,7 +203,9 @@ class Store:
 
     def paused(self) -> PauseRecord | None:
         """The pause in force, or None. An unreadable pause item still means paused."""
-        item = self.call(self.backend.get, PAUSE_KEY)
+        return self._pause_record(self.call(self.backend.get, PAUSE_KEY))
+
+    def _pause_record(self, item: Any) -> PauseRecord | None:
         if item is None:
             return None
         doc = item.doc if isinstance(item.doc, dict) else {}
@@ -214,7 +217,7 @@ class Store:
     def pause(self, operator: str, reason: str) -> tuple[PauseRecord, bool]:
         """Pause (audited); ``(the pause in force, whether this call set it)``."""
         self.ready()
-        record = PauseRecord(operator, self.clock(), one_line(reason) or "no reason given")
+        record = PauseRecord(operator, self.clock(), _reason(reason))
         mu = _mu()
         try:
             self.call(
@@ -231,20 +234,23 @@ class Store:
 
     def unpause(self, operator: str, reason: str) -> PauseRecord | None:
         """Lift the pause (audited); the pause lifted, or None when there was none."""
+        return self._pause_record(self._lift(PAUSE_KEY, "the pause", "unpause", operator, reason))
+
+    def _lift(self, key: str, what: str, event: str, operator: str, reason: str, **data: Any) -> Any:
+        """Delete ``key`` at the version read (read again when it changed meanwhile) and audit ``event``;
+        the item deleted, or None when there was none."""
         self.ready()
-        mu = _mu()
         for _ in range(5):
-            item = self.call(self.backend.get, PAUSE_KEY)
+            item = self.call(self.backend.get, key)
             if item is None:
                 return None
-            before = self.paused()
             try:
-                self.call(self.backend.delete, PAUSE_KEY, item.version)
-            except mu.Conflict:
-                continue  # re-paused meanwhile: read again
-            self.audit("unpause", operator, reason=one_line(reason) or "no reason given")
-            return before
-        raise StoreFailure(f"Failed to lift the pause in {self.where()}: it kept changing")
+                self.call(self.backend.delete, key, item.version)
+            except _mu().Conflict:
+                continue  # set again meanwhile: read again
+            self.audit(event, operator, **data, reason=_reason(reason))
+            return item
+        raise StoreFailure(f"Failed to lift {what} in {self.where()}: it kept changing")
 
     # ---- storm brakes
 
@@ -274,18 +280,10 @@ class Store:
 
     def lift_brake(self, rule: str, operator: str, reason: str) -> bool:
         """Lift the storm brake on ``rule`` (audited); False when none was set."""
-        self.ready()
-        for _ in range(5):
-            item = self.call(self.backend.get, BRAKE_PREFIX + rule)
-            if item is None:
-                return False
-            try:
-                self.call(self.backend.delete, BRAKE_PREFIX + rule, item.version)
-            except _mu().Conflict:
-                continue
-            self.audit("lift-brake", operator, rule=rule, reason=one_line(reason) or "no reason given")
-            return True
-        raise StoreFailure(f"Failed to lift the storm brake on {rule} in {self.where()}: it kept changing")
+        lifted = self._lift(
+            BRAKE_PREFIX + rule, f"the storm brake on {rule}", "lift-brake", operator, reason, rule=rule
+        )
+        return lifted is not None
 
     def audit_trail(self) -> list[dict[str, Any]]:
         return [i.doc for i in self.call(self.backend.items, AUDIT_PREFIX) if isinstance(i.doc, dict)]
