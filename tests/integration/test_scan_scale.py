@@ -231,32 +231,42 @@ def _timed_scan(lab: Lab, host_timeout: int, control_dir: Path) -> tuple[CliResu
 def test_ctrl_c_mid_scan_leaves_a_valid_partial_report(lab: Lab, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     partial = tmp_path / "report.json.partial"
-    # One host at a time, each taking ~3 s (two samples): Ctrl-C after the second answer lands with four
-    # hosts (12 s or more) still to go, a margin that holds when a loaded controller handles the
-    # runner's events seconds late (two at a time, CI saw every host done before the Ctrl-C).
-    proc = subprocess.Popen(
-        [str(FLEETOPS), "scan", "-i", str(lab.inventory_path()), "--format", "json", "-o", str(out),
-         "--forks", "1", "--sample-seconds", "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    answered: list[str] = []
+    # One host's sshd is stopped and the host timeout is long: the scan cannot end before the Ctrl-C,
+    # however late a loaded controller handles the runner's events (timing alone -- Ctrl-C after the
+    # second answer, one host at a time -- twice saw every host done first in CI).
+    pids = _sshd_pids(lab, HUNG)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
-        for line in proc.stderr:
-            match = re.match(r"(lab-\d+): ok", line)
-            if match:
-                answered.append(match.group(1))
-            if len(answered) >= 2:
-                break
-        assert len(answered) >= 2, "no progress lines before the scan ended"
-        in_progress = read_partial(partial)  # written as hosts answer, before the end
-        assert set(answered) <= set(in_progress), (answered, in_progress)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        proc = subprocess.Popen(
+            [str(FLEETOPS), "scan", "-i", str(lab.inventory_path()), "--format", "json", "-o", str(out),
+             "--host-timeout", "240"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, stdin=subprocess.DEVNULL,
+            env={**os.environ, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path / "cp")},  # cold: no master hides it
+        )  # fmt: skip
+        assert proc.stderr is not None
+        answered: list[str] = []
+        try:
+            for line in proc.stderr:
+                match = re.match(r"(lab-\d+): ok", line)
+                if match:
+                    answered.append(match.group(1))
+                if len(answered) >= 2:
+                    break
+            assert len(answered) >= 2, "no progress lines before the scan ended"
+            in_progress = read_partial(partial)  # written as hosts answer, before the end
+            assert set(answered) <= set(in_progress), (answered, in_progress)
+            assert HUNG not in in_progress, in_progress
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     report: dict[str, Any] = json.loads(stdout)  # valid JSON on stdout
@@ -267,7 +277,7 @@ def test_ctrl_c_mid_scan_leaves_a_valid_partial_report(lab: Lab, tmp_path: Path)
     assert set(statuses) == {f"lab-{i:02d}" for i in range(1, HOSTS + 1)}, statuses
     assert all(statuses[h] == "ok" for h in answered), statuses
     not_scanned = [h for h, s in statuses.items() if s == "not_scanned"]
-    assert not_scanned, statuses  # the scan really was cut short
+    assert HUNG in not_scanned, statuses  # the scan really was cut short: the stopped host never answered
     assert set(statuses.values()) <= {"ok", "not_scanned"}, statuses
     assert report["summary"]["hosts"] == HOSTS
     assert report["summary"]["not_scanned"] == len(not_scanned)
