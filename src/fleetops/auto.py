@@ -155,6 +155,16 @@ class PassResult:
     capacity: list[dict[str, Any]] = field(default_factory=list)
     # the storm brakes in force: rule -> {"why", "since", "new"} (new: tripped by this pass)
     brakes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the hosts the scan could not reach, and how many of them the policy lets a pass have without failing
+    unreachable: list[str] = field(default_factory=list)
+    unreachable_limit: int = 0
+
+    @property
+    def tolerated(self) -> frozenset[str]:
+        """The unreachable hosts that do not fail the pass: every one within the policy's share, else none."""
+        if len(self.unreachable) <= self.unreachable_limit:
+            return frozenset(self.unreachable)
+        return frozenset()
 
     @property
     def exit_code(self) -> ExitCode:
@@ -162,7 +172,10 @@ class PassResult:
         if signalled is not None:
             return signalled
         if (
-            any(d.status == "not_scanned" or d.blind for d in self.decisions)
+            any(
+                (d.status == "not_scanned" and d.host not in self.tolerated) or d.blind
+                for d in self.decisions
+            )
             or any(r.exit_code != ExitCode.OK or r.cannot_act for r in self.runs)
             or self.tag_failures
             or self.malformed_tags
@@ -189,6 +202,12 @@ class PassResult:
             doc["brakes"] = {r: dict(b) for r, b in sorted(self.brakes.items())}
         if self.capacity:
             doc["capacity"] = [dict(c) for c in self.capacity]
+        if self.unreachable:
+            doc["unreachable"] = {
+                "hosts": list(self.unreachable),
+                "limit": self.unreachable_limit,
+                "tolerated": bool(self.tolerated),
+            }
         if self.store is not None:
             doc["store"] = {
                 "where": self.store,
@@ -577,6 +596,7 @@ class _Pass:
         result.decisions = decide(
             inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
         )
+        self.count_unreachable()
         self.apply_brakes()
         self.apply_floors(ladder)
         for d in result.decisions:
@@ -623,6 +643,30 @@ class _Pass:
             if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
                 say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
                 break
+
+    def count_unreachable(self) -> None:
+        """The hosts the scan could not reach; within the policy's share (``unreachable.max_pct``) they do
+        not fail the pass (the floors count them either way). One line when there are any."""
+        hosts = self.inputs.scan_report.get("hosts") or {}
+        result, share = self.result, self.inputs.policy.unreachable
+        result.unreachable = sorted(
+            h for h, e in hosts.items() if isinstance(e, Mapping) and e.get("status") == "unreachable"
+        )
+        result.unreachable_limit = share.limit(len(hosts))
+        count, limit = len(result.unreachable), result.unreachable_limit
+        if not count or not share.max_pct:  # none tolerated: each host's own line says it was not scanned
+            return
+        told = f"{count} of {len(hosts)} host(s) unreachable"
+        if count <= limit:
+            self.say(
+                f"{told}, within the policy's {share.max_pct:g}% ({limit}): reported, left at their ladders and "
+                "counted against the floors; the pass does not fail for them",
+                "warning",
+            )
+        else:
+            self.warn(
+                f"{told}, more than the policy's unreachable.max_pct {share.max_pct:g}% ({limit}): the pass fails"
+            )
 
     def apply_brakes(self) -> None:
         """The storm brake: rules this pass shows in a storm trip (recorded with ``apply``, told once), and

@@ -70,6 +70,12 @@ AUTO_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("auto_floor_held", "Hosts the last pass held back to keep their group's capacity floor", ("group",)),
     ("auto_paused", "1 when automation was paused (fleetops pause) at the last pass", ()),
     ("auto_store_failure", "1 when the last pass could not use the shared store (nothing more acted)", ()),
+    ("auto_unreachable", "Hosts the last pass could not reach", ()),
+    (
+        "auto_unreachable_tolerated",
+        "1 when the last pass's unreachable hosts were within its policy's share (they did not fail it)",
+        (),
+    ),
 )
 AUTO_STATUSES = (
     "act",
@@ -119,6 +125,9 @@ def build_auto_registry(doc: Mapping[str, Any], ended: float) -> CollectorRegist
     shared = doc.get("store") or {}
     made["auto_paused"].set(1 if shared.get("paused") else 0)
     made["auto_store_failure"].set(1 if shared.get("failure") else 0)
+    unreachable = doc.get("unreachable") or {}
+    made["auto_unreachable"].set(len(unreachable.get("hosts") or []))
+    made["auto_unreachable_tolerated"].set(1 if unreachable.get("tolerated") else 0)
     return reg
 
 

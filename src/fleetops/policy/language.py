@@ -277,6 +277,22 @@ class Floor(_Strict):
         return f"keeps {self.keep(size)} of {size} available ({self.min_available_pct:g}%, at least {self.min_available})"
 
 
+class Unreachable(_Strict):
+    """Hosts a pass could not reach (ssh timed out or refused, an instance gone between the listing and the
+    scan): on a large fleet a few always are. Up to this share of the pass's hosts they are reported, left
+    at their ladders and counted against the floors, and the pass does not fail for them; beyond it the
+    pass fails (exit 3), as an outage of the network or of the controller looks. Hosts whose scan failed
+    or whose detector errored fail the pass whatever the share."""
+
+    max_pct: Annotated[float, Field(ge=0, le=100)] = Field(
+        default=0, description="percent of the pass's hosts that may be unreachable (rounded down)"
+    )
+
+    def limit(self, hosts: int) -> int:
+        """Unreachable hosts of ``hosts`` that do not fail the pass."""
+        return math.floor(Fraction(str(self.max_pct)) * hosts / 100)
+
+
 class Rule(_Strict):
     name: str = Field(pattern=RULE_NAME, max_length=64)
     description: str | None = None
@@ -373,6 +389,11 @@ class Policy(_Strict):
         default=None,
         description="the capacity floor of every rule's disruptive rungs (a rule's own floor replaces it; "
         "none: only the engine's --max-unhealthy)",
+    )
+    unreachable: Unreachable = Field(
+        default_factory=Unreachable,
+        description="the share of a pass's hosts that may be unreachable without failing the pass "
+        "(reported and counted against the floors; none by default)",
     )
 
     @model_validator(mode="after")
