@@ -122,6 +122,21 @@ def parse_show_node(text):
     return node
 
 
+def parse_show_nodes(text):
+    """``scontrol show node`` (every node, the multi-line form: one block per node, each starting with
+    ``NodeName=``) as {name: node} (each as ``parse_show_node``'s)."""
+    nodes = {}
+    block = []
+    for line in text.splitlines() + ["NodeName="]:
+        if line.strip().startswith("NodeName=") and block:
+            node = parse_show_node("\n".join(block))
+            if node is not None:
+                nodes[node["NodeName"]] = node
+            block = []
+        block.append(line)
+    return nodes
+
+
 def phase(node):
     """drained | draining | down | out (another flag) | in (takes work)."""
     if node["state"] in OUT_STATES:

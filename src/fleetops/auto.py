@@ -39,6 +39,7 @@ or ran out); else 0 (acting, waiting, blocked by a budget, clean).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 import time
@@ -52,6 +53,7 @@ from fleetops.ansible.collection import load, module_utils
 from fleetops.documents import DocumentError, read_json
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.nodes import NodeReading
 from fleetops.policy import (
     FROM_LADDER_TAG,
     HUMAN,
@@ -158,6 +160,9 @@ class PassResult:
     # the hosts the scan could not reach, and how many of them the policy lets a pass have without failing
     unreachable: list[str] = field(default_factory=list)
     unreachable_limit: int = 0
+    # hosts whose node takes no new work (cordoned, drained, down) -> its state; backends not readable
+    nodes_out: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_failures: list[str] = field(default_factory=list)
 
     @property
     def tolerated(self) -> frozenset[str]:
@@ -182,6 +187,7 @@ class PassResult:
             or self.store_failure
             or self.malformed_store
             or self.unfinished
+            or self.node_failures
         ):
             return ExitCode.FAILED
         if self.paused is not None:
@@ -202,6 +208,8 @@ class PassResult:
             doc["brakes"] = {r: dict(b) for r, b in sorted(self.brakes.items())}
         if self.capacity:
             doc["capacity"] = [dict(c) for c in self.capacity]
+        if self.nodes_out or self.node_failures:
+            doc["nodes"] = {"out": dict(self.nodes_out), "failures": list(self.node_failures)}
         if self.unreachable:
             doc["unreachable"] = {
                 "hosts": list(self.unreachable),
@@ -484,6 +492,8 @@ class PassInputs:
     # the shared store (None: the state directory and the EC2 tags are the record)
     store: Store | None = None
     operator: str = ""  # who runs the pass (the store's lease names them)
+    # the schedulers' view of the fleet's nodes, read once before deciding (None: not read)
+    nodes: NodeReading | None = None
 
 
 def run_pass(
@@ -597,7 +607,9 @@ class _Pass:
             inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
         )
         self.count_unreachable()
+        self.read_nodes()
         self.apply_brakes()
+        self.wait_for_drains()
         self.apply_floors(ladder)
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
@@ -668,6 +680,56 @@ class _Pass:
                 f"{told}, more than the policy's unreachable.max_pct {share.max_pct:g}% ({limit}): the pass fails"
             )
 
+    def read_nodes(self) -> None:
+        """The schedulers' view (``inputs.nodes``): one line for the nodes out of scheduling, one per backend
+        that could not be read (the pass fails) or was not read."""
+        reading, result = self.inputs.nodes, self.result
+        if reading is None:
+            return
+        out = reading.out()
+        result.nodes_out = {h: s.to_dict() for h, s in sorted(out.items())}
+        if out:
+            shown = "; ".join(f"{h} {s.why()}" for h, s in sorted(out.items())[:20])
+            more = f"; and {len(out) - 20} more" if len(out) > 20 else ""
+            self.say(f"nodes out of scheduling: {len(out)} ({shown}{more})", "dim")
+        for line in reading.skipped:
+            self.say(f"nodes: {line}", "dim")
+        for line in reading.failures:
+            result.node_failures.append(line)
+            self.warn(
+                f"nodes: {line}: the pass fails, and its floors count only what the scan and the ladders say"
+            )
+
+    def wait_for_drains(self) -> None:
+        """A disruptive rung (reboot, stop-start, replace) on a Slurm node that fleetops drained and whose
+        jobs still run waits (status ``wait``) until the node is DRAINED: a pass never kills a job by
+        acting before its node has drained."""
+        reading = self.inputs.nodes
+        if reading is None:
+            return
+        decisions = []
+        for d in self.result.decisions:
+            state = reading.states.get(d.host)
+            if (
+                d.status == "act"
+                and d.action is not None
+                and d.action in REMEDIATIONS
+                and REMEDIATIONS[d.action].disruptive
+                and d.action != "quarantine"
+                and state is not None
+                and state.backend == "slurm"
+                and state.phase == "draining"
+            ):
+                d = dataclasses.replace(
+                    d,
+                    status="wait",
+                    action=None,
+                    reason=f"waits for Slurm node {state.node} to drain (its jobs still run): {d.rung_action} "
+                    "starts once it is DRAINED",
+                )
+            decisions.append(d)
+        self.result.decisions = decisions
+
     def apply_brakes(self) -> None:
         """The storm brake: rules this pass shows in a storm trip (recorded with ``apply``, told once), and
         every brake in force holds its rule's braked rungs (reboot, stop-start, replace) fleet-wide."""
@@ -722,6 +784,10 @@ class _Pass:
             unavailable.setdefault(host, (group, "quarantined"))
         for host, why in self.in_flight.items():
             unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, why))
+        for host, state in (inputs.nodes.out() if inputs.nodes is not None else {}).items():
+            if state.ours:  # a quarantine of ours a cleared ladder left standing counts against the cap
+                quarantined.setdefault(host, self.group_of(host) or NO_GROUP)
+            unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, state.why()))
         result.decisions, capacity = hold_for_floors(
             policy,
             result.decisions,

@@ -71,6 +71,7 @@ from fleetops.api.requests import (
 from fleetops.api.signals import STOP_MESSAGE, PassSignals, ctrl_c
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.nodes import read_nodes
 from fleetops.planner import MaxParallel
 from fleetops.policy import SPENT_TAG_KEY, TAG_KEY, Policy, default_policy_path, load_policy
 from fleetops.remediations import REMEDIATIONS
@@ -431,6 +432,11 @@ def _auto(
         )
 
     state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    # the schedulers' view of every host's node (cordoned, drained), once per pass: the floors count it
+    kube = next((dict(p) for a, p in request.action_params.items() if get_remediation(a).kubernetes), {})
+    node_states = read_nodes(
+        listing.every, {k: str(v) for k, v in kube.items() if k in ("kubectl", "kubeconfig")}
+    )
     result = auto_mod.run_pass(
         auto_mod.PassInputs(
             policy=policy,
@@ -446,6 +452,7 @@ def _auto(
             extra_params=request.action_params,
             store=open_store(inventories),
             operator=operator(),
+            nodes=node_states,
         ),
         run_action,
         obs.message,

@@ -26,6 +26,8 @@ from fleetops.rollout import guards
 
 BACKEND_VAR = "fleetops_quarantine_backend"
 DEFAULT_BACKEND = "kubernetes"
+# the taint (and annotation) key of fleetops' Kubernetes quarantine (the quarantine playbooks' fleetops_q_key)
+QUARANTINE_KEY = "fleetops.io/quarantine"
 
 
 class _Target(Protocol):

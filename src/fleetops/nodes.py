@@ -1,0 +1,177 @@
+"""The schedulers' view of the fleet, read once per pass: which hosts' nodes take no new work (cordoned,
+drained, draining, down) and whose quarantine each is.
+
+A capacity floor that counts only what fleetops did misses what others did: a node an admin drained for
+maintenance, one cordoned by another controller, a quarantine nobody released after its ladder reset. So
+``remediate auto`` reads each backend's nodes once, before deciding (never once per host):
+
+- ``kubernetes``: ``kubectl get nodes -o json`` (the pass's ``--kubectl``/``--kubeconfig``); a node is
+  out when it is cordoned (``spec.unschedulable``), ours when it carries fleetops' quarantine taint;
+- ``slurm``: ``scontrol show node`` (one call per scontrol and slurm.conf the hosts name, usually one);
+  a node is out when it is drained, draining, down or flagged out (``module_utils/slurm.py``'s phase),
+  ours when its Comment holds fleetops' record;
+- ``none``: nothing to read.
+
+Hosts whose node the backend does not list are not counted (``missing``). A backend that cannot be read
+(kubectl or scontrol missing, refusing, not answering) is one line: the pass fails, and its floors count
+what the scan and the ladders say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetops.ansible.collection import module_utils
+from fleetops.ansible.inventory import InventoryHost
+from fleetops.remediations.backends import QUARANTINE_KEY, backend_of
+
+READ_TIMEOUT_S = 30  # each kubectl or scontrol call (a pass reads each backend once)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    backend: str  # kubernetes | slurm
+    node: str
+    phase: str  # in | cordoned (kubernetes) | draining | drained | down | out (slurm) | missing
+    ours: bool = False  # fleetops' own quarantine (its taint; its Slurm record)
+    reason: str = ""  # Slurm's reason, without its [user@time]
+
+    @property
+    def out(self) -> bool:
+        """The node takes no new work."""
+        return self.phase not in ("in", "missing")
+
+    def why(self) -> str:
+        who = "fleetops" if self.ours else "someone else"
+        said = f", reason: {self.reason}" if self.reason and not self.ours else ""
+        return f"{self.backend} {self.phase} by {who}{said}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "node": self.node,
+            "phase": self.phase,
+            "ours": self.ours,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class NodeReading:
+    states: dict[str, NodeState] = field(default_factory=dict)  # host -> its node's state
+    failures: list[str] = field(default_factory=list)  # one line per backend that could not be read
+    skipped: list[str] = field(default_factory=list)  # one line per backend not read, and why
+
+    def out(self) -> dict[str, NodeState]:
+        return {h: s for h, s in self.states.items() if s.out}
+
+
+Run = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def read_nodes(
+    hosts: Sequence[InventoryHost],
+    kube: Mapping[str, str] | None = None,
+    run: Run = subprocess.run,
+    timeout: float = READ_TIMEOUT_S,
+) -> NodeReading:
+    """Each host's node state from its backend (``hosts``: the whole fleet, so floors see all of it)."""
+    reading = NodeReading()
+    kubernetes: dict[str, str] = {}  # node -> host
+    slurm: dict[tuple[str, str], dict[str, str]] = {}  # (scontrol, slurm.conf) -> node -> host
+    for host in hosts:
+        backend = backend_of(host.name, host.hostvars)
+        node = str(host.hostvars.get(backend.node_var) or host.name) if backend.node_var else ""
+        if backend.name == "kubernetes":
+            kubernetes[node] = host.name
+        elif backend.name == "slurm":
+            key = (
+                str(host.hostvars.get("fleetops_scontrol") or "scontrol"),
+                str(host.hostvars.get("fleetops_slurm_conf") or ""),
+            )
+            slurm.setdefault(key, {})[node] = host.name
+    if kubernetes:
+        _read_kubernetes(kubernetes, dict(kube or {}), run, timeout, reading)
+    for (scontrol, conf), nodes in sorted(slurm.items()):
+        _read_slurm(nodes, scontrol, conf, run, timeout, reading)
+    return reading
+
+
+def _call(argv: list[str], run: Run, timeout: float, env: Mapping[str, str] | None = None) -> str:
+    """stdout of ``argv``; RuntimeError (one line) when it is missing, fails or does not answer."""
+    try:
+        proc = run(
+            argv, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"no answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise RuntimeError(exc.strerror or str(exc)) from None
+    if proc.returncode != 0:
+        lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit {proc.returncode}")
+    return str(proc.stdout)
+
+
+def _read_kubernetes(
+    nodes: Mapping[str, str], kube: dict[str, str], run: Run, timeout: float, reading: NodeReading
+) -> None:
+    kubectl = kube.get("kubectl") or "kubectl"
+    if "kubectl" not in kube and shutil.which(kubectl) is None:
+        reading.skipped.append("kubernetes: no kubectl on PATH (--kubectl): cordoned nodes are not counted")
+        return
+    argv = [kubectl, *(["--kubeconfig", kube["kubeconfig"]] if kube.get("kubeconfig") else [])]
+    argv += ["get", "nodes", "-o", "json", f"--request-timeout={int(timeout)}s"]
+    try:
+        listed = json.loads(_call(argv, run, timeout + 5))
+        items = listed["items"]
+        found = {}
+        for item in items:
+            spec = item.get("spec") or {}
+            taints = spec.get("taints") or []
+            found[str(item["metadata"]["name"])] = NodeState(
+                "kubernetes",
+                str(item["metadata"]["name"]),
+                "cordoned" if spec.get("unschedulable") else "in",
+                ours=any(isinstance(t, Mapping) and t.get("key") == QUARANTINE_KEY for t in taints),
+            )
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        reading.failures.append(f"kubernetes: kubectl get nodes: {_one_line(exc)}")
+        return
+    for node, host in nodes.items():
+        reading.states[host] = found.get(node) or NodeState("kubernetes", node, "missing")
+
+
+def _read_slurm(
+    nodes: Mapping[str, str], scontrol: str, conf: str, run: Run, timeout: float, reading: NodeReading
+) -> None:
+    slurm = module_utils("slurm")
+    try:
+        text = _call([scontrol, "show", "node"], run, timeout, {"SLURM_CONF": conf} if conf else None)
+        found = slurm.parse_show_nodes(text)
+    except RuntimeError as exc:
+        reading.failures.append(f"slurm: {scontrol} show node: {_one_line(exc)}")
+        return
+    for node, host in nodes.items():
+        shown = found.get(node)
+        if shown is None:
+            reading.states[host] = NodeState("slurm", node, "missing")
+            continue
+        reading.states[host] = NodeState(
+            "slurm",
+            node,
+            str(slurm.phase(shown)),
+            ours=slurm.parse_record(shown["comment"]) is not None,
+            reason=str(shown["reason"]),
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__

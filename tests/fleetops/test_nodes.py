@@ -1,0 +1,250 @@
+"""The schedulers' view of the fleet, read once per pass (fleetops.nodes), and what the pass does with it:
+nodes cordoned or drained by anyone count against the capacity floors, a standing quarantine of ours
+counts against the quarantine cap, a disruptive rung on a Slurm node still draining waits for DRAINED,
+and a backend that cannot be read fails the pass.
+
+Kubernetes is tests/kubectl_standin (no API server runs here); Slurm is a script printing `scontrol show
+node` text captured from the lab's real Slurm 22.05 (tests/unit/fixtures/slurm; the real daemons are in
+tests/integration/test_slurm_lab.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops import auto
+from fleetops.ansible.inventory import InventoryHost
+from fleetops.exitcodes import ExitCode
+from fleetops.nodes import NodeReading, NodeState, read_nodes
+from fleetops.policy import parse_policy
+from fleetops.remediations.backends import QUARANTINE_KEY
+from tests.fleetops.test_auto import CRASHLOOP, T0, Runner, ecc, report
+from tests.paths import FIXTURES, KUBECTL_STANDIN, REPO
+
+SLURM = FIXTURES / "slurm"
+
+
+def _slurm_text(**nodes: str) -> str:
+    """`scontrol show node` of several nodes: {node name: fixture name}, each fixture renamed."""
+    blocks = []
+    for name, fixture in nodes.items():
+        text = (SLURM / f"{fixture}.txt").read_text()
+        captured = text.split()[0].split("=", 1)[1]
+        blocks.append(text.replace(captured, name).rstrip("\n") + "\n")
+    return "\n".join(blocks) + "\n"
+
+
+def _scontrol(tmp_path: Path, text: str, *, sleep: float = 0, rc: int = 0) -> Path:
+    out = tmp_path / "show-node.txt"
+    out.write_text(text)
+    calls = tmp_path / "scontrol-calls"
+    script = tmp_path / "scontrol"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$SLURM_CONF $*" >> {calls}\n'
+        + (f"sleep {sleep}\n" if sleep else "")
+        + (f"echo 'slurm_load_node error: Unable to contact slurm controller' >&2; exit {rc}\n" if rc else "")
+        + f"cat {out}\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _host(name: str, **hostvars: Any) -> InventoryHost:
+    return InventoryHost(name, "az-a", hostvars=hostvars)
+
+
+def _kube(tmp_path: Path, nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    state = tmp_path / "kube.json"
+    state.write_text(json.dumps({"nodes": nodes, "pods": [], "pdbs": []}))
+    os.environ["FLEETOPS_KUBECTL_STATE"] = str(state)
+    return {"kubectl": str(KUBECTL_STANDIN)}
+
+
+@pytest.fixture(autouse=True)
+def _kube_state_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETOPS_KUBECTL_STATE", raising=False)
+
+
+def test_kubernetes_nodes_are_read_in_one_call_cordons_counted_ours_told_apart(tmp_path: Path) -> None:
+    ours = {"key": QUARANTINE_KEY, "value": "gpu_health", "effect": "NoSchedule"}
+    kube = _kube(
+        tmp_path,
+        {
+            "n-a": {"unschedulable": True, "taints": [ours]},
+            "b": {"unschedulable": True, "taints": [{"key": "example.com/maint", "effect": "NoSchedule"}]},
+            "c": {"taints": [ours]},  # tainted, not cordoned: still takes work it tolerates
+        },
+    )
+    hosts = [_host("a", k8s_node_name="n-a"), _host("b"), _host("c"), _host("d")]
+    reading = read_nodes(hosts, kube)
+    assert reading.failures == [] and reading.skipped == []
+    assert reading.states == {
+        "a": NodeState("kubernetes", "n-a", "cordoned", ours=True),
+        "b": NodeState("kubernetes", "b", "cordoned", ours=False),
+        "c": NodeState("kubernetes", "c", "in", ours=True),
+        "d": NodeState("kubernetes", "d", "missing"),
+    }
+    assert set(reading.out()) == {"a", "b"}
+    calls = json.loads(Path(os.environ["FLEETOPS_KUBECTL_STATE"]).read_text())["calls"]
+    assert calls == [["get", "nodes", "-o", "json", "--request-timeout=30s"]]  # one call for the fleet
+
+
+def test_slurm_nodes_are_read_in_one_call_with_the_hosts_slurm_conf(tmp_path: Path) -> None:
+    scontrol = _scontrol(
+        tmp_path,
+        _slurm_text(
+            **{"lab-01": "drained_admin", "lab-02": "draining", "lab-03": "idle", "lab-04": "down_admin"}
+        ),
+    )
+    conf = {"fleetops_quarantine_backend": "slurm", "fleetops_scontrol": str(scontrol), "fleetops_slurm_conf": "/x/slurm.conf"}
+    hosts = [_host("lab-01", **conf), _host("gpu-2", fleetops_slurm_node="lab-02", **conf), _host("lab-03", **conf),
+             _host("lab-04", **conf), _host("lab-05", **conf), _host("plain", fleetops_quarantine_backend="none")]  # fmt: skip
+    reading = read_nodes(hosts)
+    assert reading.failures == []
+    phases = {h: (s.phase, s.ours) for h, s in reading.states.items()}
+    assert phases == {
+        "lab-01": ("drained", False),
+        "gpu-2": ("draining", True),
+        "lab-03": ("in", False),
+        "lab-04": ("down", False),
+        "lab-05": ("missing", False),
+    }
+    assert reading.states["lab-01"].reason and "[" not in reading.states["lab-01"].reason  # no [user@time]
+    assert (tmp_path / "scontrol-calls").read_text().splitlines() == ["/x/slurm.conf show node"]
+    assert "by someone else, reason: " in reading.states["lab-01"].why()
+
+
+@pytest.mark.parametrize(
+    ("kind", "needle"),
+    [("missing", "No such file"), ("refuses", "Unable to contact slurm controller"), ("hangs", "no answer within 1 s")],
+)
+def test_a_backend_that_cannot_be_read_is_one_line(tmp_path: Path, kind: str, needle: str) -> None:
+    if kind == "missing":
+        scontrol = tmp_path / "nowhere" / "scontrol"
+    else:
+        scontrol = _scontrol(tmp_path, _slurm_text(n1="idle"), sleep=5 if kind == "hangs" else 0, rc=1 if kind == "refuses" else 0)
+    hosts = [_host("n1", fleetops_quarantine_backend="slurm", fleetops_scontrol=str(scontrol))]
+    reading = read_nodes(hosts, timeout=1)
+    assert reading.states == {}
+    (line,) = reading.failures
+    assert line.startswith(f"slurm: {scontrol} show node: ") and needle in line, line
+    assert "\n" not in line
+
+
+def test_kubernetes_without_a_kubectl_is_skipped_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl on PATH, and none given
+    reading = read_nodes([_host("a")], {})
+    assert reading.states == {} and reading.failures == []
+    assert reading.skipped == ["kubernetes: no kubectl on PATH (--kubectl): cordoned nodes are not counted"]
+
+
+def test_a_kubectl_answer_that_is_not_a_node_list_fails(tmp_path: Path) -> None:
+    fake = tmp_path / "kubectl"
+    fake.write_text("#!/bin/sh\necho '{\"kind\": \"Status\"}'\n")
+    fake.chmod(0o755)
+    reading = read_nodes([_host("a")], {"kubectl": str(fake)})
+    assert reading.failures == ["kubernetes: kubectl get nodes: 'items'"]
+
+
+# ------------------------------------------------------------------------------------------ the pass
+
+POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  reboot: {window: 1h, max: 100}
+  quarantine: {window: 1h, max: 100}
+floor: {min_available_pct: 50, min_available: 1, max_quarantined_pct: 25}
+storm: {fleet_pct: 100, group_pct: 100}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: quarantine, clear_after: 1m}
+      - {action: reboot, clear_after: 30m}
+      - {action: human}
+  - name: crashloop
+    match: [{check: crashloop_unit}]
+    ladder:
+      - {action: reboot, clear_after: 10m}
+      - {action: human}
+"""
+
+
+def _pass(
+    tmp_path: Path, scan: dict[str, Any], nodes: NodeReading | None, now: float = T0
+) -> tuple[auto.PassResult, list[str], Runner]:
+    runner, lines = Runner(), []
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=scan,
+        group_of={h: "az-a" for h in scan["hosts"]},
+        state_dir=tmp_path / "auto",
+        apply=True,
+        nodes=nodes,
+    )
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: now)
+    return result, lines, runner
+
+
+def test_nodes_out_by_someone_else_count_against_the_floor(tmp_path: Path) -> None:
+    # 4 hosts; h0 cordoned by someone else: a reboot of h2 would leave 2 of 4 (the floor keeps 2), so h2
+    # goes and h3 waits; without the node reading both would go
+    scan = report(h0=[], h1=[], h2=[CRASHLOOP], h3=[CRASHLOOP])
+    nodes = NodeReading({"h0": NodeState("kubernetes", "h0", "cordoned")})
+    result, lines, runner = _pass(tmp_path, scan, nodes)
+    assert [c[1] for c in runner.calls] == [["h2"]]
+    assert {d.host: d.status for d in result.decisions if d.host in ("h2", "h3")} == {"h2": "act", "h3": "floor"}
+    assert any(line.startswith("group az-a: 4 hosts, 1 unavailable (h0 kubernetes cordoned by someone else)") for line in lines), lines
+    assert "nodes out of scheduling: 1 (h0 kubernetes cordoned by someone else)" in lines
+    assert result.document()["nodes"] == {"out": {"h0": NodeState("kubernetes", "h0", "cordoned").to_dict()}, "failures": []}
+    assert result.exit_code == ExitCode.OK
+    _alone, _, runner2 = _pass(tmp_path / "without", scan, None)
+    assert [c[1] for c in runner2.calls] == [["h2", "h3"]]
+
+
+def test_a_standing_quarantine_of_ours_counts_against_the_quarantine_cap(tmp_path: Path) -> None:
+    # 4 hosts: the cap is 25% (1 host); h0's ladder was reset but our taint stays (nobody released it), so
+    # h1's quarantine waits
+    scan = report(h0=[], h1=[ecc()], h2=[], h3=[])
+    nodes = NodeReading({"h0": NodeState("kubernetes", "h0", "cordoned", ours=True)})
+    result, _, runner = _pass(tmp_path, scan, nodes)
+    assert runner.calls == []
+    (d,) = [d for d in result.decisions if d.host == "h1"]
+    assert d.status == "floor" and "quarantine" in d.reason, d.reason
+
+
+def test_a_disruptive_rung_waits_while_our_slurm_drain_still_runs_jobs(tmp_path: Path) -> None:
+    scan = report(h0=[ecc()], h1=[], h2=[], h3=[], h4=[], h5=[], h6=[], h7=[])
+    _pass(tmp_path, scan, None)  # quarantined (drained in Slurm) by the first pass
+    draining = NodeReading({"h0": NodeState("slurm", "h0", "draining", ours=True)})
+    result, _lines, runner = _pass(tmp_path, scan, draining, now=T0 + 120)  # past the quarantine's 1m
+    assert runner.calls == []
+    (d,) = [d for d in result.decisions if d.host == "h0"]
+    assert d.status == "wait" and d.rung_action == "reboot", d.to_dict()
+    assert "waits for Slurm node h0 to drain (its jobs still run): reboot starts once it is DRAINED" in d.reason
+    assert result.exit_code == ExitCode.OK
+    drained = NodeReading({"h0": NodeState("slurm", "h0", "drained", ours=True)})
+    result, _, runner = _pass(tmp_path, scan, drained, now=T0 + 180)
+    assert [(c[0], c[1]) for c in runner.calls] == [("reboot", ["h0"])]
+
+
+def test_a_backend_that_could_not_be_read_fails_the_pass(tmp_path: Path) -> None:
+    scan = report(h0=[], h1=[], h2=[], h3=[CRASHLOOP])
+    failed = NodeReading(failures=["kubernetes: kubectl get nodes: Unauthorized"])
+    result, _lines, _runner = _pass(tmp_path, scan, failed)
+    assert result.exit_code == ExitCode.FAILED
+    assert result.node_failures == ["kubernetes: kubectl get nodes: Unauthorized"]
+    assert any(w.startswith("nodes: kubernetes: kubectl get nodes: Unauthorized: the pass fails") for w in result.warnings)
+    assert result.document()["nodes"]["failures"] == result.node_failures
+
+
+def test_the_quarantine_key_is_the_playbooks() -> None:
+    for playbook, var in (("quarantine.yml", "fleetops_q_key"), ("unquarantine.yml", "fleetops_u_key")):
+        assert f"    {var}: {QUARANTINE_KEY}\n" in (REPO / "playbooks" / playbook).read_text()
