@@ -70,6 +70,7 @@ from fleetops.policy import (
     controller_id,
     decide,
     file_lock,
+    fmt_duration,
     hold_for_brakes,
     hold_for_floors,
     storm_brakes,
@@ -609,7 +610,7 @@ class _Pass:
         self.count_unreachable()
         self.read_nodes()
         self.apply_brakes()
-        self.wait_for_drains()
+        self.wait_for_drains(now)
         self.apply_floors(ladder)
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
@@ -700,11 +701,12 @@ class _Pass:
                 f"nodes: {line}: the pass fails, and its floors count only what the scan and the ladders say"
             )
 
-    def wait_for_drains(self) -> None:
+    def wait_for_drains(self, now: float) -> None:
         """A disruptive rung (reboot, stop-start, replace) on a Slurm node that fleetops drained and whose
         jobs still run waits (status ``wait``) until the node is DRAINED: a pass never kills a job by
-        acting before its node has drained."""
-        reading = self.inputs.nodes
+        acting before its node has drained — unless the rung's ``drain_wait`` since the drain has passed,
+        as the policy says; then it acts, and says so."""
+        reading, policy = self.inputs.nodes, self.inputs.policy
         if reading is None:
             return
         decisions = []
@@ -719,14 +721,31 @@ class _Pass:
                 and state is not None
                 and state.backend == "slurm"
                 and state.phase == "draining"
+                and state.ours
             ):
-                d = dataclasses.replace(
-                    d,
-                    status="wait",
-                    action=None,
-                    reason=f"waits for Slurm node {state.node} to drain (its jobs still run): {d.rung_action} "
-                    "starts once it is DRAINED",
-                )
+                rule = policy.rule(d.rule) if d.rule is not None else None
+                rung = rule.ladder[d.rung] if rule is not None and d.rung is not None else None
+                limit = rung.drain_wait_s if rung is not None else None
+                waited = now - state.since if state.since is not None else None
+                if limit is not None and waited is not None and waited >= limit:
+                    self.warn(
+                        f"{d.host}: Slurm node {state.node} still drains {fmt_duration(int(waited))} after fleetops "
+                        f"drained it, past the rung's drain_wait {rung.drain_wait if rung else ''}: "
+                        f"{d.action} goes ahead on the jobs still running"
+                    )
+                else:
+                    d = dataclasses.replace(
+                        d,
+                        status="wait",
+                        action=None,
+                        reason=f"waits for Slurm node {state.node} to drain (its jobs still run): {d.rung_action} "
+                        "starts once it is DRAINED"
+                        + (
+                            f" or {rung.drain_wait} after the drain (drain_wait)"
+                            if rung and rung.drain_wait
+                            else ""
+                        ),
+                    )
             decisions.append(d)
         self.result.decisions = decisions
 

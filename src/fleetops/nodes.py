@@ -25,6 +25,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from fleetops.ansible.collection import module_utils
@@ -41,6 +42,7 @@ class NodeState:
     phase: str  # in | cordoned (kubernetes) | draining | drained | down | out (slurm) | missing
     ours: bool = False  # fleetops' own quarantine (its taint; its Slurm record)
     reason: str = ""  # Slurm's reason, without its [user@time]
+    since: float | None = None  # when fleetops drained it (its Slurm record's time; Unix time)
 
     @property
     def out(self) -> bool:
@@ -59,7 +61,7 @@ class NodeState:
             "phase": self.phase,
             "ours": self.ours,
             "reason": self.reason,
-        }
+        } | ({"since": self.since} if self.since is not None else {})
 
 
 @dataclass
@@ -164,13 +166,23 @@ def _read_slurm(
         if shown is None:
             reading.states[host] = NodeState("slurm", node, "missing")
             continue
+        record = slurm.parse_record(shown["comment"])
         reading.states[host] = NodeState(
             "slurm",
             node,
             str(slurm.phase(shown)),
-            ours=slurm.parse_record(shown["comment"]) is not None,
+            ours=record is not None,
             reason=str(shown["reason"]),
+            since=_epoch(record.get("time")) if record is not None else None,
         )
+
+
+def _epoch(text: object) -> float | None:
+    """The Unix time of a record's ``%Y-%m-%dT%H:%M:%SZ`` (None: absent or not that)."""
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def _one_line(exc: BaseException) -> str:

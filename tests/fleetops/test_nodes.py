@@ -19,6 +19,7 @@ import pytest
 
 from fleetops import auto
 from fleetops.ansible.inventory import InventoryHost
+from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.nodes import NodeReading, NodeState, read_nodes
 from fleetops.policy import parse_policy
@@ -102,7 +103,11 @@ def test_slurm_nodes_are_read_in_one_call_with_the_hosts_slurm_conf(tmp_path: Pa
             **{"lab-01": "drained_admin", "lab-02": "draining", "lab-03": "idle", "lab-04": "down_admin"}
         ),
     )
-    conf = {"fleetops_quarantine_backend": "slurm", "fleetops_scontrol": str(scontrol), "fleetops_slurm_conf": "/x/slurm.conf"}
+    conf = {
+        "fleetops_quarantine_backend": "slurm",
+        "fleetops_scontrol": str(scontrol),
+        "fleetops_slurm_conf": "/x/slurm.conf",
+    }
     hosts = [_host("lab-01", **conf), _host("gpu-2", fleetops_slurm_node="lab-02", **conf), _host("lab-03", **conf),
              _host("lab-04", **conf), _host("lab-05", **conf), _host("plain", fleetops_quarantine_backend="none")]  # fmt: skip
     reading = read_nodes(hosts)
@@ -122,13 +127,22 @@ def test_slurm_nodes_are_read_in_one_call_with_the_hosts_slurm_conf(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("kind", "needle"),
-    [("missing", "No such file"), ("refuses", "Unable to contact slurm controller"), ("hangs", "no answer within 1 s")],
+    [
+        ("missing", "No such file"),
+        ("refuses", "Unable to contact slurm controller"),
+        ("hangs", "no answer within 1 s"),
+    ],
 )
 def test_a_backend_that_cannot_be_read_is_one_line(tmp_path: Path, kind: str, needle: str) -> None:
     if kind == "missing":
         scontrol = tmp_path / "nowhere" / "scontrol"
     else:
-        scontrol = _scontrol(tmp_path, _slurm_text(n1="idle"), sleep=5 if kind == "hangs" else 0, rc=1 if kind == "refuses" else 0)
+        scontrol = _scontrol(
+            tmp_path,
+            _slurm_text(n1="idle"),
+            sleep=5 if kind == "hangs" else 0,
+            rc=1 if kind == "refuses" else 0,
+        )
     hosts = [_host("n1", fleetops_quarantine_backend="slurm", fleetops_scontrol=str(scontrol))]
     reading = read_nodes(hosts, timeout=1)
     assert reading.states == {}
@@ -137,7 +151,9 @@ def test_a_backend_that_cannot_be_read_is_one_line(tmp_path: Path, kind: str, ne
     assert "\n" not in line
 
 
-def test_kubernetes_without_a_kubectl_is_skipped_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kubernetes_without_a_kubectl_is_skipped_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl on PATH, and none given
     reading = read_nodes([_host("a")], {})
     assert reading.states == {} and reading.failures == []
@@ -146,7 +162,7 @@ def test_kubernetes_without_a_kubectl_is_skipped_and_said(tmp_path: Path, monkey
 
 def test_a_kubectl_answer_that_is_not_a_node_list_fails(tmp_path: Path) -> None:
     fake = tmp_path / "kubectl"
-    fake.write_text("#!/bin/sh\necho '{\"kind\": \"Status\"}'\n")
+    fake.write_text('#!/bin/sh\necho \'{"kind": "Status"}\'\n')
     fake.chmod(0o755)
     reading = read_nodes([_host("a")], {"kubectl": str(fake)})
     assert reading.failures == ["kubernetes: kubectl get nodes: 'items'"]
@@ -200,10 +216,19 @@ def test_nodes_out_by_someone_else_count_against_the_floor(tmp_path: Path) -> No
     nodes = NodeReading({"h0": NodeState("kubernetes", "h0", "cordoned")})
     result, lines, runner = _pass(tmp_path, scan, nodes)
     assert [c[1] for c in runner.calls] == [["h2"]]
-    assert {d.host: d.status for d in result.decisions if d.host in ("h2", "h3")} == {"h2": "act", "h3": "floor"}
-    assert any(line.startswith("group az-a: 4 hosts, 1 unavailable (h0 kubernetes cordoned by someone else)") for line in lines), lines
+    assert {d.host: d.status for d in result.decisions if d.host in ("h2", "h3")} == {
+        "h2": "act",
+        "h3": "floor",
+    }
+    assert any(
+        line.startswith("group az-a: 4 hosts, 1 unavailable (h0 kubernetes cordoned by someone else)")
+        for line in lines
+    ), lines
     assert "nodes out of scheduling: 1 (h0 kubernetes cordoned by someone else)" in lines
-    assert result.document()["nodes"] == {"out": {"h0": NodeState("kubernetes", "h0", "cordoned").to_dict()}, "failures": []}
+    assert result.document()["nodes"] == {
+        "out": {"h0": NodeState("kubernetes", "h0", "cordoned").to_dict()},
+        "failures": [],
+    }
     assert result.exit_code == ExitCode.OK
     _alone, _, runner2 = _pass(tmp_path / "without", scan, None)
     assert [c[1] for c in runner2.calls] == [["h2", "h3"]]
@@ -228,7 +253,9 @@ def test_a_disruptive_rung_waits_while_our_slurm_drain_still_runs_jobs(tmp_path:
     assert runner.calls == []
     (d,) = [d for d in result.decisions if d.host == "h0"]
     assert d.status == "wait" and d.rung_action == "reboot", d.to_dict()
-    assert "waits for Slurm node h0 to drain (its jobs still run): reboot starts once it is DRAINED" in d.reason
+    assert (
+        "waits for Slurm node h0 to drain (its jobs still run): reboot starts once it is DRAINED" in d.reason
+    )
     assert result.exit_code == ExitCode.OK
     drained = NodeReading({"h0": NodeState("slurm", "h0", "drained", ours=True)})
     result, _, runner = _pass(tmp_path, scan, drained, now=T0 + 180)
@@ -241,10 +268,87 @@ def test_a_backend_that_could_not_be_read_fails_the_pass(tmp_path: Path) -> None
     result, _lines, _runner = _pass(tmp_path, scan, failed)
     assert result.exit_code == ExitCode.FAILED
     assert result.node_failures == ["kubernetes: kubectl get nodes: Unauthorized"]
-    assert any(w.startswith("nodes: kubernetes: kubectl get nodes: Unauthorized: the pass fails") for w in result.warnings)
+    assert any(
+        w.startswith("nodes: kubernetes: kubectl get nodes: Unauthorized: the pass fails")
+        for w in result.warnings
+    )
     assert result.document()["nodes"]["failures"] == result.node_failures
 
 
 def test_the_quarantine_key_is_the_playbooks() -> None:
     for playbook, var in (("quarantine.yml", "fleetops_q_key"), ("unquarantine.yml", "fleetops_u_key")):
         assert f"    {var}: {QUARANTINE_KEY}\n" in (REPO / "playbooks" / playbook).read_text()
+
+
+DRAIN_WAIT_POLICY = POLICY.replace(
+    "      - {action: reboot, clear_after: 30m}", "      - {action: reboot, clear_after: 30m, drain_wait: 2h}"
+)
+
+
+def test_a_rungs_drain_wait_lets_it_act_on_a_node_still_draining_after_it(tmp_path: Path) -> None:
+    assert DRAIN_WAIT_POLICY != POLICY
+    scan = report(h0=[ecc()], h1=[], h2=[], h3=[], h4=[], h5=[], h6=[], h7=[])
+
+    def _run(now: float, since: float) -> tuple[auto.PassResult, Runner]:
+        runner = Runner()
+        inputs = auto.PassInputs(
+            policy=parse_policy(DRAIN_WAIT_POLICY, "policy.yml"),
+            policy_source="policy.yml",
+            scan_report=scan,
+            group_of={h: "az-a" for h in scan["hosts"]},
+            state_dir=tmp_path / "auto",
+            apply=True,
+            nodes=NodeReading({"h0": NodeState("slurm", "h0", "draining", ours=True, since=since)}),
+        )
+        return auto.run_pass(inputs, runner, lambda text, style: None, clock=lambda: now), runner
+
+    _run(T0, T0)  # the quarantine (drain) at T0
+    result, runner = _run(T0 + 3600, T0)  # an hour later: within the 2h, it waits
+    (d,) = [d for d in result.decisions if d.host == "h0"]
+    assert d.status == "wait" and d.reason.endswith("or 2h after the drain (drain_wait)"), d.reason
+    assert runner.calls == []
+    result, runner = _run(T0 + 2 * 3600 + 1, T0)  # past it: the reboot goes ahead, said as a warning
+    assert [(c[0], c[1]) for c in runner.calls] == [("reboot", ["h0"])]
+    assert any(
+        "still drains 2.0 h after fleetops drained it, past the rung's drain_wait 2h" in w
+        for w in result.warnings
+    )
+
+
+def test_a_drain_wait_of_zero_is_refused_at_load() -> None:
+    with pytest.raises(UsageError, match="drain_wait"):
+        parse_policy(DRAIN_WAIT_POLICY.replace("drain_wait: 2h", "drain_wait: 0s"), "policy.yml")
+
+
+def test_the_drain_time_is_read_from_our_slurm_record(tmp_path: Path) -> None:
+    text = _slurm_text(n1="draining")  # Comment=fleetops:{"check":"gpu_health"}: a record without a time
+    timed = text.replace(
+        'Comment=fleetops:{"check":"gpu_health"}',
+        'Comment=fleetops:{"check":"gpu_health","rollout":"r","time":"2026-12-03T12:00:00Z"}',
+    )
+    assert timed != text
+    hosts = [
+        _host("n1", fleetops_quarantine_backend="slurm", fleetops_scontrol=str(_scontrol(tmp_path, timed)))
+    ]
+    state = read_nodes(hosts).states["n1"]
+    assert state.since == 1796299200.0 and state.to_dict()["since"] == 1796299200.0
+    untimed = read_nodes(
+        [_host("n1", fleetops_quarantine_backend="slurm", fleetops_scontrol=str(_scontrol(tmp_path, text)))]
+    )
+    assert untimed.states["n1"].since is None and "since" not in untimed.states["n1"].to_dict()
+
+
+@pytest.mark.parametrize("action", ["quarantine", "fix", "human"])
+def test_a_drain_wait_on_a_rung_that_waits_for_no_drain_is_refused(action: str) -> None:
+    text = POLICY.replace(
+        "      - {action: quarantine, clear_after: 1m}",
+        f"      - {{action: {action}, clear_after: 1m, drain_wait: 1h}}",
+    )
+    with pytest.raises(UsageError, match=f"drain_wait.*not {action}"):
+        parse_policy(
+            text.replace(
+                "  quarantine: {window: 1h, max: 100}",
+                "  quarantine: {window: 1h, max: 100}\n  fix: {unlimited: true}",
+            ),
+            "policy.yml",
+        )

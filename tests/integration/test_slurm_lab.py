@@ -2,10 +2,12 @@
 slurmctld on lab-01, slurmd and munged on every host) and this machine's real scontrol (slurm-client),
 authenticated by the lab's munged: nothing here is a stand-in.
 
-A job runs on lab-02; quarantine drains lab-02 with our reason while the job runs (DRAINING), and the node
-is DRAINED once the job ends (no job is cancelled); unquarantine resumes it and a new job runs there. lab-03,
-drained by an admin with another reason, is neither re-reasoned by the quarantine nor resumed by the
-unquarantine.
+A job runs on lab-02; an uncorrectable ECC error there (the lab's stand-in GPU) and one `remediate auto`
+pass drain lab-02 with our reason while the job runs (DRAINING); the next pass's reboot rung waits for
+DRAINED, which comes once the job ends (no job is cancelled); after the fix, unquarantine resumes it and a
+new job runs there. lab-03, drained by an admin with another reason and in lab-02's group here, counts
+against the floor (the pass reads it from scontrol) and is neither re-reasoned by a quarantine nor resumed
+by the unquarantine.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ansible_collections.fleetops.node.plugins.module_utils import slurm
 
 from fleetops_lab import Lab
 from fleetops_lab import slurm as lab_slurm
+from fleetops_lab.hardware import clear_hardware, inject_ecc, install_gpu
 from tests.helpers import fleetops
 
 pytestmark = pytest.mark.lab
@@ -31,6 +34,20 @@ SICK, ADMIN, OTHER = "lab-02", "lab-03", "lab-01"
 JOB_MAX_S = 120  # the job's own limit; the test ends it sooner (DONE_FILE) once DRAINING is seen
 DONE_FILE = "/tmp/fleetops-test-job-done"
 ADMIN_REASON = "admin: firmware update"
+POLICY = """
+schema: fleetops.policy/v1
+budgets:
+  quarantine: {unlimited: true}
+  reboot: {unlimited: true}
+floor: {min_available_pct: 0, min_available: 0}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: quarantine, clear_after: 1s}
+      - {action: reboot, clear_after: 30m}
+      - {action: human}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +104,15 @@ def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_onl
 ) -> None:
     # Each host picks its backend in the inventory: every lab host is a Slurm node here.
     backend = tmp_path / "slurm.yml"
+    # lab-03 joins lab-02's group (AZ) here, so its drain counts against lab-02's floor
     backend.write_text(
         yaml.safe_dump(
-            {"all": {"children": {"fleetops_lab": {"vars": {"fleetops_quarantine_backend": "slurm"}}}}}
+            {
+                "all": {
+                    "children": {"fleetops_lab": {"vars": {"fleetops_quarantine_backend": "slurm"}}},
+                    "hosts": {ADMIN: {"fleetops_az": "lab-1b"}},
+                }
+            }
         )
     )
     common = ("-i", str(lab.inventory_path()), "-i", str(backend), "--apply", "--format", "json")
@@ -121,28 +144,50 @@ def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_onl
         node = _node(lab, name)
         assert (slurm.phase(node), node["reason"], node["comment"]) == ("in", "", ""), name
 
-    quarantined = fleetops(
+    # One auto pass: the ECC fault on lab-02 is quarantined: drained with our reason while its job runs.
+    install_gpu(lab, SICK)
+    inject_ecc(lab, SICK, uncorrected=1)
+    policy = tmp_path / "policy.yml"
+    policy.write_text(POLICY)
+    auto = (
         "remediate",
-        "quarantine",
-        *common,
-        *hosts,
-        "--finding",
-        "gpu_health",
-        "--reason",
-        "1 uncorrectable ECC error",
-        env=env,
+        "auto",
+        *common[:4],
+        "--policy",
+        str(policy),
+        "--sample-seconds",
+        "1",
+        "--canary",
+        "0",
     )
-    assert quarantined.rc == 0, quarantined.stderr
-    ours = "fleetops: gpu_health: 1 uncorrectable ECC error"
+    first = fleetops(*auto, "--apply", "--format", "json", env=env)
+    assert first.rc == 0, first.stderr
+    one = json.loads(first.stdout)
+    assert [(a["action"], a["done"]) for a in one["actions"]] == [("quarantine", [SICK])], first.stderr
     sick = _node(lab, SICK)
     assert _job(lab, job).get("JobState") == "RUNNING"  # asserted after the read: it was running throughout
-    assert (slurm.phase(sick), sick["reason"]) == ("draining", ours)
+    assert slurm.phase(sick) == "draining" and sick["reason"].startswith("fleetops: gpu_health: "), sick
     assert slurm.parse_record(sick["comment"])["check"] == "gpu_health"  # type: ignore[index]
-    admin = _node(lab, ADMIN)
-    assert (slurm.phase(admin), admin["reason"], admin["comment"]) == ("drained", ADMIN_REASON, "")
-    results = {h: r for b in json.loads(quarantined.stdout)["batches"] for h, r in b["results"].items()}
-    assert results[SICK]["changed"] is True and results[ADMIN]["changed"] is False
-    assert any("left alone: drained by someone else" in n for n in results[ADMIN]["notes"])
+    # the admin's drain, read from scontrol by the pass, counts against lab-02's group
+    assert one["nodes"]["out"] == {
+        ADMIN: {"backend": "slurm", "node": ADMIN, "phase": "drained", "ours": False, "reason": ADMIN_REASON}
+    }, one["nodes"]
+    (group,) = [c for c in one["capacity"] if c["group"] == "lab-1b"]
+    assert group["unavailable"] == {ADMIN: f"slurm drained by someone else, reason: {ADMIN_REASON}"}, group
+    ours = sick["reason"]
+
+    # The next pass: the ladder's next rung (reboot) waits while the job runs; nothing is started.
+    second = fleetops(*auto, "--apply", "--format", "json", env=env)
+    assert second.rc == 0, second.stderr
+    two = json.loads(second.stdout)
+    (waits,) = [d for d in two["decisions"] if d["host"] == SICK]
+    assert (waits["status"], waits["rung_action"]) == ("wait", "reboot"), waits
+    assert "waits for Slurm node lab-02 to drain (its jobs still run)" in waits["reason"]
+    assert two["actions"] == [] and _job(lab, job).get("JobState") == "RUNNING"
+    drained = two["nodes"]["out"][SICK]
+    since = drained.pop("since")  # when fleetops drained it, from our record in the node's Comment
+    assert drained == {"backend": "slurm", "node": SICK, "phase": "draining", "ours": True, "reason": ours}
+    assert abs(since - time.time()) < 300, since
 
     # The job is not cancelled: it ends on its own, and then the node is DRAINED with our reason.
     time.sleep(1)
@@ -152,10 +197,21 @@ def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_onl
     assert _job(lab, job)["JobState"] == "COMPLETED"
     assert _node(lab, SICK)["reason"] == ours
 
-    # A second quarantine of the drained node changes nothing (our reason and record stay).
-    again = fleetops("remediate", "quarantine", *common, "-l", SICK, "--finding", "gpu_health", env=env)
+    # A quarantine of the drained node changes nothing (our reason and record stay); the admin's node is left
+    # alone, its reason not overwritten.
+    again = fleetops(
+        "remediate", "quarantine", *common, *hosts, "--finding", "gpu_health", "--reason", "1 uncorrectable ECC error",
+        env=env,
+    )  # fmt: skip
     assert again.rc == 0, again.stderr
     assert _node(lab, SICK)["reason"] == ours
+    admin = _node(lab, ADMIN)
+    assert (slurm.phase(admin), admin["reason"], admin["comment"]) == ("drained", ADMIN_REASON, "")
+    results = {h: r for b in json.loads(again.stdout)["batches"] for h, r in b["results"].items()}
+    assert results[SICK]["changed"] is False and results[ADMIN]["changed"] is False
+    assert any("left alone: drained by someone else" in n for n in results[ADMIN]["notes"])
+
+    assert clear_hardware(lab, SICK)  # the fix: the GPU is replaced
 
     freed = fleetops("remediate", "unquarantine", *common, *hosts, "--sample-seconds", "1", env=env)
     assert freed.rc == 0, freed.stderr

@@ -192,16 +192,34 @@ class Rung(_Strict):
         default_factory=dict,
         description="parameters for the action's remediation, passed through as they are",
     )
+    drain_wait: Duration | None = Field(
+        default=None,
+        description="a disruptive rung on a Slurm node fleetops drained waits for its jobs to end (DRAINED); "
+        "at most this long after the drain, then it acts on the jobs still running (unset: as long as they run)",
+    )
 
     @property
     def clear_after_s(self) -> int:
         return duration_seconds(self.clear_after) if self.clear_after is not None else 0
 
+    @property
+    def drain_wait_s(self) -> int | None:
+        return duration_seconds(self.drain_wait) if self.drain_wait is not None else None
+
     @model_validator(mode="after")
     def _values(self) -> Self:
         if self.clear_after is not None and self.clear_after_s == 0:
             raise FieldProblem(("clear_after",), "must be more than 0: a rung gets time to clear the finding")
+        if self.drain_wait is not None and self.drain_wait_s == 0:
+            raise FieldProblem(("drain_wait",), "must be more than 0 (unset: wait as long as the jobs run)")
         remediation = REMEDIATIONS.get(self.action)
+        if self.drain_wait is not None and (
+            remediation is None or not remediation.disruptive or self.action == "quarantine"
+        ):
+            raise FieldProblem(
+                ("drain_wait",),
+                f"only a disruptive rung after a quarantine waits for a drain (reboot, stop-start, replace), not {self.action}",
+            )
         for name, value in self.params.items():
             param = remediation.parameters_by_name.get(name) if remediation is not None else None
             if param is None:
