@@ -19,7 +19,11 @@ After every round (the passes of one hour) it checks the invariants: no budget e
 (fleet and per group, from what was really done), no instance left stopped by a pass that completed, no
 reservation left unsettled after a completed pass, nothing acted on without a finding its rule's ladder
 acts on, no rung run twice in one fault episode, no action started after its pass saw the pause, and
-every action done in the ledger. It counts kills, compare-and-swap conflicts, lease races and stalls.
+every action done in the ledger. At every disruptive action it checks the capacity floor from the fleet's
+truth: the host's group keeps its floor counting hosts stopped, cordoned by a pass or by a person (the
+pass reads the cordons as the schedulers' view, ``fleetops.nodes``) and those the pass took before, and no
+quarantine goes past the group's cap. One small group (5 hosts) is where floors bind. It counts kills,
+compare-and-swap conflicts, lease races and stalls, and the actions the floors held.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ from typing import Any
 
 from fleetops import auto, store
 from fleetops.ansible.collection import module_utils
+from fleetops.nodes import NodeReading, NodeState
 from fleetops.policy import Policy, default_policy_path, load_policy
+from fleetops.remediations import REMEDIATIONS
 
 mu = module_utils("store")
 T0 = 1_800_000_000.0
 HOUR = 3600.0
+SMALL = 5  # hosts in the small group
 
 # A finding per acting rule of the default policy (checked against it at start: a policy change that
 # moves one to another rule fails the simulation loudly).
@@ -107,7 +114,8 @@ class Fleet:
     fault: dict[str, str | None] = field(default_factory=dict)
     episode: dict[str, int] = field(default_factory=dict)
     stopped: dict[str, float] = field(default_factory=dict)  # host -> when its instance was stopped
-    cordoned: set[str] = field(default_factory=set)
+    cordoned: set[str] = field(default_factory=set)  # by a pass's quarantine
+    foreign: set[str] = field(default_factory=set)  # cordoned by a person (maintenance), not by fleetops
     actions: list[tuple[float, str, str, str, int]] = field(
         default_factory=list
     )  # t, who, action, host, episode
@@ -142,6 +150,8 @@ class Stats:
     paused_passes: int = 0
     faults: int = 0
     storms: int = 0
+    foreign_cordons: int = 0
+    floor_held: int = 0  # decisions a capacity floor held back
     actions: Counter[str] = field(default_factory=Counter)
     checks: int = 0
     violations: list[str] = field(default_factory=list)
@@ -150,6 +160,7 @@ class Stats:
         rows = [
             ("passes (completed)", f"{self.passes} ({self.completed})"),
             ("faults injected (storms)", f"{self.faults} ({self.storms})"),
+            ("cordons by a person / decisions held by a floor", f"{self.foreign_cordons} / {self.floor_held}"),
             ("actions", ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items())) or "none"),
             ("kills / stalls past the lease", f"{self.kills} / {self.stalls}"),
             ("compare-and-swap conflicts", str(self.conflicts)),
@@ -220,18 +231,35 @@ class Controller:
     skew: float
     state_dir: Path
     last_pause_seen: bool | None = None
+    taken: set[str] = field(default_factory=set)  # the hosts its pass took with a disruptive action
 
 
 class Simulation:
-    def __init__(self, hosts: int, seed: int, conditional: bool = True, fault_rate: float = 0.002) -> None:
+    def __init__(
+        self, hosts: int, seed: int, conditional: bool = True, fault_rate: float = 0.002, floors: bool = True
+    ) -> None:
         self.rng = random.Random(seed)
         self.policy: Policy = load_policy(default_policy_path())
+        # what the passes run (floors=False: without the capacity floors, which the checks still hold them to)
+        self.pass_policy = (
+            self.policy
+            if floors
+            else self.policy.model_copy(
+                update={"floor": None, "rules": [r.model_copy(update={"floor": None}) for r in self.policy.rules]}
+            )
+        )
         for rule, finding in FINDINGS.items():
             found = self.policy.rule_for(finding)
             assert found is not None and found.name == rule, f"{rule}: the default policy takes it as {found}"
         names = [f"sim-{i:05d}" for i in range(hosts)]
         groups = [f"az-{c}" for c in "abcd"]
-        self.fleet = Fleet(names, {h: groups[i % len(groups)] for i, h in enumerate(names)})
+        # the first SMALL hosts are a group of their own (a small pool), where the floors bind
+        self.fleet = Fleet(
+            names, {h: "az-small" if i < SMALL else groups[i % len(groups)] for i, h in enumerate(names)}
+        )
+        self.members: dict[str, list[str]] = defaultdict(list)
+        for h in names:
+            self.members[self.fleet.group_of[h]].append(h)
         self.sizes = Counter(self.fleet.group_of.values())
         self.now = T0
         self.data: dict[str, Any] = {}
@@ -303,6 +331,8 @@ class Simulation:
             for _t, _w, a, h, e in fleet.actions[-2000:]
         ):
             self.violate(f"{ctl.name}: {action} on {host} twice in fault episode {episode} ({rule})")
+        if REMEDIATIONS[action].disruptive:
+            self.check_floor(ctl, action, host, rule)
         fleet.actions.append((started, ctl.name, action, host, episode))
         self.stats.actions[action] += 1
         if action == "quarantine":
@@ -318,6 +348,32 @@ class Simulation:
         clears, chance = CLEARS.get(action, (frozenset(), 0.0))
         if rule in clears and self.rng.random() < chance:
             fleet.fault[host] = None
+
+    def check_floor(self, ctl: Controller, action: str, host: str, rule: str | None) -> None:
+        """The host's group keeps its floor after this action takes it (a host already out costs nothing),
+        and a quarantine stays within the group's cap: from the fleet's truth, not the pass's view."""
+        fleet, group = self.fleet, self.fleet.group_of[host]
+        found = self.policy.rule(rule) if rule is not None else None
+        floor = (found.floor if found is not None and found.floor is not None else None) or self.policy.floor
+        if floor is None:
+            return
+        members = self.members[group]
+        out = {h for h in members if h in fleet.stopped or h in fleet.cordoned or h in fleet.foreign}
+        if host not in out:
+            ctl.taken.add(host)
+        available = len(members) - len(out | {h for h in ctl.taken if fleet.group_of[h] == group})
+        self.stats.checks += 1
+        if host not in out and available < floor.keep(len(members)):
+            self.violate(
+                f"{ctl.name}: {action} on {host} leaves group {group} {available} of {len(members)} available "
+                f"(the floor keeps {floor.keep(len(members))}; out: {sorted(out)}, taken: {sorted(ctl.taken)})"
+            )
+        cap = floor.quarantine_cap(len(members))
+        if action == "quarantine" and cap is not None and host not in fleet.cordoned:
+            self.stats.checks += 1
+            standing = sum(1 for h in members if h in fleet.cordoned) + 1
+            if standing > cap:
+                self.violate(f"{ctl.name}: quarantine on {host}: {standing} quarantined in {group} (cap {cap})")
 
     def start(self, host: str) -> None:
         self.fleet.stopped.pop(host, None)
@@ -353,7 +409,7 @@ class Simulation:
             scan = self.fleet.scan()
             tags = {h: auto.TagTarget(f"i-{h}", "sim", None, None) for h in scan["hosts"]}
             inputs = auto.PassInputs(
-                policy=self.policy,
+                policy=self.pass_policy,
                 policy_source="default policy",
                 scan_report=scan,
                 group_of={h: self.fleet.group_of[h] for h in scan["hosts"]},
@@ -364,6 +420,13 @@ class Simulation:
                 connection=_SimConnection(),  # type: ignore[arg-type]
                 store=shared,
                 operator=f"sim@{name}",
+                # the schedulers' view, read once before deciding: a pass's cordons and a person's
+                nodes=NodeReading(
+                    {
+                        **{h: NodeState("kubernetes", h, "cordoned", ours=True) for h in self.fleet.cordoned},
+                        **{h: NodeState("kubernetes", h, "cordoned") for h in self.fleet.foreign},
+                    }
+                ),
             )
             started = self.now
             self.stats.passes += 1
@@ -385,6 +448,7 @@ class Simulation:
             if result.store_failure:
                 return
             self.stats.completed += 1
+            self.stats.floor_held += sum(1 for d in result.decisions if d.status == "floor")
             self.after_completed(ctl, result, started)
         except Killed:
             self.stats.kills += 1
@@ -413,13 +477,20 @@ class Simulation:
         for h in sorted(fleet.cordoned):  # a person releases a quarantined host whose fault is gone
             if fleet.fault.get(h) is None and rng.random() < 0.3:
                 fleet.cordoned.discard(h)
+        for h in sorted(fleet.foreign):  # a person's maintenance ends
+            if rng.random() < 0.2:
+                fleet.foreign.discard(h)
+        if rng.random() < 0.1:  # a person cordons a host for maintenance (the small group now and then)
+            group = "az-small" if rng.random() < 0.5 else rng.choice(sorted(self.sizes))
+            fleet.foreign.add(rng.choice(self.members[group]))
+            self.stats.foreign_cordons += 1
         rules = sorted(FINDINGS)
         for h in fleet.hosts:
             if rng.random() < self.fault_rate:
                 fleet.inject(h, rng.choice(rules))
                 self.stats.faults += 1
         if rng.random() < 0.03:  # a storm: one fault on a whole group (a bad driver, an AZ event)
-            group = rng.choice(sorted(self.sizes))
+            group = "az-small" if rng.random() < 0.3 else rng.choice(sorted(self.sizes))
             rule = rng.choice(["gpu-fatal", "ec2-hardware-event", "zombie-memcg"])
             for h in fleet.hosts:
                 if fleet.group_of[h] == group:

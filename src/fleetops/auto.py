@@ -697,9 +697,7 @@ class _Pass:
             self.say(f"nodes: {line}", "dim")
         for line in reading.failures:
             result.node_failures.append(line)
-            self.warn(
-                f"nodes: {line}: the pass fails, and its floors count only what the scan and the ladders say"
-            )
+            self.warn(f"nodes: {line}: the pass fails, and takes no disruptive action in its hosts' groups")
 
     def wait_for_drains(self, now: float) -> None:
         """A disruptive rung (reboot, stop-start, replace) on a Slurm node that fleetops drained and whose
@@ -709,9 +707,22 @@ class _Pass:
         reading, policy = self.inputs.nodes, self.inputs.policy
         if reading is None:
             return
+        unknown = {self.group_of(h) or NO_GROUP: why for h, why in reading.unknown.items()}
         decisions = []
         for d in self.result.decisions:
             state = reading.states.get(d.host)
+            if (
+                d.status == "act"
+                and d.action in REMEDIATIONS
+                and REMEDIATIONS[d.action].disruptive
+                and d.group in unknown
+            ):  # the group's nodes could not be read: its capacity is unknown
+                d = dataclasses.replace(
+                    d,
+                    status="floor",
+                    action=None,
+                    reason=f"floor: the capacity of group {d.group} is unknown ({unknown[d.group]})",
+                )
             if (
                 d.status == "act"
                 and d.action is not None

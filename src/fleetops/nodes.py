@@ -5,23 +5,25 @@ A capacity floor that counts only what fleetops did misses what others did: a no
 maintenance, one cordoned by another controller, a quarantine nobody released after its ladder reset. So
 ``remediate auto`` reads each backend's nodes once, before deciding (never once per host):
 
-- ``kubernetes``: ``kubectl get nodes -o json`` (the pass's ``--kubectl``/``--kubeconfig``); a node is
-  out when it is cordoned (``spec.unschedulable``), ours when it carries fleetops' quarantine taint;
+- ``kubernetes``: ``kubectl get nodes -o json``, when the pass names a cluster (``--kubectl`` or
+  ``--kubeconfig``, ``$KUBECONFIG``, or a pod's in-cluster config; a kubectl that merely is on PATH may
+  point at no cluster at all);
+  a node is out when it is cordoned (``spec.unschedulable``), ours when it carries fleetops' quarantine
+  taint;
 - ``slurm``: ``scontrol show node`` (one call per scontrol and slurm.conf the hosts name, usually one);
   a node is out when it is drained, draining, down or flagged out (``module_utils/slurm.py``'s phase),
   ours when its Comment holds fleetops' record;
 - ``none``: nothing to read.
 
 Hosts whose node the backend does not list are not counted (``missing``). A backend that cannot be read
-(kubectl or scontrol missing, refusing, not answering) is one line: the pass fails, and its floors count
-what the scan and the ladders say.
+(kubectl or scontrol missing, refusing, not answering) is one line, and its hosts are ``unknown``: the pass
+takes no disruptive action in their groups (their capacity is unknown) and fails.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from typing import Any
 from fleetops.ansible.collection import module_utils
 from fleetops.ansible.inventory import InventoryHost
 from fleetops.remediations.backends import QUARANTINE_KEY, backend_of
+from fleetops.remediations.catalog import KUBECTL
 
 READ_TIMEOUT_S = 30  # each kubectl or scontrol call (a pass reads each backend once)
 
@@ -69,6 +72,7 @@ class NodeReading:
     states: dict[str, NodeState] = field(default_factory=dict)  # host -> its node's state
     failures: list[str] = field(default_factory=list)  # one line per backend that could not be read
     skipped: list[str] = field(default_factory=list)  # one line per backend not read, and why
+    unknown: dict[str, str] = field(default_factory=dict)  # host -> why its node could not be read
 
     def out(self) -> dict[str, NodeState]:
         return {h: s for h, s in self.states.items() if s.out}
@@ -126,8 +130,16 @@ def _read_kubernetes(
     nodes: Mapping[str, str], kube: dict[str, str], run: Run, timeout: float, reading: NodeReading
 ) -> None:
     kubectl = kube.get("kubectl") or "kubectl"
-    if "kubectl" not in kube and shutil.which(kubectl) is None:
-        reading.skipped.append("kubernetes: no kubectl on PATH (--kubectl): cordoned nodes are not counted")
+    # the CLI passes --kubectl's default when none was given: that names no cluster
+    named = (
+        kube.get("kubectl") not in (None, "", KUBECTL.default)
+        or kube.get("kubeconfig")
+        or os.environ.get("KUBECONFIG")
+    )
+    if not named and not os.environ.get("KUBERNETES_SERVICE_HOST"):  # nor in a pod (in-cluster config)
+        reading.skipped.append(
+            "kubernetes: no cluster named (--kubectl, --kubeconfig or $KUBECONFIG): cordoned nodes are not counted"
+        )
         return
     argv = [kubectl, *(["--kubeconfig", kube["kubeconfig"]] if kube.get("kubeconfig") else [])]
     argv += ["get", "nodes", "-o", "json", f"--request-timeout={int(timeout)}s"]
@@ -145,7 +157,9 @@ def _read_kubernetes(
                 ours=any(isinstance(t, Mapping) and t.get("key") == QUARANTINE_KEY for t in taints),
             )
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        reading.failures.append(f"kubernetes: kubectl get nodes: {_one_line(exc)}")
+        line = f"kubernetes: kubectl get nodes: {_one_line(exc)}"
+        reading.failures.append(line)
+        reading.unknown.update(dict.fromkeys(nodes.values(), line))
         return
     for node, host in nodes.items():
         reading.states[host] = found.get(node) or NodeState("kubernetes", node, "missing")
@@ -159,7 +173,9 @@ def _read_slurm(
         text = _call([scontrol, "show", "node"], run, timeout, {"SLURM_CONF": conf} if conf else None)
         found = slurm.parse_show_nodes(text)
     except RuntimeError as exc:
-        reading.failures.append(f"slurm: {scontrol} show node: {_one_line(exc)}")
+        line = f"slurm: {scontrol} show node: {_one_line(exc)}"
+        reading.failures.append(line)
+        reading.unknown.update(dict.fromkeys(nodes.values(), line))
         return
     for node, host in nodes.items():
         shown = found.get(node)

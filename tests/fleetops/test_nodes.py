@@ -147,17 +147,33 @@ def test_a_backend_that_cannot_be_read_is_one_line(tmp_path: Path, kind: str, ne
     reading = read_nodes(hosts, timeout=1)
     assert reading.states == {}
     (line,) = reading.failures
+    assert reading.unknown == {"n1": line}  # its hosts' groups: capacity unknown
     assert line.startswith(f"slurm: {scontrol} show node: ") and needle in line, line
     assert "\n" not in line
 
 
-def test_kubernetes_without_a_kubectl_is_skipped_and_said(
+def test_kubernetes_is_read_only_for_a_cluster_the_pass_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl on PATH, and none given
+    # a kubectl on PATH may point at no cluster at all (this machine has one): it is not called unless the
+    # pass names a cluster (--kubectl, --kubeconfig or $KUBECONFIG)
+    calls = tmp_path / "calls"
+    fake = tmp_path / "kubectl"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho \'{{"items": []}}\'\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    for kube in ({}, {"kubectl": "kubectl"}):  # the CLI's --kubectl default names no cluster either
+        reading = read_nodes([_host("a")], kube)
+        assert reading.states == {} and reading.failures == [] and not calls.exists(), kube
+    assert reading.skipped == [
+        "kubernetes: no cluster named (--kubectl, --kubeconfig or $KUBECONFIG): cordoned nodes are not counted"
+    ]
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
     reading = read_nodes([_host("a")], {})
-    assert reading.states == {} and reading.failures == []
-    assert reading.skipped == ["kubernetes: no kubectl on PATH (--kubectl): cordoned nodes are not counted"]
+    assert reading.states == {"a": NodeState("kubernetes", "a", "missing")} and reading.skipped == []
+    assert calls.read_text().splitlines() == ["get nodes -o json --request-timeout=30s"]
 
 
 def test_a_kubectl_answer_that_is_not_a_node_list_fails(tmp_path: Path) -> None:
@@ -262,17 +278,30 @@ def test_a_disruptive_rung_waits_while_our_slurm_drain_still_runs_jobs(tmp_path:
     assert [(c[0], c[1]) for c in runner.calls] == [("reboot", ["h0"])]
 
 
-def test_a_backend_that_could_not_be_read_fails_the_pass(tmp_path: Path) -> None:
-    scan = report(h0=[], h1=[], h2=[], h3=[CRASHLOOP])
-    failed = NodeReading(failures=["kubernetes: kubectl get nodes: Unauthorized"])
-    result, _lines, _runner = _pass(tmp_path, scan, failed)
-    assert result.exit_code == ExitCode.FAILED
-    assert result.node_failures == ["kubernetes: kubectl get nodes: Unauthorized"]
-    assert any(
-        w.startswith("nodes: kubernetes: kubectl get nodes: Unauthorized: the pass fails")
-        for w in result.warnings
+def test_a_backend_that_could_not_be_read_holds_disruptive_rungs_in_its_groups_and_fails_the_pass(
+    tmp_path: Path,
+) -> None:
+    line = "kubernetes: kubectl get nodes: Unauthorized"
+    scan = report(h0=[], h1=[CRASHLOOP], h2=[], h3=[CRASHLOOP])
+    groups = {"h0": "az-a", "h1": "az-a", "h2": "az-b", "h3": "az-b"}
+    runner, lines = Runner(), []
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=scan,
+        group_of=groups,
+        state_dir=tmp_path / "auto",
+        apply=True,
+        nodes=NodeReading(failures=[line], unknown={"h0": line}),  # only az-a's nodes are on that backend
     )
-    assert result.document()["nodes"]["failures"] == result.node_failures
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: T0)
+    status = {d.host: (d.status, d.reason) for d in result.decisions}
+    assert status["h1"] == ("floor", f"floor: the capacity of group az-a is unknown ({line})")
+    assert [c[1] for c in runner.calls] == [["h3"]]  # az-b's capacity is known: its reboot goes
+    assert result.exit_code == ExitCode.FAILED
+    assert result.node_failures == [line]
+    assert any(w.startswith(f"nodes: {line}: the pass fails") for w in result.warnings)
+    assert result.document()["nodes"]["failures"] == [line]
 
 
 def test_the_quarantine_key_is_the_playbooks() -> None:

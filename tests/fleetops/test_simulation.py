@@ -26,11 +26,20 @@ def test_a_simulated_week_keeps_every_invariant(capsys: pytest.CaptureFixture[st
 def test_without_the_write_condition_the_simulation_fails() -> None:
     """The same races over a store that ignores the version a write names: two passes both take the lease,
     a stalled one overwrites what the next did, and budgets, episodes and findings are broken."""
-    stats = Simulation(hosts=200, seed=1, conditional=False).run(days=2)
-    assert stats.violations, stats.table()
+    # a few seeds: whether one 2-day run meets a race the condition would have refused is chance (of seeds
+    # 1 to 8, 7 broke an invariant; seed 1 alone did not)
+    runs = [Simulation(hosts=200, seed=seed, conditional=False).run(days=2) for seed in (1, 2, 3)]
+    assert sum(1 for stats in runs if stats.violations) >= 2, "\n\n".join(r.table() for r in runs)
 
 
 def test_the_simulation_is_reproducible() -> None:
     one = Simulation(hosts=100, seed=11).run(days=1)
     two = Simulation(hosts=100, seed=11).run(days=1)
     assert one.table() == two.table()
+
+
+def test_without_the_floors_the_simulation_fails() -> None:
+    """The same week with passes that ignore the default policy's capacity floors: quarantines pile up in the
+    small group past its cap and disruptive actions take it below its floor, and the checks say so."""
+    stats = Simulation(hosts=500, seed=7, floors=False).run(days=7)
+    assert any("the floor keeps" in v or "(cap " in v for v in stats.violations), stats.table()

@@ -123,6 +123,13 @@ def _pass(
     return result.rc, json.loads(result.stdout), result.stderr
 
 
+def _cluster(tmp_path: Path) -> dict[str, str]:
+    """The stand-in's cluster, none of its nodes cordoned: a pass given --kubectl reads its nodes."""
+    kube = tmp_path / "kube.json"
+    kube.write_text(json.dumps({"nodes": {h: {} for h in (CRASH, EVENT, UCX, ECC)}, "pods": [], "pdbs": []}))
+    return {"FLEETOPS_KUBECTL_STATE": str(kube)}
+
+
 def _ladder_tags(lab: Lab, key: str = "fleetops.io/ladder") -> dict[str, str]:
     """{Name: the tag ``key``} as EC2 itself holds them (the lab's endpoint)."""
     url = running(lab.state_dir)
@@ -250,7 +257,7 @@ def test_a_pause_from_one_controller_holds_a_pass_on_another_until_unpaused(
     FLEETOPS_STORE_TABLE beside the EC2 source. One controller pauses; an auto pass on another (a fresh
     state directory, as an AWX job in a new container) decides but acts on nothing (exit 5); after
     unpause, the next acts."""
-    env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-pause"}
+    env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-pause", **_cluster(tmp_path)}
     inv = str(lab.ec2_inventory_path())
     unit = install_crashloop_unit(lab, CRASH, name="pauser", restart_sec=0.5)
     try:
@@ -305,7 +312,7 @@ def test_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_th
     instance. A new pass — another state directory, an inventory that lists only running instances, so
     lab-01 is not in it — finds the dead pass's reservation in the shared store, starts the instance,
     and touches nothing else."""
-    env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-inflight"}
+    env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-inflight", **_cluster(tmp_path)}
     config = yaml.safe_load(lab.ec2_inventory_path().read_text())
     config["filters"]["instance-state-name"] = ["running"]  # as AWX's inventory of running instances
     inv = tmp_path / "running.fleet_ec2.yml"
