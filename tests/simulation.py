@@ -160,7 +160,10 @@ class Stats:
         rows = [
             ("passes (completed)", f"{self.passes} ({self.completed})"),
             ("faults injected (storms)", f"{self.faults} ({self.storms})"),
-            ("cordons by a person / decisions held by a floor", f"{self.foreign_cordons} / {self.floor_held}"),
+            (
+                "cordons by a person / decisions held by a floor",
+                f"{self.foreign_cordons} / {self.floor_held}",
+            ),
             ("actions", ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items())) or "none"),
             ("kills / stalls past the lease", f"{self.kills} / {self.stalls}"),
             ("compare-and-swap conflicts", str(self.conflicts)),
@@ -245,7 +248,10 @@ class Simulation:
             self.policy
             if floors
             else self.policy.model_copy(
-                update={"floor": None, "rules": [r.model_copy(update={"floor": None}) for r in self.policy.rules]}
+                update={
+                    "floor": None,
+                    "rules": [r.model_copy(update={"floor": None}) for r in self.policy.rules],
+                }
             )
         )
         for rule, finding in FINDINGS.items():
@@ -373,7 +379,9 @@ class Simulation:
             self.stats.checks += 1
             standing = sum(1 for h in members if h in fleet.cordoned) + 1
             if standing > cap:
-                self.violate(f"{ctl.name}: quarantine on {host}: {standing} quarantined in {group} (cap {cap})")
+                self.violate(
+                    f"{ctl.name}: quarantine on {host}: {standing} quarantined in {group} (cap {cap})"
+                )
 
     def start(self, host: str) -> None:
         self.fleet.stopped.pop(host, None)
