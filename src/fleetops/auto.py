@@ -545,6 +545,11 @@ def run_pass(
     return result
 
 
+def _disruptive(action: str | None) -> bool:
+    """The action takes its host out of service (reboot, quarantine, stop-start, replace)."""
+    return action is not None and action in REMEDIATIONS and REMEDIATIONS[action].disruptive
+
+
 # Why a batch must not start (pause, lease lost, store unreachable), or None; given the action and its
 # decisions. It may reserve the batch's budget in the store.
 Before = Callable[[str, Sequence[Decision]], str | None]
@@ -610,6 +615,7 @@ class _Pass:
         self.count_unreachable()
         self.read_nodes()
         self.apply_brakes()
+        self.hold_unknown_capacity()
         self.wait_for_drains(now)
         self.apply_floors(ladder)
         for d in result.decisions:
@@ -699,65 +705,74 @@ class _Pass:
             result.node_failures.append(line)
             self.warn(f"nodes: {line}: the pass fails, and takes no disruptive action in its hosts' groups")
 
+    def hold_unknown_capacity(self) -> None:
+        """A disruptive rung in a group whose nodes could not be read (``inputs.nodes.unknown``) waits
+        (status ``floor``): the group's capacity is unknown."""
+        reading = self.inputs.nodes
+        if reading is None or not reading.unknown:
+            return
+        unknown = {self.group_of(h) or NO_GROUP: why for h, why in reading.unknown.items()}
+        self.result.decisions = [
+            dataclasses.replace(
+                d,
+                status="floor",
+                action=None,
+                reason=f"floor: the capacity of group {d.group} is unknown ({unknown[d.group]})",
+            )
+            if d.status == "act" and _disruptive(d.action) and d.group in unknown
+            else d
+            for d in self.result.decisions
+        ]
+
     def wait_for_drains(self, now: float) -> None:
         """A disruptive rung (reboot, stop-start, replace) on a Slurm node that fleetops drained and whose
         jobs still run waits (status ``wait``) until the node is DRAINED: a pass never kills a job by
         acting before its node has drained — unless the rung's ``drain_wait`` since the drain has passed,
         as the policy says; then it acts, and says so."""
-        reading, policy = self.inputs.nodes, self.inputs.policy
+        reading = self.inputs.nodes
         if reading is None:
             return
-        unknown = {self.group_of(h) or NO_GROUP: why for h, why in reading.unknown.items()}
         decisions = []
         for d in self.result.decisions:
             state = reading.states.get(d.host)
+            draining = (
+                state is not None and state.backend == "slurm" and state.phase == "draining" and state.ours
+            )
             if (
-                d.status == "act"
-                and d.action in REMEDIATIONS
-                and REMEDIATIONS[d.action].disruptive
-                and d.group in unknown
-            ):  # the group's nodes could not be read: its capacity is unknown
-                d = dataclasses.replace(
-                    d,
-                    status="floor",
-                    action=None,
-                    reason=f"floor: the capacity of group {d.group} is unknown ({unknown[d.group]})",
-                )
-            if (
-                d.status == "act"
-                and d.action is not None
-                and d.action in REMEDIATIONS
-                and REMEDIATIONS[d.action].disruptive
-                and d.action != "quarantine"
-                and state is not None
-                and state.backend == "slurm"
-                and state.phase == "draining"
-                and state.ours
+                state is None
+                or not draining
+                or d.status != "act"
+                or d.action == "quarantine"
+                or not _disruptive(d.action)
             ):
-                rule = policy.rule(d.rule) if d.rule is not None else None
-                rung = rule.ladder[d.rung] if rule is not None and d.rung is not None else None
-                limit = rung.drain_wait_s if rung is not None else None
-                waited = now - state.since if state.since is not None else None
-                if limit is not None and waited is not None and waited >= limit:
-                    self.warn(
-                        f"{d.host}: Slurm node {state.node} still drains {fmt_duration(int(waited))} after fleetops "
-                        f"drained it, past the rung's drain_wait {rung.drain_wait if rung else ''}: "
-                        f"{d.action} goes ahead on the jobs still running"
-                    )
-                else:
-                    d = dataclasses.replace(
-                        d,
-                        status="wait",
-                        action=None,
-                        reason=f"waits for Slurm node {state.node} to drain (its jobs still run): {d.rung_action} "
-                        "starts once it is DRAINED"
-                        + (
-                            f" or {rung.drain_wait} after the drain (drain_wait)"
-                            if rung and rung.drain_wait
-                            else ""
-                        ),
-                    )
-            decisions.append(d)
+                decisions.append(d)
+                continue
+            rule = self.inputs.policy.rule(d.rule) if d.rule is not None else None
+            rung = rule.ladder[d.rung] if rule is not None and d.rung is not None else None
+            bound = f" or {rung.drain_wait} after the drain (drain_wait)" if rung and rung.drain_wait else ""
+            waited = now - state.since if state.since is not None else None
+            if (
+                rung is not None
+                and rung.drain_wait_s is not None
+                and waited is not None
+                and waited >= rung.drain_wait_s
+            ):
+                self.warn(
+                    f"{d.host}: Slurm node {state.node} still drains {fmt_duration(int(waited))} after fleetops "
+                    f"drained it, past the rung's drain_wait {rung.drain_wait}: {d.action} goes ahead on the jobs "
+                    "still running"
+                )
+                decisions.append(d)
+                continue
+            decisions.append(
+                dataclasses.replace(
+                    d,
+                    status="wait",
+                    action=None,
+                    reason=f"waits for Slurm node {state.node} to drain (its jobs still run): {d.rung_action} "
+                    f"starts once it is DRAINED{bound}",
+                )
+            )
         self.result.decisions = decisions
 
     def apply_brakes(self) -> None:
@@ -824,7 +839,7 @@ class _Pass:
             self.sizes,
             unavailable,
             quarantined,
-            lambda a: a in REMEDIATIONS and REMEDIATIONS[a].disruptive,
+            _disruptive,
         )
         result.capacity = [
             {"group": c.group, "size": c.size, "unavailable": dict(c.unavailable), "taken": list(c.taken),
