@@ -5,9 +5,9 @@ A capacity floor that counts only what fleetops did misses what others did: a no
 maintenance, one cordoned by another controller, a quarantine nobody released after its ladder reset. So
 ``remediate auto`` reads each backend's nodes once, before deciding (never once per host):
 
-- ``kubernetes``: ``kubectl get nodes -o json``, when the pass names a cluster (``--kubectl`` or
-  ``--kubeconfig``, ``$KUBECONFIG``, or a pod's in-cluster config; a kubectl that merely is on PATH may
-  point at no cluster at all);
+- ``kubernetes``: ``kubectl get nodes -o json``, when the pass names a cluster (``--kubectl`` other than
+  its default, ``--kubeconfig`` or ``$KUBECONFIG``; a kubectl that merely is on PATH may point at no
+  cluster at all, and a pod's in-cluster config may not be allowed to list nodes);
   a node is out when it is cordoned (``spec.unschedulable``), ours when it carries fleetops' quarantine
   taint;
 - ``slurm``: ``scontrol show node`` (one call per scontrol and slurm.conf the hosts name, usually one);
@@ -136,7 +136,7 @@ def _read_kubernetes(
         or kube.get("kubeconfig")
         or os.environ.get("KUBECONFIG")
     )
-    if not named and not os.environ.get("KUBERNETES_SERVICE_HOST"):  # nor in a pod (in-cluster config)
+    if not named:  # not even in a pod: an AWX job pod has an in-cluster config that may not list nodes
         reading.skipped.append(
             "kubernetes: no cluster named (--kubectl, --kubeconfig or $KUBECONFIG): cordoned nodes are not counted"
         )

@@ -163,7 +163,7 @@ def test_kubernetes_is_read_only_for_a_cluster_the_pass_names(
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # a pod's in-cluster config names none either
     for kube in ({}, {"kubectl": "kubectl"}):  # the CLI's --kubectl default names no cluster either
         reading = read_nodes([_host("a")], kube)
         assert reading.states == {} and reading.failures == [] and not calls.exists(), kube
