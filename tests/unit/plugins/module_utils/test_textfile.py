@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import yaml
 from ansible_collections.fleetops.node.plugins.module_utils import health, textfile
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetops import detector_runner
 from tests.paths import REPO
 
 PLAYBOOK = REPO / "playbooks" / "detector_timer.yml"
@@ -38,12 +40,6 @@ def _tasks(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(task)
         out += _tasks(task.get("block") or [])
     return out
-
-
-def _entry_point() -> str:
-    (task,) = [t for t in _tasks(_play()["tasks"]) if t.get("name") == "Write the entry point"]
-    content: str = task["ansible.builtin.copy"]["content"]
-    return content
 
 
 def _imports(name: str) -> set[str]:
@@ -69,18 +65,28 @@ def test_the_playbook_copies_exactly_what_the_runner_imports() -> None:
 
 
 def _install(root: Path) -> Path:
-    """The runner's tree, as the playbook lays it out, under ``root``."""
+    """The runner's tree under ``root``, unpacked from the archive the playbook copies."""
     root.mkdir()
-    package = root
-    for part in _play()["vars"]["fleetops_dt_packages"][-1].split("/"):
-        package = package / part
-        package.mkdir()
-        (package / "__init__.py").write_text("")
+    with tarfile.open(detector_runner.ARCHIVE) as tar:
+        tar.extractall(root, filter="data")
+    return root / detector_runner.ENTRY
+
+
+def test_the_archive_is_built_from_the_sources_as_they_are() -> None:
+    assert detector_runner.main(["--check"]) == 0, "python -m fleetops.detector_runner --write"
+    assert detector_runner.build() == detector_runner.build()  # the same bytes every time
+    with tarfile.open(detector_runner.ARCHIVE) as tar:
+        names = tar.getnames()
     for name in _play()["vars"]["fleetops_dt_module_utils"]:
-        shutil.copy(MODULE_UTILS / f"{name}.py", package / f"{name}.py")
-    entry = root / "fleetops-detector"
-    entry.write_text(_entry_point())
-    return entry
+        assert f"{detector_runner.PACKAGE}/{name}.py" in names
+
+
+def test_a_stale_archive_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stale = tmp_path / "fleetops-detector.tar"
+    stale.write_bytes(detector_runner.ARCHIVE.read_bytes()[:-512])
+    monkeypatch.setattr(detector_runner, "ARCHIVE", stale)
+    monkeypatch.setattr(detector_runner, "REPO", tmp_path)
+    assert detector_runner.main(["--check"]) == 1
 
 
 def _config(tmp_path: Path, **overrides: Any) -> Path:
