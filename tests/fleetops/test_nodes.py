@@ -209,14 +209,20 @@ rules:
 
 
 def _pass(
-    tmp_path: Path, scan: dict[str, Any], nodes: NodeReading | None, now: float = T0
+    tmp_path: Path,
+    scan: dict[str, Any],
+    nodes: NodeReading | None,
+    now: float = T0,
+    *,
+    policy: str = POLICY,
+    groups: dict[str, str] | None = None,
 ) -> tuple[auto.PassResult, list[str], Runner]:
     runner, lines = Runner(), []
     inputs = auto.PassInputs(
-        policy=parse_policy(POLICY, "policy.yml"),
+        policy=parse_policy(policy, "policy.yml"),
         policy_source="policy.yml",
         scan_report=scan,
-        group_of={h: "az-a" for h in scan["hosts"]},
+        group_of=groups if groups is not None else {h: "az-a" for h in scan["hosts"]},
         state_dir=tmp_path / "auto",
         apply=True,
         nodes=nodes,
@@ -284,17 +290,10 @@ def test_a_backend_that_could_not_be_read_holds_disruptive_rungs_in_its_groups_a
     line = "kubernetes: kubectl get nodes: Unauthorized"
     scan = report(h0=[], h1=[CRASHLOOP], h2=[], h3=[CRASHLOOP])
     groups = {"h0": "az-a", "h1": "az-a", "h2": "az-b", "h3": "az-b"}
-    runner, lines = Runner(), []
-    inputs = auto.PassInputs(
-        policy=parse_policy(POLICY, "policy.yml"),
-        policy_source="policy.yml",
-        scan_report=scan,
-        group_of=groups,
-        state_dir=tmp_path / "auto",
-        apply=True,
-        nodes=NodeReading(failures=[line], unknown={"h0": line}),  # only az-a's nodes are on that backend
+    # only az-a's nodes are on that backend
+    result, _, runner = _pass(
+        tmp_path, scan, NodeReading(failures=[line], unknown={"h0": line}), groups=groups
     )
-    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: T0)
     status = {d.host: (d.status, d.reason) for d in result.decisions}
     assert status["h1"] == ("floor", f"floor: the capacity of group az-a is unknown ({line})")
     assert [c[1] for c in runner.calls] == [["h3"]]  # az-b's capacity is known: its reboot goes
@@ -319,17 +318,9 @@ def test_a_rungs_drain_wait_lets_it_act_on_a_node_still_draining_after_it(tmp_pa
     scan = report(h0=[ecc()], h1=[], h2=[], h3=[], h4=[], h5=[], h6=[], h7=[])
 
     def _run(now: float, since: float) -> tuple[auto.PassResult, Runner]:
-        runner = Runner()
-        inputs = auto.PassInputs(
-            policy=parse_policy(DRAIN_WAIT_POLICY, "policy.yml"),
-            policy_source="policy.yml",
-            scan_report=scan,
-            group_of={h: "az-a" for h in scan["hosts"]},
-            state_dir=tmp_path / "auto",
-            apply=True,
-            nodes=NodeReading({"h0": NodeState("slurm", "h0", "draining", ours=True, since=since)}),
-        )
-        return auto.run_pass(inputs, runner, lambda text, style: None, clock=lambda: now), runner
+        draining = NodeReading({"h0": NodeState("slurm", "h0", "draining", ours=True, since=since)})
+        result, _, runner = _pass(tmp_path, scan, draining, now, policy=DRAIN_WAIT_POLICY)
+        return result, runner
 
     _run(T0, T0)  # the quarantine (drain) at T0
     result, runner = _run(T0 + 3600, T0)  # an hour later: within the 2h, it waits
