@@ -360,7 +360,7 @@ class Simulation:
         and a quarantine stays within the group's cap: from the fleet's truth, not the pass's view."""
         fleet, group = self.fleet, self.fleet.group_of[host]
         found = self.policy.rule(rule) if rule is not None else None
-        floor = (found.floor if found is not None and found.floor is not None else None) or self.policy.floor
+        floor = self.policy.floor_of(found) if found is not None else self.policy.floor
         if floor is None:
             return
         members = self.members[group]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +34,7 @@ from fleetops.ansible.collection import module_utils
 from fleetops.ansible.inventory import InventoryHost
 from fleetops.remediations.backends import QUARANTINE_KEY, backend_of
 from fleetops.remediations.catalog import KUBECTL
+from fleetops.rollout.killswitch import one_line
 
 READ_TIMEOUT_S = 30  # each kubectl or scontrol call (a pass reads each backend once)
 
@@ -76,6 +77,11 @@ class NodeReading:
 
     def out(self) -> dict[str, NodeState]:
         return {h: s for h, s in self.states.items() if s.out}
+
+    def fail(self, line: str, hosts: Iterable[str]) -> None:
+        """A backend could not be read: its one line, and its hosts' state unknown."""
+        self.failures.append(line)
+        self.unknown.update(dict.fromkeys(hosts, line))
 
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -157,9 +163,7 @@ def _read_kubernetes(
                 ours=any(isinstance(t, Mapping) and t.get("key") == QUARANTINE_KEY for t in taints),
             )
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        line = f"kubernetes: kubectl get nodes: {_one_line(exc)}"
-        reading.failures.append(line)
-        reading.unknown.update(dict.fromkeys(nodes.values(), line))
+        reading.fail(f"kubernetes: kubectl get nodes: {_one_line(exc)}", nodes.values())
         return
     for node, host in nodes.items():
         reading.states[host] = found.get(node) or NodeState("kubernetes", node, "missing")
@@ -173,9 +177,7 @@ def _read_slurm(
         text = _call([scontrol, "show", "node"], run, timeout, {"SLURM_CONF": conf} if conf else None)
         found = slurm.parse_show_nodes(text)
     except RuntimeError as exc:
-        line = f"slurm: {scontrol} show node: {_one_line(exc)}"
-        reading.failures.append(line)
-        reading.unknown.update(dict.fromkeys(nodes.values(), line))
+        reading.fail(f"slurm: {scontrol} show node: {_one_line(exc)}", nodes.values())
         return
     for node, host in nodes.items():
         shown = found.get(node)
@@ -202,4 +204,4 @@ def _epoch(text: object) -> float | None:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
+    return one_line(str(exc), 300) or type(exc).__name__
