@@ -219,6 +219,12 @@ notes:
     is in swap (C(/proc/swaps), one more small read); every memcg, dying included (the worst
     case), when swap is in use, in a cgroup namespace, on an older kernel, or when C(/proc/swaps)
     cannot be read. C(id_headroom_basis) says which and why.
+  - An action plugin of the same name runs the task. It validates the options on the controller, then runs the same
+    detectors on the host from a copy of the collection's stdlib-only runner kept in C(~/.ansible/fleetops/runner-SHA256)
+    of the remote user (sent once per runner version; refused when a symbolic link or writable by others), one command
+    per host instead of an AnsiballZ payload. It runs this module instead for async or delegated tasks, become without
+    pipelining, a host Python that gives no answer, a refused cache, or when C(FLEETOPS_NODE_HEALTH_MODULE=1) is set
+    on the controller. The result is the same; C(fleetops_path) (V(runner) or V(module)) says which ran.
 seealso:
   - name: Kernel cgroup v2 documentation
     description: cgroup.stat and its nr_dying_subsys_<controller> fields.
@@ -444,6 +450,11 @@ duration_ms:
   returned: always
   type: float
   sample: 1.42
+fleetops_path:
+  description: What ran the detectors, set by the action plugin - V(runner) (the staged runner) or V(module) (this module).
+  returned: when the action plugin ran the task (not as a facts module)
+  type: str
+  sample: runner
 """
 
 from ansible.module_utils.basic import AnsibleModule

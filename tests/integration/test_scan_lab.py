@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from fleetops_lab import Lab
+from fleetops_lab import Lab, hardware, host_faults
 from tests.helpers import fleetops
 
 pytestmark = pytest.mark.lab
@@ -65,3 +67,41 @@ def test_unreachable_host_is_reported_and_others_still_scanned(lab: Lab, tmp_pat
 def test_limit_narrows_the_scan(lab: Lab) -> None:
     result = fleetops("scan", "-i", str(lab.inventory_path()), "--limit", "lab-02", "--format", "json", "-q")
     assert set(result.json()["hosts"]) == {"lab-02"}
+
+
+def test_the_fast_path_and_the_module_find_the_same_faults(lab: Lab) -> None:
+    """node_health's action runs the staged runner (one command per host) unless told to run the module
+    (FLEETOPS_NODE_HEALTH_MODULE=1): over ssh, on hosts with distinct faults, both report the same findings.
+    The unit tests compare the two over the local connection (tests/unit/plugins/action)."""
+    hardware.inject_ecc(lab, "lab-02", uncorrected=2)
+    # enabled, never started: an unexpected unit on lab-03 only (no crash loop: its rate would move)
+    unit = host_faults.install_crashloop_unit(lab, "lab-03", name="stray", start=False)
+    try:
+        args = ("scan", "-i", str(lab.inventory_path()), "--format", "json", "-q", "-e", "fleetops_imds=never",
+                "-e", '{"fleetops_unit_allowlist": ["ssh.service", "systemd-*"]}')  # fmt: skip
+        runner = fleetops(*args)
+        module = fleetops(*args, env={"FLEETOPS_NODE_HEALTH_MODULE": "1"})
+    finally:
+        hardware.clear_hardware(lab, "lab-02")
+        host_faults.remove_crashloop_unit(lab, "lab-03", name="stray")
+    assert runner.rc == module.rc == 1, (runner.stderr, module.stderr)
+
+    def findings(report: dict[str, Any], host: str) -> list[tuple[str, str, str]]:
+        return sorted(
+            (f["check"], f["severity"], re.sub(r"\d+(\.\d+)?", "N", f["summary"]))
+            for f in report["hosts"][host]["findings"]
+        )
+
+    ours, theirs = runner.json(), module.json()
+    for host in ("lab-01", "lab-02", "lab-03"):
+        assert ours["hosts"][host]["status"] == theirs["hosts"][host]["status"] == "ok"
+        assert findings(ours, host) == findings(theirs, host), host
+        assert set(ours["hosts"][host]["facts"]) == set(theirs["hosts"][host]["facts"])
+    severities = {host: {f[:2] for f in findings(ours, host)} for host in ("lab-01", "lab-02", "lab-03")}
+    assert ("gpu_health", "critical") in severities["lab-02"]
+    assert not any(check == "gpu_health" for check, _ in severities["lab-01"] | severities["lab-03"])
+    strays = {h for h in ("lab-01", "lab-02", "lab-03") if any(unit in f[2] for f in findings(ours, h))}
+    assert strays == {"lab-03"}
+    # the fast path staged the runner on each host, in root's private cache
+    staged = lab.run("lab-01", "stat -c '%a %U' /root/.ansible/fleetops/runner-*", check=True).stdout.split()
+    assert staged == ["700", "root"], staged

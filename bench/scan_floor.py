@@ -1,0 +1,326 @@
+"""The scan against the physical ssh floor: `fleetops scan` vs one bare ssh round trip per host.
+
+The floor is what no scan over ssh can beat: for every host, one fresh ssh connection that starts
+the host's Python and exits (``ssh HOST "python3 -c 'import os'"``), all hosts at once (as many at
+once as the scan's forks: every host up to 100), no connection reuse (``ControlMaster=no``,
+``ControlPath=none``), with the ssh options the scan itself uses for that host (the inventory's
+user, key, ``ansible_ssh_common_args``; ansible.cfg's ``ssh_args``, timeout and the options
+ansible's ssh plugin adds: the argv of its ``SSH: EXEC`` line, connection sharing off). Any host
+failing fails the benchmark.
+
+The scan is ``fleetops scan --format json`` on the same hosts, cold each run (a fresh ssh
+control-path directory), as ``bench/scan_fleet.py`` runs it; it must exit 0 or 1 (findings) and
+report every host scanned.
+
+The two are interleaved (floor, scan, floor, scan, ... ``--runs`` times, after one untimed warm-up
+of each) and the medians reported: wall time, the ratio scan/floor, the controller's CPU seconds per
+host (the rusage of the whole process tree on this machine: ssh children and ControlPersist masters
+included; this process is their subreaper, see scan_fleet.py) and the lab hosts' CPU per host (the
+``usage_usec`` of the lab's cgroup parent in the unified hierarchy: sshd, Python, the module, and
+whatever else the guests did meanwhile).
+
+Goal (issue 26): the scan <= 2.0x the floor at 50 hosts and <= 0.08 controller CPU s/host. This
+prints the figures; it does not assert the goal. Needs root (the lab); boots the lab's hosts when
+fewer are up, and takes down only a lab it booted from nothing. Run it under the dev lock:
+
+    flock /run/fleetops-dev.lock python bench/scan_floor.py [--lab b1] [--hosts 50] [--runs 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import contextlib
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scan_fleet import BenchError, _ansible_env, _cpu, _subreaper, scan_argv, timed
+
+from fleetops.ansible.inventory import InventoryHost, load_hosts
+from fleetops.errors import UsageError
+from fleetops.scan import MAX_FORKS
+from fleetops_lab import Lab, LabError
+from fleetops_lab.core import host_name
+
+GOAL_RATIO = 2.0
+GOAL_CPU_S_PER_HOST = 0.08
+GOAL_HOSTS = 50
+REMOTE_COMMAND = "python3 -c 'import os'"  # one string: ssh joins its argv with spaces
+FLOOR_TIMEOUT_S = 120
+ANSIBLE_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"  # ansible's default
+FALSE = ("false", "no", "0", "off")
+CONNECTION_SHARING = ("controlmaster", "controlpath", "controlpersist")
+
+
+@dataclass
+class Sample:
+    kind: str  # "floor" or "scan"
+    wall_s: float
+    cpu_s: float  # controller CPU (user + sys) of the run's whole process tree
+    target_cpu_s: float | None  # the lab hosts' CPU over the run (None: no cgroup to read)
+
+
+# --------------------------------------------------------------------------- the floor's ssh argv
+
+
+def _ansible_cfg() -> configparser.ConfigParser:
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(_ansible_env()["ANSIBLE_CONFIG"])
+    return cfg
+
+
+def _setting(cfg: configparser.ConfigParser, env: str, section: str, key: str, default: str) -> str:
+    """An ansible setting: its environment variable, else ansible.cfg, else ansible's default."""
+    return (os.environ.get(env) or cfg.get(section, key, fallback="") or default).strip()
+
+
+def _without_sharing(args: Sequence[str]) -> list[str]:
+    """ssh options less those that share connections (ControlMaster, ControlPath, ControlPersist)."""
+    out: list[str] = []
+    it = iter(args)
+    for arg in it:
+        if arg == "-o":
+            opt = next(it, "")
+            if opt.split("=", 1)[0].strip().lower() not in CONNECTION_SHARING:
+                out += ["-o", opt]
+        elif arg.startswith("-o") and arg[2:].split("=", 1)[0].strip().lower() in CONNECTION_SHARING:
+            continue
+        else:
+            out.append(arg)
+    return out
+
+
+def floor_argv(host: InventoryHost) -> list[str]:
+    """The ssh command line ansible's ssh plugin runs for ``host`` in the scan (its ``SSH: EXEC``
+    line), with connection sharing off, running the floor's command instead of the module."""
+    hv, cfg = host.hostvars, _ansible_cfg()
+    ssh_args = hv.get("ansible_ssh_args") or os.environ.get("ANSIBLE_SSH_ARGS")
+    if ssh_args is None:
+        ssh_args = cfg.get("ssh_connection", "ssh_args", fallback=ANSIBLE_SSH_ARGS)
+    # connection sharing off first: ssh keeps the first value it is given for an option
+    argv = ["ssh", "-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    argv += _without_sharing(shlex.split(ssh_args))
+    if _setting(cfg, "ANSIBLE_HOST_KEY_CHECKING", "defaults", "host_key_checking", "True").lower() in FALSE:
+        argv += ["-o", "StrictHostKeyChecking=no"]
+    if hv.get("ansible_port"):
+        argv += ["-o", f"Port={hv['ansible_port']}"]
+    key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
+    if key:
+        argv += ["-o", f"IdentityFile={key}"]
+    argv += ["-o", "KbdInteractiveAuthentication=no",
+             "-o", "PreferredAuthentications=gssapi-with-mic,gssapi-keyex,hostbased,publickey",
+             "-o", "PasswordAuthentication=no"]  # fmt: skip
+    user = hv.get("ansible_user") or hv.get("ansible_ssh_user")
+    if user:
+        argv += ["-o", f"User={user}"]
+    argv += ["-o", f"ConnectTimeout={_setting(cfg, 'ANSIBLE_TIMEOUT', 'defaults', 'timeout', '10')}"]
+    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        argv += _without_sharing(shlex.split(str(hv.get(var) or "")))
+    argv += ["-o", "NumberOfPasswordPrompts=1"]
+    return [*argv, str(hv.get("ansible_host") or host.name), REMOTE_COMMAND]
+
+
+# --------------------------------------------------------------------------- the two runs
+
+
+class TargetCpu:
+    """The lab hosts' CPU time: ``usage_usec`` of the lab's cgroup parent (cgroup v2, or the unified
+    hierarchy of a hybrid machine)."""
+
+    def __init__(self, cgroup_parent: str) -> None:
+        candidates = [Path("/sys/fs/cgroup/unified", cgroup_parent, "cpu.stat"),
+                      Path("/sys/fs/cgroup", cgroup_parent, "cpu.stat")]  # fmt: skip
+        self.path = next((p for p in candidates if p.exists()), None)
+
+    def read(self) -> float | None:
+        if self.path is None:
+            return None
+        for line in self.path.read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+        return None
+
+
+def _measured(kind: str, target: TargetCpu, run: Callable[[], tuple[float, float]]) -> Sample:
+    before = target.read()
+    wall, cpu = run()
+    after = target.read()
+    spent = after - before if before is not None and after is not None else None
+    return Sample(kind=kind, wall_s=wall, cpu_s=cpu, target_cpu_s=spent)
+
+
+def run_floor(argvs: Sequence[Sequence[str]], parallel: int) -> tuple[float, float]:
+    """Every host's floor command, ``parallel`` at once: (wall s, controller CPU s of the ssh processes)."""
+
+    def one(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=FLOOR_TIMEOUT_S, check=False)  # fmt: skip
+
+    with _subreaper(), ThreadPoolExecutor(max_workers=parallel) as pool:
+        cpu0, t0 = _cpu(), time.monotonic()
+        done = list(pool.map(one, argvs))
+        wall, cpu = time.monotonic() - t0, _cpu() - cpu0
+    failed = [f"{p.args[-2]}: exit {p.returncode}: {p.stderr.strip()[-300:]}" for p in done if p.returncode]
+    if failed:
+        why = "\n  ".join(failed[:10])
+        raise BenchError(f"the floor failed on {len(failed)} of {len(done)} host(s):\n  {why}")
+    return wall, cpu
+
+
+def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None) -> tuple[float, float]:
+    """``fleetops scan`` once, cold: (wall s, controller CPU s); every host must be scanned."""
+    with tempfile.TemporaryDirectory(prefix="fleetops-bench-") as tmp:
+        report = Path(tmp) / "scan.json"
+        argv = scan_argv(inventory, report) + (["-l", limit] if limit else [])
+        timing, output = timed(argv, _ansible_env())
+        if timing.rc not in (0, 1) or not report.exists():
+            raise BenchError(f"fleetops scan exited {timing.rc}: {output.strip()[-2000:]}")
+        data = json.loads(report.read_text())
+    got: Mapping[str, Any] = data["hosts"]
+    bad = {h: (e["status"], e.get("msg"), e.get("errors")) for h, e in got.items()
+           if e["status"] != "ok" or e.get("errors")}  # fmt: skip
+    missing = sorted(set(hosts) - set(got))
+    if bad or missing:
+        raise BenchError(f"the scan did not get every host: missing {missing}; {json.dumps(bad)[:3000]}")
+    return timing.wall_s, timing.cpu_s
+
+
+# --------------------------------------------------------------------------- the lab
+
+
+def ensure_lab(lab: Lab, wanted: Sequence[str]) -> bool:
+    """Boot the lab's hosts when fewer than ``wanted`` are up; True when it booted the lab from nothing."""
+    running = {h.name for h in lab.status(probe_ssh=False) if h.running}
+    if set(wanted) <= running and lab.inventory_path().exists():
+        print(f"lab {lab.name}: {len(running)} host(s) already up", flush=True)
+        return False
+    if len(running) >= len(wanted):
+        raise BenchError(f"lab {lab.name} runs {len(running)} host(s) but not all of {wanted[0]} .. "
+                         f"{wanted[-1]}: fix it first (fleetops-lab --lab {lab.name} status)")  # fmt: skip
+    lab.up(len(wanted), progress=print)  # the lab raises fs.inotify.max_user_instances for large fleets
+    return not running
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _per_host(seconds: float | None, hosts: int, scale: float = 1.0, digits: int = 3) -> str:
+    return "n/a" if seconds is None else f"{seconds / hosts * scale:.{digits}f}"
+
+
+def median(samples: Sequence[Sample], kind: str) -> Sample:
+    mine = [s for s in samples if s.kind == kind]
+    targets = [s.target_cpu_s for s in mine if s.target_cpu_s is not None]
+    return Sample(
+        kind=kind,
+        wall_s=statistics.median(s.wall_s for s in mine),
+        cpu_s=statistics.median(s.cpu_s for s in mine),
+        target_cpu_s=statistics.median(targets) if len(targets) == len(mine) else None,
+    )
+
+
+def print_table(samples: Sequence[Sample], medians: Sequence[Sample], hosts: int) -> None:
+    runs: dict[str, int] = {}
+    rows: list[tuple[str, Sample]] = []
+    for s in samples:
+        runs[s.kind] = runs.get(s.kind, 0) + 1
+        rows.append((f"{s.kind} {runs[s.kind]}", s))
+    rows += [(f"median {m.kind}", m) for m in medians]
+    head = ("run", "wall s", "ctrl CPU s", "ctrl CPU s/host", "target CPU ms/host")
+    width = [max(len(label) for label, _ in rows), *(max(len(h), 8) for h in head[1:])]
+    print()
+    print("  ".join(f"{h:>{w}}" for h, w in zip(head, width, strict=True)))
+    for label, s in rows:
+        cells = (label, f"{s.wall_s:.2f}", f"{s.cpu_s:.2f}", _per_host(s.cpu_s, hosts),
+                 _per_host(s.target_cpu_s, hosts, 1000, 1))  # fmt: skip
+        print("  ".join(f"{c:>{w}}" for c, w in zip(cells, width, strict=True)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lab", default=None, help="the lab (default: $FLEETOPS_LAB, else the default lab)")
+    parser.add_argument("--hosts", type=int, default=GOAL_HOSTS, help=f"lab hosts (default: {GOAL_HOSTS})")
+    parser.add_argument("--runs", type=int, default=3, help="floor/scan pairs; the medians are reported")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs: at least 1")
+    if os.geteuid() != 0:
+        print("scan_floor: needs root (the lab boots systemd-nspawn hosts)", file=sys.stderr)
+        return 2
+    try:
+        lab = Lab(name=args.lab)
+    except LabError as exc:
+        parser.error(str(exc))
+    wanted = [host_name(i) for i in range(1, args.hosts + 1)]
+    forks = min(args.hosts, MAX_FORKS)  # what fleetops scan uses by default; the floor gets the same
+    print(f"scan_floor: fleetops scan vs the ssh floor on {args.hosts} host(s) of lab {lab.name}, "
+          f"{forks} at once, {args.runs} run(s) each, interleaved ({os.cpu_count()} CPUs on this "
+          "controller, which also runs the hosts)", flush=True)  # fmt: skip
+    booted = False
+    samples: list[Sample] = []
+    try:
+        booted = ensure_lab(lab, wanted)
+        inventory = lab.inventory_path()
+        listed = {h.name: h for h in load_hosts([inventory])}
+        missing = [h for h in wanted if h not in listed]
+        if missing:
+            raise BenchError(f"{inventory} lacks {missing}")
+        limit = None if set(listed) == set(wanted) else ",".join(wanted)
+        argvs = [floor_argv(listed[h]) for h in wanted]
+        print("floor, per host: " + shlex.join(argvs[0]), flush=True)
+        target = TargetCpu(lab.names.cgroup_parent)
+        if target.path is None:
+            print(f"  (no cpu.stat for the cgroup {lab.names.cgroup_parent}: no target CPU)", flush=True)
+        run_floor(argvs, forks)  # warm-up (untimed): guest page caches, and every host answers
+        run_scan(inventory, wanted, limit)
+        for i in range(args.runs):
+            samples.append(_measured("floor", target, lambda: run_floor(argvs, forks)))
+            samples.append(_measured("scan", target, lambda: run_scan(inventory, wanted, limit)))
+            f, s = samples[-2:]
+            print(f"  run {i + 1}: floor {f.wall_s:.2f} s, scan {s.wall_s:.2f} s ({s.wall_s / f.wall_s:.2f}x)",
+                  flush=True)  # fmt: skip
+    except (BenchError, LabError, UsageError) as exc:
+        print(f"scan_floor: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if booted:
+            with contextlib.suppress(LabError):
+                lab.down(progress=print)
+    floor, scan = median(samples, "floor"), median(samples, "scan")
+    print_table(samples, (floor, scan), args.hosts)
+    ratio, cpu_per_host = scan.wall_s / floor.wall_s, scan.cpu_s / args.hosts
+    print()
+    print(f"ratio {ratio:.2f}x the floor (goal <= {GOAL_RATIO:.1f}x), controller {cpu_per_host:.3f} CPU s/host "
+          f"(goal <= {GOAL_CPU_S_PER_HOST:g})")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({
+            "lab": lab.name, "hosts": args.hosts, "forks": forks, "runs": args.runs,
+            "samples": [asdict(s) for s in samples],
+            "median": {"floor": asdict(floor), "scan": asdict(scan)},
+            "ratio": ratio,
+            "controller_cpu_s_per_host": {"floor": floor.cpu_s / args.hosts, "scan": cpu_per_host},
+            "target_cpu_ms_per_host": {
+                m.kind: None if m.target_cpu_s is None else m.target_cpu_s / args.hosts * 1000
+                for m in (floor, scan)
+            },
+            "goal": {"ratio": GOAL_RATIO, "controller_cpu_s_per_host": GOAL_CPU_S_PER_HOST, "hosts": GOAL_HOSTS},
+        }, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
