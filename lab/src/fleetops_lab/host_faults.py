@@ -32,28 +32,34 @@ SCRIPT = "/usr/local/libexec/fleetops-lab/{name}-crash"
 _SCRIPT = """#!/bin/bash
 # fleetops lab fault: start a "container" in a fresh memory cgroup, write its state to disk
 # (page cache charged to that cgroup), then crash. The cgroup is removed; its page cache keeps
-# it alive as a zombie.
+# it alive as a zombie. Bash builtins only, but for one mkdir and one rmdir: on a VM lab host
+# (TCG, no KVM) every exec costs tens of milliseconds, and the loop restarts as fast as it can.
 set -eu
+own=
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
   # cgroup v2 (a VM lab host): the memory controller must be on in each parent's subtree_control.
   mem=/sys/fs/cgroup
-  own=$(awk -F: '$1 == "0" {{print $3}}' /proc/self/cgroup)
-  mkdir -p "$mem/{name}-tasks"
-  grep -qw memory "$mem/cgroup.subtree_control" || echo +memory > "$mem/cgroup.subtree_control"
-  grep -qw memory "$mem/{name}-tasks/cgroup.subtree_control" || echo +memory > "$mem/{name}-tasks/cgroup.subtree_control"
+  while IFS=: read -r hid _ path; do
+    if [ "$hid" = 0 ]; then own=$path; fi
+  done < /proc/self/cgroup
+  if [ ! -d "$mem/{name}-tasks" ]; then mkdir -p "$mem/{name}-tasks"; fi
+  for cg in "$mem" "$mem/{name}-tasks"; do
+    if [[ " $(< "$cg/cgroup.subtree_control") " != *" memory "* ]]; then echo +memory > "$cg/cgroup.subtree_control"; fi
+  done
 else
   mem=/sys/fs/cgroup/memory
   # The memory hierarchy is read-only inside an nspawn guest until remounted (a real host has it rw).
-  if awk '$5 == "/sys/fs/cgroup/memory" && $6 ~ /(^|,)ro(,|$)/ {{found=1}} END {{exit !found}}' /proc/self/mountinfo; then
-    mount -o remount,bind,rw "$mem"
-  fi
-  own=$(awk -F: '$2 == "memory" {{print $3}}' /proc/self/cgroup)
+  while read -r _ _ _ _ point opts _; do
+    if [ "$point" = "$mem" ] && [[ ",$opts," == *",ro,"* ]]; then mount -o remount,bind,rw "$mem"; fi
+  done < /proc/self/mountinfo
+  while IFS=: read -r _ ctrl path; do
+    if [[ ",$ctrl," == *",memory,"* ]]; then own=$path; fi
+  done < /proc/self/cgroup
 fi
-task=task-$(date +%s%N)
-mkdir -p "$mem/{name}-tasks" {data_dir}
-mkdir "$mem/{name}-tasks/$task"
+task=task-${{EPOCHREALTIME/./}}
+mkdir -p {data_dir} "$mem/{name}-tasks/$task"
 echo $$ > "$mem/{name}-tasks/$task/cgroup.procs"
-dd if=/dev/zero of={data_dir}/$task bs=1M count={mb} status=none
+printf '%*s' $(( {mb} * 1048576 )) '' > "{data_dir}/$task"
 if [ -f "$mem/cgroup.controllers" ]; then
   echo $$ > "$mem$own/cgroup.procs"
 else
