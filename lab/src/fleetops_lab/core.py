@@ -799,6 +799,7 @@ class Lab:
                 "root/.ssh/authorized_keys": (self.key_path.with_suffix(".pub").read_text(), 0o600),
                 "etc/ssh/ssh_host_ed25519_key": (key.read_text(), 0o600),
                 "etc/ssh/ssh_host_ed25519_key.pub": (key.with_suffix(".pub").read_text(), 0o644),
+                rootfs.SSHD_KEX_DROPIN[0]: (rootfs.SSHD_KEX_DROPIN[1], 0o644),
             },
         )
         self._boot_vm(name, spec)
@@ -827,6 +828,7 @@ class Lab:
         _guest_write(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
         pub = self.key_path.with_suffix(".pub").read_text()
         _guest_write(root, "root/.ssh/authorized_keys", pub, 0o600)
+        _guest_write(root, *rootfs.SSHD_KEX_DROPIN)
         key = root / "etc/ssh/ssh_host_ed25519_key"
         for path in (key, key.with_suffix(".pub")):
             if path.is_symlink() or path.exists():
