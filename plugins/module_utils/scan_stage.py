@@ -26,7 +26,8 @@ It prints one JSON object, ``{"fleetops_runner": STATE, ...}``:
 - ``failed``: the runner itself raised (``msg``, ``exception``); the task fails as a module's crash would.
 
 A new archive is unpacked into a private temporary folder and renamed into place, so a folder named
-``runner-<sha>`` is always complete; two first scans at once both unpack and one rename wins.
+``runner-<sha>`` is always complete; two first scans at once both unpack and one rename wins. Each use touches
+its folder; staging a new runner removes the others unused for 14 days and unpack folders killed runs left.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -42,10 +43,13 @@ import stat
 import sys
 import tarfile
 import tempfile
+import time
 import traceback
 
 CACHE = "~/.ansible/fleetops"
 PREFIX = "runner-"
+UNUSED_DAYS = 14  # another runner not used this long is removed when a new one is staged
+UNPACK_STALE_S = 3600  # an unpack folder this old was left by a killed run
 PACKAGE = "ansible_collections.fleetops.node.plugins.module_utils"
 
 
@@ -109,6 +113,10 @@ def stage(base, sha, blob):
     final = os.path.join(base, PREFIX + sha)
     if os.path.lexists(final):
         _private_dir(final)
+        try:
+            os.utime(final)  # in use: prune() keeps it
+        except OSError:
+            pass
         return final
     if blob is None:
         return None
@@ -129,7 +137,34 @@ def stage(base, sha, blob):
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
     _private_dir(final)
+    prune(base, final, time.time())
     return final
+
+
+def prune(base, keep, now):
+    """After staging a new runner: remove the other runners unused for ``UNUSED_DAYS`` (each use touches its
+    folder) and unpack folders a killed run left. A controller still on an older runner stages it again, and
+    one scanned within the window keeps it: two controller versions do not take turns re-sending theirs."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        if path == keep:
+            continue
+        if name.startswith(PREFIX):
+            age = UNUSED_DAYS * 86400
+        elif name.startswith(".unpack-"):
+            age = UNPACK_STALE_S
+        else:
+            continue
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and now - info.st_mtime > age:
+            shutil.rmtree(path, ignore_errors=True)  # a real folder of ours: never a link's target
 
 
 def run(folder, params):

@@ -260,3 +260,41 @@ def test_an_unpack_that_fails_leaves_no_temporary_folder(home: Path, monkeypatch
     with pytest.raises(scan_stage.Unusable, match="No space left on device"):
         scan_stage.stage(base, SHA, ARCHIVE)
     assert os.listdir(base) == []
+
+
+def test_staging_a_new_runner_prunes_runners_unused_for_two_weeks_and_stale_unpacks(
+    home: Path, tmp_path: Path
+) -> None:
+    cache = _cache(home)
+    cache.mkdir(mode=0o700)
+    old_day = 1_700_000_000  # long ago
+    stale, recent = cache / f"runner-{'a' * 64}", cache / f"runner-{'b' * 64}"
+    killed, fresh_unpack = cache / ".unpack-killed", cache / ".unpack-running"
+    for folder in (stale, recent, killed, fresh_unpack):
+        folder.mkdir(mode=0o700)
+        (folder / "x.py").write_text("")
+    os.utime(stale, (old_day, old_day))
+    os.utime(killed, (old_day, old_day))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("")
+    link = cache / f"runner-{'c' * 64}"
+    link.symlink_to(outside)
+    os.utime(link, (old_day, old_day), follow_symlinks=False)
+    other = cache / "notes.txt"  # not ours to judge
+    other.write_text("")
+    os.utime(other, (old_day, old_day))
+
+    reply = _ask(home, _request(blob=ARCHIVE))
+    assert reply["fleetops_runner"] == "ok"
+    left = sorted(os.listdir(cache))
+    assert left == sorted([f"runner-{SHA}", recent.name, fresh_unpack.name, link.name, other.name]), left
+    assert (outside / "keep").exists()  # a link is never followed
+
+
+def test_each_use_touches_the_runner_so_a_busy_one_is_never_pruned(home: Path) -> None:
+    _ask(home, _request(blob=ARCHIVE))
+    staged = _cache(home) / f"runner-{SHA}"
+    os.utime(staged, (1_700_000_000, 1_700_000_000))
+    assert _ask(home, _request())["fleetops_runner"] == "ok"
+    assert staged.stat().st_mtime > 1_700_000_000 + 86400
