@@ -14,9 +14,11 @@ functions, the C functions they call or the name comparisons alone, grows faster
 O(n) step in a per-host loop is a small part of the whole at these sizes, but not of its own count).
 
 Covered: a scan's whole controller side (runner events handled, report, partial file, Prometheus file,
-ndjson lines, progress, the summarised table), inventory listing, planning, merge, drift, and a rollout
-(engine, state saves, progress, ``fleetops report``'s table) in a fixed number of batches. Not covered:
-what happens in other processes (ansible-playbook, ansible-inventory) and ``remediate auto``'s pass.
+ndjson lines, progress, the summarised table), inventory listing, planning, merge, drift, a rollout
+(engine, state saves, progress, ``fleetops report``'s table) in a fixed number of batches, and two
+``remediate auto`` passes (decide, floors, budgets, brake, commit, its JSON document) with the state
+directory as the record. Not covered: what happens in other processes (ansible-playbook,
+ansible-inventory) and a pass's shared store (DynamoDB through moto: its requests).
 """
 
 from __future__ import annotations
@@ -309,7 +311,70 @@ def rollout_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[i
     return make
 
 
+def auto_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Callable[[], object]]:
+    """``remediate auto``'s pass (decide, floors, budgets, the brake, commit; the state directory as the
+    record) with the default policy over a fleet in three AZs: an ECC fault (quarantine), a crash-looping
+    unit (reboot) or zombie memcgs (reclaim) on every third host, every 37th unreachable; each action a
+    stand-in that succeeds. Two passes two hours apart, the second climbing the ladders the first left (its
+    own state directory for each size)."""
+    from fleetops import auto
+    from fleetops.exitcodes import ExitCode
+    from fleetops.policy import default_policy_path, load_policy
+
+    policy = load_policy(default_policy_path())
+    gpu = {"gpus": [{"index": 0, "ecc_uncorrected_volatile": 2}], "xid": []}
+    faults = (
+        {"check": "gpu_health", "severity": "critical", "summary": "ECC", "data": gpu},
+        {
+            "check": "crashloop_unit",
+            "severity": "critical",
+            "summary": "loop",
+            "data": {"unit": "ecs.service"},
+        },
+        {"check": "zombie_memcg", "severity": "warning", "summary": "zombies", "data": {}},
+    )
+
+    def host(i: int) -> dict[str, Any]:
+        if i % 37 == 0:
+            return {"status": "unreachable", "msg": "ssh: connect timed out"}
+        return {"status": "ok", "findings": [faults[(i // 3) % 3]] if i % 3 == 0 else []}
+
+    def act(action: str, hosts: Sequence[str], params: Any) -> auto.ActionRun:
+        done = frozenset(hosts)
+        return auto.ActionRun(action, tuple(hosts), params, attempted=done, done=done, exit_code=ExitCode.OK)
+
+    def make(n: int) -> Callable[[], object]:
+        hosts = names(n)
+        group_of = {h: AZS[i % 3] for i, h in enumerate(hosts)}
+        scan = {"hosts": {h: host(i) for i, h in enumerate(hosts)}}
+        state = tmp_path / f"auto{n}"
+
+        def run() -> object:
+            inputs = auto.PassInputs(
+                policy=policy,
+                policy_source="default",
+                scan_report=scan,
+                group_of=group_of,
+                state_dir=state,
+                apply=True,
+                fleet=group_of,
+            )
+            results = []
+            for hour in (0, 2):  # the second pass reads the first's ladders and ledger and climbs them
+                clock = 1_800_000_000.0 + hour * 3600
+                results.append(
+                    auto.run_pass(inputs, act, lambda text, style: None, clock=lambda at=clock: at)
+                )
+                results[-1].document()
+            return results
+
+        return run
+
+    return make
+
+
 CASES: dict[str, Callable[[Path, pytest.MonkeyPatch], Callable[[int], Callable[[], object]]]] = {
+    "auto": auto_case,
     "scan": scan_case,
     "inventory": inventory_case,
     "plan": plan_case,
