@@ -34,6 +34,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import contextlib
 import hashlib
 import io
 import json
@@ -113,10 +114,8 @@ def stage(base, sha, blob):
     final = os.path.join(base, PREFIX + sha)
     if os.path.lexists(final):
         _private_dir(final)
-        try:
+        with contextlib.suppress(OSError):
             os.utime(final)  # in use: prune() keeps it
-        except OSError:
-            pass
         return final
     if blob is None:
         return None
