@@ -3,16 +3,16 @@
 The floor is what no scan over ssh can beat: for every host, one fresh ssh connection that starts
 the host's Python and exits (``ssh HOST "python3 -c 'import os'"``), all hosts at once (as many at
 once as the scan's forks: every host up to 100), no connection reuse (``ControlMaster=no``,
-``ControlPath=none``), with the ssh options the scan itself uses for that host (the inventory's
-user, key, ``ansible_ssh_common_args``; ansible.cfg's ``ssh_args``, timeout and the options
-ansible's ssh plugin adds: the argv of its ``SSH: EXEC`` line, connection sharing off). Any host
-failing fails the benchmark.
+``ControlPath=none``), with the ssh command line the scan itself uses for that host
+(``fleetops.ansible.direct``: ansible's configuration and the host's variables, the options ansible's
+ssh plugin adds, connection sharing off). Any host failing fails the benchmark.
 
-The scan is ``fleetops scan --format json`` on the same hosts, cold each run (a fresh ssh
-control-path directory), as ``bench/scan_fleet.py`` runs it; it must exit 0 or 1 (findings) and
-report every host scanned.
+The scan is ``fleetops scan --format json --transport T`` on the same hosts, for each transport asked
+(``ansible``: ansible-playbook; ``ssh``: fleetops' own ssh commands), cold each run (a fresh ssh
+control-path directory), as ``bench/scan_fleet.py`` runs it; it must exit 0 or 1 (findings) and report
+every host scanned, none left to ansible-playbook by the ssh transport.
 
-The two are interleaved (floor, scan, floor, scan, ... ``--runs`` times, after one untimed warm-up
+They are interleaved (floor, each scan, floor, each scan, ... ``--runs`` times, after one untimed warm-up
 of each) and the medians reported: wall time, the ratio scan/floor, the controller's CPU seconds per
 host (the rusage of the whole process tree on this machine: ssh children and ControlPersist masters
 included; this process is their subreaper, see scan_fleet.py) and the lab hosts' CPU per host (the
@@ -23,13 +23,13 @@ Goal (issue 26): the scan <= 2.0x the floor at 50 hosts and <= 0.08 controller C
 prints the figures; it does not assert the goal. Needs root (the lab); boots the lab's hosts when
 fewer are up, and takes down only a lab it booted from nothing. Run it under the dev lock:
 
-    flock /run/fleetops-dev.lock python bench/scan_floor.py [--lab b1] [--hosts 50] [--runs 3] [--json FILE]
+    flock /run/fleetops-dev.lock python bench/scan_floor.py [--lab b1] [--hosts 50] [--runs 3]
+        [--transports ansible,ssh] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import configparser
 import contextlib
 import json
 import os
@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scan_fleet import BenchError, _ansible_env, _cpu, _subreaper, scan_argv, timed
 
+from fleetops.ansible import direct
 from fleetops.ansible.inventory import InventoryHost, load_hosts
 from fleetops.errors import UsageError
-from fleetops.scan import MAX_FORKS
+from fleetops.scan import MAX_FORKS, TRANSPORTS
 from fleetops_lab import Lab, LabError
 from fleetops_lab.core import host_name
 
@@ -60,9 +62,6 @@ GOAL_CPU_S_PER_HOST = 0.08
 GOAL_HOSTS = 50
 REMOTE_COMMAND = "python3 -c 'import os'"  # one string: ssh joins its argv with spaces
 FLOOR_TIMEOUT_S = 120
-ANSIBLE_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"  # ansible's default
-FALSE = ("false", "no", "0", "off")
-CONNECTION_SHARING = ("controlmaster", "controlpath", "controlpersist")
 
 
 @dataclass
@@ -76,61 +75,14 @@ class Sample:
 # --------------------------------------------------------------------------- the floor's ssh argv
 
 
-def _ansible_cfg() -> configparser.ConfigParser:
-    cfg = configparser.ConfigParser(interpolation=None)
-    cfg.read(_ansible_env()["ANSIBLE_CONFIG"])
-    return cfg
-
-
-def _setting(cfg: configparser.ConfigParser, env: str, section: str, key: str, default: str) -> str:
-    """An ansible setting: its environment variable, else ansible.cfg, else ansible's default."""
-    return (os.environ.get(env) or cfg.get(section, key, fallback="") or default).strip()
-
-
-def _without_sharing(args: Sequence[str]) -> list[str]:
-    """ssh options less those that share connections (ControlMaster, ControlPath, ControlPersist)."""
-    out: list[str] = []
-    it = iter(args)
-    for arg in it:
-        if arg == "-o":
-            opt = next(it, "")
-            if opt.split("=", 1)[0].strip().lower() not in CONNECTION_SHARING:
-                out += ["-o", opt]
-        elif arg.startswith("-o") and arg[2:].split("=", 1)[0].strip().lower() in CONNECTION_SHARING:
-            continue
-        else:
-            out.append(arg)
-    return out
-
-
-def floor_argv(host: InventoryHost) -> list[str]:
-    """The ssh command line ansible's ssh plugin runs for ``host`` in the scan (its ``SSH: EXEC``
-    line), with connection sharing off, running the floor's command instead of the module."""
-    hv, cfg = host.hostvars, _ansible_cfg()
-    ssh_args = hv.get("ansible_ssh_args") or os.environ.get("ANSIBLE_SSH_ARGS")
-    if ssh_args is None:
-        ssh_args = cfg.get("ssh_connection", "ssh_args", fallback=ANSIBLE_SSH_ARGS)
-    # connection sharing off first: ssh keeps the first value it is given for an option
-    argv = ["ssh", "-o", "ControlMaster=no", "-o", "ControlPath=none"]
-    argv += _without_sharing(shlex.split(ssh_args))
-    if _setting(cfg, "ANSIBLE_HOST_KEY_CHECKING", "defaults", "host_key_checking", "True").lower() in FALSE:
-        argv += ["-o", "StrictHostKeyChecking=no"]
-    if hv.get("ansible_port"):
-        argv += ["-o", f"Port={hv['ansible_port']}"]
-    key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
-    if key:
-        argv += ["-o", f"IdentityFile={key}"]
-    argv += ["-o", "KbdInteractiveAuthentication=no",
-             "-o", "PreferredAuthentications=gssapi-with-mic,gssapi-keyex,hostbased,publickey",
-             "-o", "PasswordAuthentication=no"]  # fmt: skip
-    user = hv.get("ansible_user") or hv.get("ansible_ssh_user")
-    if user:
-        argv += ["-o", f"User={user}"]
-    argv += ["-o", f"ConnectTimeout={_setting(cfg, 'ANSIBLE_TIMEOUT', 'defaults', 'timeout', '10')}"]
-    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        argv += _without_sharing(shlex.split(str(hv.get(var) or "")))
-    argv += ["-o", "NumberOfPasswordPrompts=1"]
-    return [*argv, str(hv.get("ansible_host") or host.name), REMOTE_COMMAND]
+def floor_argv(resolver: direct.Resolver, host: InventoryHost) -> list[str]:
+    """The ssh command line the scan itself uses for ``host`` (``fleetops.ansible.direct``: ansible's
+    configuration and the host's variables, the ssh plugin's options, connection sharing off), running the
+    floor's command instead of the runner."""
+    argv = list(resolver.target(host, FLOOR_TIMEOUT_S).argv)
+    if argv[0] != "ssh" and "ssh" not in Path(argv[0]).name:
+        raise BenchError(f"{host.name} is not reached over ssh: the floor is an ssh round trip")
+    return [*argv[:-1], REMOTE_COMMAND]
 
 
 # --------------------------------------------------------------------------- the two runs
@@ -180,11 +132,11 @@ def run_floor(argvs: Sequence[Sequence[str]], parallel: int) -> tuple[float, flo
     return wall, cpu
 
 
-def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None) -> tuple[float, float]:
-    """``fleetops scan`` once, cold: (wall s, controller CPU s); every host must be scanned."""
+def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None, transport: str) -> tuple[float, float]:
+    """``fleetops scan --transport T`` once, cold: (wall s, controller CPU s); every host must be scanned."""
     with tempfile.TemporaryDirectory(prefix="fleetops-bench-") as tmp:
         report = Path(tmp) / "scan.json"
-        argv = scan_argv(inventory, report) + (["-l", limit] if limit else [])
+        argv = scan_argv(inventory, report) + (["-l", limit] if limit else []) + ["--transport", transport]
         timing, output = timed(argv, _ansible_env())
         if timing.rc not in (0, 1) or not report.exists():
             raise BenchError(f"fleetops scan exited {timing.rc}: {output.strip()[-2000:]}")
@@ -193,6 +145,9 @@ def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None) -> tuple[
     bad = {h: (e["status"], e.get("msg"), e.get("errors")) for h, e in got.items()
            if e["status"] != "ok" or e.get("errors")}  # fmt: skip
     missing = sorted(set(hosts) - set(got))
+    by_ansible = (data.get("transport") or {}).get("by_ansible")
+    if by_ansible:
+        raise BenchError(f"--transport {transport} left hosts to ansible-playbook: {by_ansible}")
     if bad or missing:
         raise BenchError(f"the scan did not get every host: missing {missing}; {json.dumps(bad)[:3000]}")
     return timing.wall_s, timing.cpu_s
@@ -255,7 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=GOAL_HOSTS, help=f"lab hosts (default: {GOAL_HOSTS})")
     parser.add_argument("--runs", type=int, default=3, help="floor/scan pairs; the medians are reported")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS), metavar="T,..",
+                        help="the scan's transports to measure, each after the floor in every run "
+                        f"(default: {','.join(TRANSPORTS)})")  # fmt: skip
     args = parser.parse_args(argv)
+    transports = [t for t in args.transports.split(",") if t]
+    if not transports or set(transports) - set(TRANSPORTS):
+        parser.error(f"--transports: one or more of {', '.join(TRANSPORTS)}")
     if args.runs < 1:
         parser.error("--runs: at least 1")
     if os.geteuid() != 0:
@@ -280,19 +241,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             raise BenchError(f"{inventory} lacks {missing}")
         limit = None if set(listed) == set(wanted) else ",".join(wanted)
-        argvs = [floor_argv(listed[h]) for h in wanted]
+        resolver = direct.Resolver({}, connect_timeout=None)
+        argvs = [floor_argv(resolver, listed[h]) for h in wanted]
         print("floor, per host: " + shlex.join(argvs[0]), flush=True)
         target = TargetCpu(lab.names.cgroup_parent)
         if target.path is None:
             print(f"  (no cpu.stat for the cgroup {lab.names.cgroup_parent}: no target CPU)", flush=True)
-        run_floor(argvs, forks)  # warm-up (untimed): guest page caches, and every host answers
-        run_scan(inventory, wanted, limit)
+        run_floor(argvs, forks)  # warm-up (untimed): guest page caches, every host answers, runners staged
+        for transport in transports:
+            run_scan(inventory, wanted, limit, transport)
         for i in range(args.runs):
             samples.append(_measured("floor", target, lambda: run_floor(argvs, forks)))
-            samples.append(_measured("scan", target, lambda: run_scan(inventory, wanted, limit)))
-            f, s = samples[-2:]
-            print(f"  run {i + 1}: floor {f.wall_s:.2f} s, scan {s.wall_s:.2f} s ({s.wall_s / f.wall_s:.2f}x)",
-                  flush=True)  # fmt: skip
+            line = f"  run {i + 1}: floor {samples[-1].wall_s:.2f} s"
+            for transport in transports:
+                samples.append(_measured(f"scan {transport}", target, partial(run_scan, inventory, wanted, limit,
+                                                                              transport)))  # fmt: skip
+                line += f", scan {transport} {samples[-1].wall_s:.2f} s"
+            print(line, flush=True)
     except (BenchError, LabError, UsageError) as exc:
         print(f"scan_floor: {exc}", file=sys.stderr)
         return 1
@@ -300,22 +265,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if booted:
             with contextlib.suppress(LabError):
                 lab.down(progress=print)
-    floor, scan = median(samples, "floor"), median(samples, "scan")
-    print_table(samples, (floor, scan), args.hosts)
-    ratio, cpu_per_host = scan.wall_s / floor.wall_s, scan.cpu_s / args.hosts
+    floor = median(samples, "floor")
+    scans = [median(samples, f"scan {t}") for t in transports]
+    print_table(samples, (floor, *scans), args.hosts)
     print()
-    print(f"ratio {ratio:.2f}x the floor (goal <= {GOAL_RATIO:.1f}x), controller {cpu_per_host:.3f} CPU s/host "
-          f"(goal <= {GOAL_CPU_S_PER_HOST:g})")  # fmt: skip
+    for scan in scans:
+        print(f"{scan.kind}: ratio {scan.wall_s / floor.wall_s:.2f}x the floor (goal <= {GOAL_RATIO:.1f}x), "
+              f"controller {scan.cpu_s / args.hosts:.3f} CPU s/host (goal <= {GOAL_CPU_S_PER_HOST:g})")  # fmt: skip
     if args.json:
+        medians = [floor, *scans]
         args.json.write_text(json.dumps({
             "lab": lab.name, "hosts": args.hosts, "forks": forks, "runs": args.runs,
             "samples": [asdict(s) for s in samples],
-            "median": {"floor": asdict(floor), "scan": asdict(scan)},
-            "ratio": ratio,
-            "controller_cpu_s_per_host": {"floor": floor.cpu_s / args.hosts, "scan": cpu_per_host},
+            "median": {m.kind: asdict(m) for m in medians},
+            "ratio": {s.kind: s.wall_s / floor.wall_s for s in scans},
+            "controller_cpu_s_per_host": {m.kind: m.cpu_s / args.hosts for m in medians},
             "target_cpu_ms_per_host": {
-                m.kind: None if m.target_cpu_s is None else m.target_cpu_s / args.hosts * 1000
-                for m in (floor, scan)
+                m.kind: None if m.target_cpu_s is None else m.target_cpu_s / args.hosts * 1000 for m in medians
             },
             "goal": {"ratio": GOAL_RATIO, "controller_cpu_s_per_host": GOAL_CPU_S_PER_HOST, "hosts": GOAL_HOSTS},
         }, indent=2))  # fmt: skip

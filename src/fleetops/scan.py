@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from fleetops.ansible import facts
 from fleetops.ansible.facts import SCAN_ACTIONS
+from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
@@ -40,6 +41,7 @@ CONNECT_TIMEOUT_S = 10
 NOT_SCANNED_MSG = "no answer before the scan was interrupted"
 NO_RESULT_MSG = "no result: the scan ended without an answer from this host"
 PARTIAL_SCHEMA = "fleetops.scan.partial/v1"
+TRANSPORTS = ("ansible", "ssh")  # ScanOptions.transport
 
 
 @dataclass
@@ -58,6 +60,9 @@ class ScanOptions:
     extravars: dict[str, Any] = field(default_factory=dict)
     # --shard I/N: only the selected hosts that shard holds (fleetops.values.Shard), named exactly
     shard: Shard | None = None
+    # how hosts are reached: "ansible" (ansible-playbook, playbooks/scan.yml: what AWX runs) or "ssh" (one ssh
+    # command a host from this process, fleetops.ansible.direct; a host it cannot serve goes through ansible)
+    transport: str = "ansible"
 
     def runner_forks(self) -> int:
         return self.forks or MAX_FORKS
@@ -144,15 +149,23 @@ def build_report(
     targeted: Sequence[str] = (),
     shard: Shard | None = None,
     options: dict[str, Any] | None = None,
+    transport: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report; ``targeted`` hosts that have no result (an interrupted scan) show as not_scanned.
-    ``shard`` and ``options``, when given, are recorded (``fleetops merge`` reads them)."""
+    ``shard`` and ``options``, when given, are recorded (``fleetops merge`` reads them); ``transport``
+    (``--transport ssh`` only): the hosts ansible-playbook scanned instead, and why."""
     answered = {h: host_entry(run.results_for(h)) for h in run.hosts()}
     why = NOT_SCANNED_MSG if run.interrupted else NO_RESULT_MSG
     missing = {h: not_scanned_entry(why) for h in targeted if h not in answered}
     hosts = {h: (answered.get(h) or missing[h]) for h in sorted({**answered, **missing})}
     return report_document(
-        hosts, started=started, finished=finished, interrupted=run.interrupted, shard=shard, options=options
+        hosts,
+        started=started,
+        finished=finished,
+        interrupted=run.interrupted,
+        shard=shard,
+        options=options,
+        **({"transport": transport} if transport is not None else {}),
     )
 
 
@@ -214,6 +227,7 @@ def run_scan(
     on_host: Callable[[str, dict[str, Any]], None] | None = None,
     cancel: threading.Event | None = None,
     targets: Sequence[str] | None = None,
+    hosts: Sequence[InventoryHost] | None = None,
 ) -> dict[str, Any]:
     """Scan every targeted host in one playbook run and return the report.
 
@@ -225,6 +239,9 @@ def run_scan(
     hosts, already selected; None: the inventory is listed for them), each shown in the report,
     ``not_scanned`` when it gave no answer; a shard that holds none of them is an empty report,
     nothing run (an empty selection never means all).
+
+    With ``opts.transport == "ssh"`` the hosts (``hosts``: the listed targets with their variables; None:
+    listed here) are scanned by ``fleetops.ansible.direct``, and those it cannot serve by the playbook.
     """
     started = time.time()
     limit = opts.limit
@@ -248,8 +265,8 @@ def run_scan(
         if on_host is not None and (tr.action in SCAN_ACTIONS or tr.status in ("unreachable", "failed")):
             on_host(tr.host, host_entry([tr]))
 
-    try:
-        run = run_playbook(
+    def playbook(limit: str | None) -> PlaybookRun:
+        return run_playbook(
             RunnerOptions(
                 playbook=SCAN_PLAYBOOK,
                 inventory=opts.inventory,
@@ -261,6 +278,14 @@ def run_scan(
             on_result=on_result,
             cancel=cancel,
         )
+
+    transport: dict[str, Any] | None = None
+    try:
+        if opts.transport == "ssh":
+            run, by_ansible = _run_direct(opts, playbook, on_result, cancel, targets, hosts)
+            transport = {"name": "ssh", "by_ansible": by_ansible}
+        else:
+            run = playbook(limit)
     finally:
         if limit_dir is not None:
             shutil.rmtree(limit_dir, ignore_errors=True)
@@ -277,7 +302,52 @@ def run_scan(
         targeted=targeted,
         shard=opts.shard,
         options=opts.record(),
+        transport=transport,
     )
+
+
+def _run_direct(
+    opts: ScanOptions,
+    playbook: Callable[[str | None], PlaybookRun],
+    on_result: Callable[[TaskResult], None],
+    cancel: threading.Event | None,
+    targets: Sequence[str] | None,
+    hosts: Sequence[InventoryHost] | None,
+) -> tuple[PlaybookRun, dict[str, str]]:
+    """The scan over ssh from this process, and the hosts it could not serve -> why: those went through
+    ``playbook`` (one run, limited to them), their results joined in."""
+    from fleetops.ansible import direct
+    from fleetops.ansible.inventory import load_hosts
+
+    listed = list(hosts) if hosts is not None else load_hosts(opts.inventory, opts.limit)
+    if targets is not None:
+        wanted = set(targets)
+        listed = [h for h in listed if h.name in wanted]
+    done = direct.run(
+        listed,
+        opts.playbook_vars(),
+        forks=opts.runner_forks(),
+        host_timeout=opts.host_timeout or 365 * 86400,
+        connect_timeout=opts.connect_timeout(),
+        on_result=on_result,
+        cancel=cancel,
+    )
+    run = done.run
+    if not done.fallback:
+        return run, {}
+    limit_dir = tempfile.mkdtemp(prefix="fleetops-fallback-")  # 0700
+    try:
+        atomic_write(Path(limit_dir, "limit"), "\n".join(done.fallback))
+        rest = playbook(f"@{Path(limit_dir, 'limit')}")
+    finally:
+        shutil.rmtree(limit_dir, ignore_errors=True)
+    for host, results in rest.tasks.items():
+        run.tasks.setdefault(host, []).extend(results)
+    run.warnings.extend(rest.warnings)
+    run.interrupted = run.interrupted or rest.interrupted
+    if rest.status != "successful":
+        run.status, run.rc = rest.status, rest.rc
+    return run, dict(sorted(done.fallback.items()))
 
 
 def targeted_hosts(opts: ScanOptions) -> list[str]:

@@ -430,6 +430,13 @@ class MergedFrom(_Open):
     notes: list[str] = Field(default_factory=list)
 
 
+class ScanTransport(_Open):
+    """``fleetops scan --transport ssh``: the hosts ansible-playbook scanned instead, and why."""
+
+    name: Literal["ssh"]
+    by_ansible: dict[HostName, str] = Field(default_factory=dict)
+
+
 class ScanReport(_Open):
     """``fleetops scan -o FILE`` / ``--format json`` / ``fleetops merge``: what ``drift --from`` and
     ``merge`` read."""
@@ -444,6 +451,7 @@ class ScanReport(_Open):
     merged: MergedFrom | None = Field(
         default=None, description="fleetops merge: absent in a scan's own report"
     )
+    transport: ScanTransport | None = Field(default=None, description="--transport ssh only")
     hosts: dict[str, ScanHost]
     summary: ScanSummary
     interrupted: bool = False

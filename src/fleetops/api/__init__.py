@@ -177,8 +177,8 @@ def scan(
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
     listed = _targets(inventories, request.limit, None)
     targets = shard_hosts([h.name for h in listed], request.shard)
+    held = set(targets)
     if on_targets is not None:
-        held = set(targets)
         on_targets([h for h in listed if h.name in held])
     # the request's scan options (None: the module's default; only what the caller set reaches the
     # playbook), with the inventories resolved and its own copy of the extra vars
@@ -211,7 +211,9 @@ def scan(
             on_host(host, entry)
 
     try:
-        report_ = run_scan(opts, on_host=seen, cancel=cancel, targets=targets)
+        report_ = run_scan(
+            opts, on_host=seen, cancel=cancel, targets=targets, hosts=[h for h in listed if h.name in held]
+        )
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written

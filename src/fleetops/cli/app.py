@@ -41,7 +41,7 @@ from fleetops.cli.args import (
 )
 from fleetops.cli.errors import run_main
 from fleetops.errors import UsageError
-from fleetops.scan import MAX_FORKS
+from fleetops.scan import MAX_FORKS, TRANSPORTS
 from fleetops.util import DAY_S, HOUR_S
 
 _Parser = Parser  # the name tests and older callers use
@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds one host may take, connecting included: a host that does not answer ssh is "
         "unreachable after min(S/2, ansible's timeout of 10) s (default: 120; 0: no limit)",
+    )
+    scan.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="ansible",
+        help="how hosts are reached: ansible (ansible-playbook runs playbooks/scan.yml, as AWX does) or ssh "
+        "(one ssh command a host from fleetops itself, the same runner and results, less controller CPU; "
+        "a host it cannot serve, such as one needing become, goes through ansible-playbook) (default: ansible)",
     )
     scan.add_argument(
         "--shard",
@@ -246,6 +254,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         output=args.output,
         prometheus=args.prometheus,
         shard=args.shard,
+        transport=args.transport,
     )
     for spec in args.extra_vars:
         request.extravars.update(parse_extra_vars(spec))
