@@ -14,7 +14,8 @@ functions, the C functions they call or the name comparisons alone, grows faster
 O(n) step in a per-host loop is a small part of the whole at these sizes, but not of its own count).
 
 Covered: a scan's whole controller side (runner events handled, report, partial file, Prometheus file,
-ndjson lines, progress, the summarised table), inventory listing, planning, merge, drift, a rollout
+ndjson lines, progress, the summarised table), the same over ``--transport ssh`` (each host's ssh command
+resolved from ansible's configuration, its options validated, its answer read), inventory listing, planning, merge, drift, a rollout
 (engine, state saves, progress, ``fleetops report``'s table) in a fixed number of batches, and two
 ``remediate auto`` passes (decide, floors, budgets, brake, commit, its JSON document) with the state
 directory as the record. Not covered: what happens in other processes (ansible-playbook,
@@ -192,6 +193,54 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
             stream.finish(result.report)
             render_scan(result.report, console, groups=groups)
             return result
+
+        return run
+
+    return make
+
+
+def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Callable[[], object]]:
+    """``api.scan`` with ``--transport ssh``: each host's ssh command resolved from ansible's configuration
+    and its variables, its options validated, its answer turned into the report; the ssh processes stood in
+    for (every host answers the runner's reply) and the thread pool run inline (profiling sees one
+    thread)."""
+    from fleetops import api
+    from fleetops.ansible import direct
+    from fleetops.ansible.inventory import InventoryHost
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all: {}\n")
+    fleet: dict[str, list[InventoryHost]] = {}
+    result = {k: v for k, v in entry(1).items() if k in ("findings", "facts", "errors", "checks")}
+    reply = json.dumps({"fleetops_runner": "ok", "result": {**result, "duration_ms": 1.0}}).encode()
+
+    class Inline:
+        def __init__(self, max_workers: int) -> None:
+            del max_workers
+
+        def __enter__(self) -> Inline:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+            return [fn(item) for item in items]
+
+    monkeypatch.setattr(direct._Calls, "run", lambda self, argv, data, timeout: (0, reply, b""))
+    monkeypatch.setattr(direct, "ThreadPoolExecutor", Inline)
+    monkeypatch.setattr(api, "_targets", lambda inventories, limit, group_by: list(fleet["hosts"]))
+
+    def make(n: int) -> Callable[[], object]:
+        def hostvars(i: int) -> dict[str, Any]:
+            return {"ansible_host": f"10.0.{i // 200}.{i % 200 + 1}", "ansible_user": "root",
+                    "ansible_ssh_private_key_file": "/keys/fleet", "fleetops_az": AZS[i % 3]}  # fmt: skip
+
+        fleet["hosts"] = [InventoryHost(h, AZS[i % 3], hostvars=hostvars(i)) for i, h in enumerate(names(n))]
+
+        def run() -> object:
+            request = api.ScanRequest(inventory=[inventory], output=tmp_path / "r.json", transport="ssh")
+            return api.scan(request, cancel=threading.Event())
 
         return run
 
@@ -376,6 +425,7 @@ def auto_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
 CASES: dict[str, Callable[[Path, pytest.MonkeyPatch], Callable[[int], Callable[[], object]]]] = {
     "auto": auto_case,
     "scan": scan_case,
+    "scan-ssh": scan_ssh_case,
     "inventory": inventory_case,
     "plan": plan_case,
     "merge": merge_case,
@@ -406,7 +456,7 @@ def test_controller_work_grows_linearly_with_the_fleet(
 ) -> None:
     make = CASES[case](tmp_path, monkeypatch)
     make(10)()  # imports and first-use caches, outside what is counted
-    sizes = SMALLER if case in ("scan", "rollout") else SIZES
+    sizes = SMALLER if case in ("scan", "scan-ssh", "rollout") else SIZES
     counts = [operations(make(n)) for n in sizes]
     total = growth(counts)
     steep = steepest(counts, sizes)
