@@ -89,6 +89,13 @@ def test_become_is_sudos_never_interactive_with_the_plugins_user_and_flags() -> 
     )
     assert target.argv[-1].startswith("sudo -H -S -n -u gpu python3 -I -S -c ")  # -n added: never a prompt
     assert _resolver().target(_host(ansible_become=False), 60).argv[-1].startswith("python3 -I -S -c ")
+    # root to root: ansible skips become (BECOME_ALLOW_SAME_USER is off), and so does this
+    assert (
+        _resolver()
+        .target(_host(ansible_user="root", ansible_become=True), 60)
+        .argv[-1]
+        .startswith("python3 ")
+    )
 
 
 def test_the_options_come_from_the_knobs_extra_vars_first_and_are_typed() -> None:

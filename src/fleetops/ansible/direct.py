@@ -175,9 +175,14 @@ class Resolver:
             raise Unsupported("become with a password")
         if any(_template(o.get(k)) for k in ("become_exe", "become_flags", "become_user")):
             raise Unsupported("a become setting is a template")
+        user = str(o.get("become_user") or "root")
+        remote_user = self.config.get_plugin_options("connection", "ssh", variables=dict(variables)).get(
+            "remote_user"
+        )
+        if user == remote_user and not self.config.get_config_value("BECOME_ALLOW_SAME_USER"):
+            return []  # ansible skips become to the user it already is (root to root), unless told not to
         flags = shlex.split(str(o.get("become_flags") or ""))
-        return [str(o.get("become_exe") or "sudo"), *flags, *([] if "-n" in flags else ["-n"]), "-u",
-                str(o.get("become_user") or "root")]  # fmt: skip
+        return [str(o.get("become_exe") or "sudo"), *flags, *([] if "-n" in flags else ["-n"]), "-u", user]
 
     def ssh_argv(self, name: str, variables: Mapping[str, Any]) -> list[str]:
         """The ssh plugin's command line for this host (``_build_command``), connection sharing off."""
