@@ -26,7 +26,6 @@ ran: ``runner`` or ``module``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 
@@ -35,7 +34,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible.utils.vars import merge_hash
-from ansible_collections.fleetops.node.plugins.module_utils import health
+from ansible_collections.fleetops.node.plugins.module_utils import health, scan_stage
 
 display = Display()
 
@@ -100,10 +99,7 @@ class ActionModule(ActionBase):
             if reply.get("exception"):
                 result["exception"] = reply["exception"]
             return result
-        checks = reply["result"]
-        fact = dict((key, checks[key]) for key in ("facts", "findings", "errors", "checks"))
-        result.update(checks)
-        result.update(changed=False, ansible_facts={"fleetops_node_health": fact}, fleetops_path="runner")
+        result.update(health.module_result(reply["result"]), fleetops_path="runner")
         if _inject_invocation(task_vars):
             result["invocation"] = {"module_args": params}
         return result
@@ -149,7 +145,7 @@ class ActionModule(ActionBase):
     def _runner(self, params, task_vars):
         """The stage's reply (a dict), sending the archive when the host lacks it; None when no reply."""
         blob, sha, source = PAYLOAD
-        header = json.dumps({"sha": sha, "params": params}).encode("utf-8") + b"\n"
+        header = scan_stage.request(sha, params)
         environment = self._compute_environment_string()
         cmd = "%s%s -I -S -c %s" % (
             environment + " " if environment else "",
@@ -163,12 +159,9 @@ class ActionModule(ActionBase):
 
     def _call(self, cmd, data):
         out = self._low_level_execute_command(cmd, in_data=data)
-        try:
-            reply = json.loads(out["stdout"].strip().splitlines()[-1])
-        except (ValueError, IndexError):
+        reply = scan_stage.parse_reply(out["stdout"])
+        if reply is None:
             display.vvv("node_health: no reply from the runner (rc %s): %s" % (out["rc"], out["stderr"][-500:]))
-            return None
-        if not isinstance(reply, dict) or "fleetops_runner" not in reply:
             return None
         if reply["fleetops_runner"] == "failed" and out["stderr"]:
             reply["msg"] = "%s (stderr: %s)" % (reply.get("msg", ""), out["stderr"][-500:])

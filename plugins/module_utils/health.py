@@ -342,6 +342,14 @@ ARGUMENT_SPEC = dict(
 DEFAULTS = dict((key, spec.get("default")) for key, spec in ARGUMENT_SPEC.items())
 
 
+def module_result(result):
+    """node_health's task result for run_checks' ``result``: the result itself, unchanged (read-only), and as a
+    facts module the same data under the one fact ``fleetops_node_health`` (the module, its action's runner
+    path and ``fleetops scan --transport ssh`` all answer this)."""
+    fact = dict((key, result[key]) for key in ("facts", "findings", "errors", "checks"))
+    return dict(result, changed=False, ansible_facts={"fleetops_node_health": fact})
+
+
 def run_checks(params):
     """The module's result (without ``changed``) for validated ``params`` (missing keys take defaults)."""
     params = dict(DEFAULTS, **params)

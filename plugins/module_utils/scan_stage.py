@@ -202,6 +202,22 @@ def answer(data):
         return {"fleetops_runner": "failed", "msg": "the runner failed: %s" % err, "exception": traceback.format_exc()}
 
 
+def request(sha, params):
+    """The header line a caller sends (the archive, when the host asked for it, follows it)."""
+    return json.dumps({"sha": sha, "params": dict(params)}).encode("utf-8") + b"\n"
+
+
+def parse_reply(stdout):
+    """The stage's reply in a command's standard output (text): its last line as a dict with
+    ``fleetops_runner``, or None (no Python, a Python that cannot run the stage, anything else)."""
+    lines = stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) and "fleetops_runner" in reply else None
+
+
 def main():
     reply = answer(sys.stdin.buffer.read())
     sys.stdout.write(json.dumps(reply) + "\n")

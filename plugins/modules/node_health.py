@@ -478,10 +478,8 @@ def main():
     if problem:
         module.fail_json(msg="Failed to validate node_health options: %s" % problem)
     params = dict(module.params, _run=module.run_command, _docker=module.get_bin_path("docker"))
-    result = run_checks(params)
     # As a facts module (facts_modules / gather_facts) the same data lands under one namespaced fact.
-    fact = dict((key, result[key]) for key in ("facts", "findings", "errors", "checks"))
-    module.exit_json(changed=False, ansible_facts={"fleetops_node_health": fact}, **result)
+    module.exit_json(**health.module_result(run_checks(params)))
 
 
 if __name__ == "__main__":

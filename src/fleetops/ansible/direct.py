@@ -27,7 +27,6 @@ that wants a password). AWX, and every remediation, run through ansible.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -269,14 +268,6 @@ class _Calls:
                 proc.kill()
 
 
-def _reply(out: bytes) -> dict[str, Any] | None:
-    try:
-        reply = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-    return reply if isinstance(reply, dict) and "fleetops_runner" in reply else None
-
-
 def scan_host(target: Target, calls: _Calls, sha: str, archive: bytes) -> TaskResult | str:
     """One host's task result, or why ansible-playbook must scan it (a string)."""
 
@@ -285,9 +276,10 @@ def scan_host(target: Target, calls: _Calls, sha: str, archive: bytes) -> TaskRe
                           duration=time.monotonic() - started)  # fmt: skip
 
     started = time.monotonic()
+    health, stage = module_utils("health"), module_utils("scan_stage")
     if target.params is None:
         return result("failed", {"failed": True, "msg": target.problem})
-    header = json.dumps({"sha": sha, "params": dict(target.params)}).encode() + b"\n"
+    header = stage.request(sha, target.params)
     reply = None
     for data in (header, header + archive):
         left = target.timeout - (time.monotonic() - started)
@@ -302,7 +294,7 @@ def scan_host(target: Target, calls: _Calls, sha: str, archive: bytes) -> TaskRe
         if rc == UNREACHABLE_RC and target.ssh:
             msg = f"Failed to connect to the host via ssh: {stderr[-STDERR_TAIL:]}"
             return result("unreachable", {"unreachable": True, "msg": msg})
-        reply = _reply(out)
+        reply = stage.parse_reply(out.decode("utf-8", "replace"))
         if reply is None:
             return f"the runner gave no answer (rc {rc}): {stderr[-STDERR_TAIL:]}"
         if reply["fleetops_runner"] != "missing":
@@ -310,10 +302,7 @@ def scan_host(target: Target, calls: _Calls, sha: str, archive: bytes) -> TaskRe
     assert reply is not None
     state = reply["fleetops_runner"]
     if state == "ok":
-        checks = dict(reply["result"])
-        fact = {k: checks[k] for k in ("facts", "findings", "errors", "checks")}
-        return result("ok", {**checks, "changed": False, "ansible_facts": {"fleetops_node_health": fact},
-                             "fleetops_path": "runner"})  # fmt: skip
+        return result("ok", {**health.module_result(reply["result"]), "fleetops_path": "runner"})
     if state == "failed":
         return result("failed", {"failed": True, "msg": reply.get("msg", "the runner failed")})
     return f"the runner answered {state}: {reply.get('msg', '')}"
