@@ -226,3 +226,11 @@ def test_the_runner_cache_is_used_as_the_action_uses_it(tmp_path: Path) -> None:
     _scan(inventory, "ssh")
     resolver = _resolver()
     assert (home / f"runner-{resolver.sha}").is_dir()
+
+
+def test_a_host_address_that_looks_like_an_option_stays_the_destination() -> None:
+    """A hostile inventory's ``ansible_host: -oProxyCommand=...``: after ``--`` ssh takes it as the host to
+    reach (and fails to), never as an option."""
+    argv = list(_resolver().target(_host(ansible_host="-oProxyCommand=touch /tmp/owned"), 60).argv)
+    assert argv[argv.index("--") + 1] == "-oProxyCommand=touch /tmp/owned"
+    assert argv.index("--") == len(argv) - 3
