@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="ansible",
         help="how hosts are reached: ansible (ansible-playbook runs playbooks/scan.yml, as AWX does) or ssh "
         "(one ssh command a host from fleetops itself, the same runner and results, less controller CPU; "
-        "a host it cannot serve, such as one needing become, goes through ansible-playbook) (default: ansible)",
+        "a host it cannot serve, such as one needing a become password or another connection type, goes through "
+        "ansible-playbook, in the same scan) (default: ansible)",
     )
     scan.add_argument(
         "--shard",
