@@ -131,27 +131,24 @@ class ActionModule(ActionBase):
 
     def _interpreter(self, task_vars):
         """The host's Python as the module would use it: ``ansible_python_interpreter``, else the configured
-        interpreter, else the one discovered earlier, else ``python3`` on the PATH (no discovery round trip:
-        a host without it gets the module, which discovers)."""
+        interpreter, else the one discovered earlier, else "" (``scan_stage.command``: ``python3`` on the PATH;
+        no discovery round trip: a host without it gets the module, which discovers)."""
         name = task_vars.get("ansible_python_interpreter")
         if name is None:
             name = C.config.get_config_value("INTERPRETER_PYTHON", variables=task_vars)
         name = str(self._templar.template(name)) if name else ""
         if not name or name.startswith("auto"):
             facts = task_vars.get("ansible_facts") or {}
-            name = str(facts.get("discovered_interpreter_python") or "python3")
-        return " ".join(shlex.quote(part) for part in shlex.split(name))
+            name = str(facts.get("discovered_interpreter_python") or "")
+        return name
 
     def _runner(self, params, task_vars):
         """The stage's reply (a dict), sending the archive when the host lacks it; None when no reply."""
         blob, sha, source = PAYLOAD
         header = scan_stage.request(sha, params)
         environment = self._compute_environment_string()
-        cmd = "%s%s -I -S -c %s" % (
-            environment + " " if environment else "",
-            self._interpreter(task_vars),
-            shlex.quote(source),
-        )
+        argv = scan_stage.command(self._interpreter(task_vars), source)
+        cmd = (environment + " " if environment else "") + " ".join(shlex.quote(part) for part in argv)
         reply = self._call(cmd, header)
         if reply is not None and reply.get("fleetops_runner") == "missing":
             reply = self._call(cmd, header + blob)

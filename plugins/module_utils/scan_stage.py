@@ -39,6 +39,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import stat
 import sys
@@ -200,6 +201,13 @@ def answer(data):
         return run(folder, params)
     except Exception as err:  # pylint: disable=broad-except
         return {"fleetops_runner": "failed", "msg": "the runner failed: %s" % err, "exception": traceback.format_exc()}
+
+
+def command(interpreter, source):
+    """The argv that runs this stage: the host's Python (``interpreter``, split as a shell would; empty or
+    ``auto*``: ``python3`` on the PATH), isolated and without site-packages, with ``source``."""
+    parts = shlex.split(interpreter) if interpreter and not interpreter.startswith("auto") else ["python3"]
+    return parts + ["-I", "-S", "-c", source]
 
 
 def request(sha, params):

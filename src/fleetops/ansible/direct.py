@@ -113,6 +113,7 @@ class Resolver:
         self.extravars = dict(extravars)
         self.connect_timeout = connect_timeout
         self.health = module_utils("health")
+        self.stage = module_utils("scan_stage")
         self.validator = ArgumentSpecValidator(self.health.ARGUMENT_SPEC)
         action = load("plugins.action.node_health")
         if action.PAYLOAD is None:
@@ -130,7 +131,11 @@ class Resolver:
         connection = str(variables.get("ansible_connection") or get("DEFAULT_TRANSPORT", variables=variables))
         if connection not in SSH_CONNECTIONS | LOCAL_CONNECTIONS:
             raise Unsupported(f"connection {connection}")
-        become = self.become(variables, local=connection in LOCAL_CONNECTIONS)
+        local = connection in LOCAL_CONNECTIONS
+        ssh_options = (
+            {} if local else self.config.get_plugin_options("connection", "ssh", variables=dict(variables))
+        )
+        become = self.become(variables, local, ssh_options.get("remote_user"))
         interpreter = variables.get("ansible_python_interpreter") or get(
             "INTERPRETER_PYTHON", variables=variables
         )
@@ -138,21 +143,19 @@ class Resolver:
             interpreter = sys.executable  # ansible-playbook's own Python: this environment's
         if _template(interpreter):
             raise Unsupported("ansible_python_interpreter is a template")
-        interpreter = str(interpreter or "")
-        parts = ["python3"] if not interpreter or interpreter.startswith("auto") else shlex.split(interpreter)
-        if connection in LOCAL_CONNECTIONS:
-            argv: tuple[str, ...] = (*parts, "-I", "-S", "-c", self.source)
+        stage = self.stage.command(str(interpreter or ""), self.source)
+        if local:
+            argv: tuple[str, ...] = tuple(stage)
         else:
-            remote = " ".join(shlex.quote(p) for p in [*become, *parts, "-I", "-S", "-c", self.source])
-            argv = (*self.ssh_argv(host.name, variables), remote)
+            remote = " ".join(shlex.quote(p) for p in [*become, *stage])
+            argv = (*self.ssh_argv(host.name, variables, ssh_options), remote)
         timeout = variables.get("fleetops_host_timeout", default_timeout)
         if _template(timeout):
             raise Unsupported("fleetops_host_timeout is a template")
         params, problem = self.params(variables)
-        ssh = connection in SSH_CONNECTIONS
-        return Target(host.name, argv, ssh, params, float(timeout), problem)
+        return Target(host.name, argv, not local, params, float(timeout), problem)
 
-    def become(self, variables: Mapping[str, Any], local: bool) -> list[str]:
+    def become(self, variables: Mapping[str, Any], local: bool, remote_user: Any) -> list[str]:
         """The sudo command line before the host's Python ([]: no become), as the sudo become plugin's
         options say (user, flags), always non-interactive (``-n``: a sudo that wants a password gives no
         answer, and ansible-playbook scans that host)."""
@@ -175,17 +178,14 @@ class Resolver:
         if any(_template(o.get(k)) for k in ("become_exe", "become_flags", "become_user")):
             raise Unsupported("a become setting is a template")
         user = str(o.get("become_user") or "root")
-        remote_user = self.config.get_plugin_options("connection", "ssh", variables=dict(variables)).get(
-            "remote_user"
-        )
         if user == remote_user and not self.config.get_config_value("BECOME_ALLOW_SAME_USER"):
             return []  # ansible skips become to the user it already is (root to root), unless told not to
         flags = shlex.split(str(o.get("become_flags") or ""))
         return [str(o.get("become_exe") or "sudo"), *flags, *([] if "-n" in flags else ["-n"]), "-u", user]
 
-    def ssh_argv(self, name: str, variables: Mapping[str, Any]) -> list[str]:
-        """The ssh plugin's command line for this host (``_build_command``), connection sharing off."""
-        o = self.config.get_plugin_options("connection", "ssh", variables=dict(variables))
+    def ssh_argv(self, name: str, variables: Mapping[str, Any], o: Mapping[str, Any]) -> list[str]:
+        """The ssh plugin's command line for this host (``_build_command``) from its options ``o``
+        (``get_plugin_options``), connection sharing off."""
         if o.get("password") or o.get("private_key") or o.get("pkcs11_provider"):
             raise Unsupported("a password, a key given as text or a PKCS#11 provider")
         if any(_template(o.get(k)) for k in ("host", "remote_user", "port", "private_key_file", "ssh_args",
