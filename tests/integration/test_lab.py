@@ -137,7 +137,7 @@ def test_up_boots_ssh_ready_hosts_with_systemd_as_pid_1(lab: Lab) -> None:
         assert facts[2] == host.name
         assert facts[3].split() == [host.ip]
         assert "default" not in "\n".join(facts[4:])  # no default route: nothing hangs on DNS
-        # sshd offers the cheap key exchange only (fleetops_lab.rootfs.SSHD_KEX_DROPIN)
+        # sshd offers the cheap key exchange only (fleetops_lab.rootfs.SSHD_DROPIN)
         kex = lab.run(host.name, "sshd -T | grep -i '^kexalgorithms '", timeout=30, check=True).stdout.split()
         assert kex == ["kexalgorithms", "curve25519-sha256,curve25519-sha256@libssh.org"], kex
 

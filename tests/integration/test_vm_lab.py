@@ -92,7 +92,7 @@ def test_up_vm_boots_vms_with_their_own_kernel_that_answer_ssh(lab: Lab) -> None
         assert hosts[name].kind == "vm" and hosts[name].running and hosts[name].ssh_ok, hosts[name]
         out = lab.run(name, "hostname; stat -fc %T /sys/fs/cgroup; systemctl is-system-running", check=True)
         assert out.stdout.split() == [name, "cgroup2fs", "running"], out.stdout
-        # the identity disk brought sshd's cheap key exchange too (fleetops_lab.rootfs.SSHD_KEX_DROPIN)
+        # the identity disk brought sshd's cheap key exchange too (fleetops_lab.rootfs.SSHD_DROPIN)
         kex = lab.run(name, "sshd -T | grep -i '^kexalgorithms '", check=True).stdout.split()
         assert kex == ["kexalgorithms", "curve25519-sha256,curve25519-sha256@libssh.org"], kex
     # Their own kernels: different boot ids from each other and from this machine.

@@ -63,6 +63,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         vm_memory_mib=args.vm_memory,
         vm_cgroup=args.vm_cgroup,
         slurm=args.slurm,
+        addresses=args.addresses,
+        dead=args.dead,
     )
     print(_table(hosts))
     return 0
@@ -271,6 +273,24 @@ def add_commands[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P])
         help="the hosts form a Slurm 22.05 cluster: slurmctld on lab-01, slurmd and munged on every host, "
         "a munged of the lab's on this machine for scontrol (SLURM_CONF=<state>/slurm/slurm.conf; the "
         "inventory's fleetops_slurm_conf); the first use installs Slurm into a cached layer",
+    )
+    up.add_argument(
+        "--addresses",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a simulated fleet: each host answers ssh on K addresses of its own (1 .. 999, routed over the "
+        "bridge from the lab's alias /19), and the inventory lists the N x K addresses as hosts lab-01-a001 .. "
+        "instead of the N hosts; an alias is its host (same faults, same CPU). Container hosts and the static "
+        "inventory only (fleetops_lab.aliases)",
+    )
+    up.add_argument(
+        "--dead",
+        type=int,
+        default=0,
+        metavar="D",
+        help="with --addresses: D more inventory hosts lab-dead-001 .. whose addresses are blackholed, so ssh "
+        "waits out its connect timeout as it does for an instance that is gone",
     )
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     up.set_defaults(func=cmd_up)

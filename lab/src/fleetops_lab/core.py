@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from fleetops_lab import _system as system
+from fleetops_lab import aliases as lab_aliases
 from fleetops_lab import ec2 as lab_ec2
 from fleetops_lab import image as lab_image
 from fleetops_lab import rootfs
@@ -285,8 +286,14 @@ class Lab:
         vm_memory_mib: int = lab_vm.DEFAULT_MEMORY_MIB,
         vm_cgroup: Sequence[int] = (2,),
         slurm: bool = False,
+        addresses: int = 0,
+        dead: int = 0,
     ) -> list[LabHost]:
         """Ensure exactly hosts lab-01 .. lab-<count> run and answer ssh; return them. Idempotent.
+
+        ``addresses``: a simulated fleet (fleetops_lab.aliases): each host answers on that many addresses of
+        its own and the inventory lists those (``lab-01-a001`` ..) instead of the hosts; ``dead`` more
+        addresses (``lab-dead-001`` ..) answer nothing. Container hosts and the static inventory only.
 
         ``slurm``: the hosts form a Slurm cluster (fleetops_lab.slurm): slurmctld on lab-01, slurmd and
         munged on every host, a munged of the lab's on this machine for its scontrol; ready when every
@@ -314,11 +321,18 @@ class Lab:
             )
         if slurm and vm:
             raise LabError("Failed to start the lab: --slurm runs on container hosts only, not with --vm")
+        wanted = [host_name(i) for i in range(1, count + 1)]
+        fleet = lab_aliases.plan(self.names.alias_network, wanted, addresses, dead)
+        if addresses and (vm or slurm or ec2):
+            raise LabError(
+                "Failed to start the lab: --addresses simulates a fleet on container hosts with the static "
+                "inventory: not with --vm, --slurm or --ec2"
+            )
         self._preflight("start the lab")
         say = progress or (lambda _line: None)
         started = time.monotonic()
         with self._locked():
-            self._check_subnet("start the lab")  # before anything is written
+            self._check_subnet("start the lab", with_aliases=bool(addresses))  # before anything is written
             self._claim("start the lab")
             base = rootfs.ensure_rootfs(self.cache_dir, say)
             lower = str(base)
@@ -329,7 +343,6 @@ class Lab:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.hosts_dir.mkdir(exist_ok=True)
             self._ensure_key()
-            wanted = [host_name(i) for i in range(1, count + 1)]
             if slurm:
                 hosts = [(n, self.host_ip(n)) for n in wanted]
                 cluster = (lab_slurm.config(hosts), lab_slurm.ensure_key(self.state_dir))
@@ -371,7 +384,7 @@ class Lab:
                     )
                 )
                 self._parallel(lambda n: self._start_host(n, lower, specs.get(n), cluster), start)
-            self._write_known_hosts(wanted)
+            self._write_known_hosts(wanted, fleet)
             self._parallel(
                 lambda n: self._wait_ssh(n, max(timeout, VM_SSH_TIMEOUT_S) if n in specs else timeout, say),
                 wanted,
@@ -381,7 +394,8 @@ class Lab:
                 lab_slurm.wait_ready(self.run, wanted, say)
             else:
                 lab_slurm.stop_controller(self.state_dir, forget=True)
-            self._write_inventory(wanted, slurm=cluster is not None)
+            self._apply_aliases(fleet)
+            self._write_inventory(wanted, slurm=cluster is not None, fleet=fleet)
             if ec2:
                 lab_ec2.up(
                     self.state_dir,
@@ -423,7 +437,12 @@ class Lab:
                 raise LabError(f"Failed to remove the lab's cgroups: still in use: {left[0]}")
             rootfs.cleanup_stale_builds(self.cache_dir)
             for state_dir in state_dirs:
-                for path in (state_dir / "inventory.yml", state_dir / "known_hosts"):
+                # the alias routes went with the bridge and the namespaces
+                for path in (
+                    state_dir / "inventory.yml",
+                    state_dir / "known_hosts",
+                    state_dir / "aliases.json",
+                ):
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
                 with contextlib.suppress(OSError):
@@ -718,15 +737,53 @@ class Lab:
             what="create the lab's ssh key",
         )
 
-    def _check_subnet(self, verb: str) -> None:
+    def _check_subnet(self, verb: str, with_aliases: bool = False) -> None:
         """Refuse a subnet that overlaps an address or route this machine has on another link (another
         lab, or a network of the machine's own): two bridges with one subnet would split its hosts."""
-        clash = system.subnet_clash(self.names.network, self.names.bridge)
-        if clash:
-            raise LabError(
-                f"Failed to {verb}: the lab {self.names.name!r} needs {self.names.network}, which clashes with "
-                f"{clash}; choose another lab name (FLEETOPS_LAB / --lab)"
-            )
+        networks = [self.names.network] + ([self.names.alias_network] if with_aliases else [])
+        for network in networks:
+            clash = system.subnet_clash(network, self.names.bridge)
+            if clash:
+                raise LabError(
+                    f"Failed to {verb}: the lab {self.names.name!r} needs {network}, which clashes with "
+                    f"{clash}; choose another lab name (FLEETOPS_LAB / --lab)"
+                )
+
+    @property
+    def _aliases_record(self) -> Path:
+        return self.state_dir / "aliases.json"
+
+    def _apply_aliases(self, fleet: lab_aliases.AliasPlan) -> None:
+        """Route the simulated fleet's addresses (fleetops_lab.aliases), replacing what an earlier ``up`` routed.
+
+        Recorded before the first route is added, so an ``up`` after a killed one clears what it left."""
+        net, record = str(fleet.network), self._aliases_record
+        if record.exists() or fleet.addresses:
+            system.run_cmd(["ip", "route", "flush", "root", net], what="clear the alias routes", check=False)
+            for host in fleet.hosts:
+                ns = self._netns(host)
+                for table in ("local", "main"):
+                    system.run_cmd(["ip", "-n", ns, "route", "flush", "table", table, "root", net],
+                                   what=f"clear the alias routes of {host}", check=False)  # fmt: skip
+        if not fleet.addresses:
+            record.unlink(missing_ok=True)
+            return
+        system.write_text_atomic(
+            record, json.dumps({"addresses": fleet.addresses, "dead": fleet.dead}) + "\n"
+        )
+        bridge = self.names.bridge
+        for i, host in enumerate(fleet.hosts):
+            for prefix in fleet.host_prefixes(i):
+                system.run_cmd(["ip", "-n", self._netns(host), "route", "replace", "local", str(prefix), "dev", "lo"],
+                               what=f"give {host} its addresses")  # fmt: skip
+                system.run_cmd(["ip", "route", "replace", str(prefix), "via", self.host_ip(host), "dev", bridge],
+                               what=f"route the addresses of {host}")  # fmt: skip
+        sink = fleet.hosts[0]
+        for prefix in fleet.dead_prefixes():
+            system.run_cmd(["ip", "-n", self._netns(sink), "route", "replace", "blackhole", str(prefix)],
+                           what="blackhole the dead addresses")  # fmt: skip
+            system.run_cmd(["ip", "route", "replace", str(prefix), "via", self.host_ip(sink), "dev", bridge],
+                           what="route the dead addresses")  # fmt: skip
 
     def _ensure_bridge(self) -> None:
         bridge = self.names.bridge
@@ -799,7 +856,7 @@ class Lab:
                 "root/.ssh/authorized_keys": (self.key_path.with_suffix(".pub").read_text(), 0o600),
                 "etc/ssh/ssh_host_ed25519_key": (key.read_text(), 0o600),
                 "etc/ssh/ssh_host_ed25519_key.pub": (key.with_suffix(".pub").read_text(), 0o644),
-                rootfs.SSHD_KEX_DROPIN[0]: (rootfs.SSHD_KEX_DROPIN[1], 0o644),
+                rootfs.SSHD_DROPIN[0]: (rootfs.SSHD_DROPIN[1], 0o644),
             },
         )
         self._boot_vm(name, spec)
@@ -828,7 +885,7 @@ class Lab:
         _guest_write(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
         pub = self.key_path.with_suffix(".pub").read_text()
         _guest_write(root, "root/.ssh/authorized_keys", pub, 0o600)
-        _guest_write(root, *rootfs.SSHD_KEX_DROPIN)
+        _guest_write(root, *rootfs.SSHD_DROPIN)
         key = root / "etc/ssh/ssh_host_ed25519_key"
         for path in (key, key.with_suffix(".pub")):
             if path.is_symlink() or path.exists():
@@ -908,14 +965,16 @@ class Lab:
                 f"Failed to start the supervisor of {name}: exit {rc}:\n{system.tail(log_path, 10)}"
             )
 
-    def _write_known_hosts(self, names: Sequence[str]) -> None:
+    def _write_known_hosts(self, names: Sequence[str], fleet: lab_aliases.AliasPlan | None = None) -> None:
+        extra = fleet.by_host() if fleet is not None else {}
         lines = []
         for name in names:
             pub_path = self._host_dir(name) / "merged/etc/ssh/ssh_host_ed25519_key.pub"
             if (self._host_dir(name) / "vm.json").exists():
                 pub_path = self._host_dir(name) / "ssh_host_ed25519_key.pub"
             pub = pub_path.read_text().split()
-            lines.append(f"{name},{self.host_ip(name)} {pub[0]} {pub[1]}\n")
+            patterns = ",".join([name, self.host_ip(name), *extra.get(name, ())])
+            lines.append(f"{patterns} {pub[0]} {pub[1]}\n")
         system.write_text_atomic(self.known_hosts_path, "".join(lines))
 
     def _probe_ssh(self, name: str) -> bool:
@@ -974,14 +1033,25 @@ class Lab:
         """The lab's EC2 inventory (``fleetops.node.ec2`` over the local moto endpoint), after ``up(ec2=True)``."""
         return lab_ec2.inventory_path(self.state_dir)
 
-    def _write_inventory(self, names: Sequence[str], slurm: bool = False) -> None:
+    def _write_inventory(
+        self, names: Sequence[str], slurm: bool = False, fleet: lab_aliases.AliasPlan | None = None
+    ) -> None:
         hosts = {n: {"ansible_host": self.host_ip(n), "fleetops_az": host_az(n)} for n in names}
+        members_of = {az: [n for n in names if host_az(n) == az] for az in AZS}
+        if fleet is not None and fleet.addresses:  # the simulated fleet's hosts instead of the lab's
+            listed = fleet.aliases()
+            hosts = {}
+            members_of = {az: [] for az in AZS}
+            for j, alias in enumerate(listed):
+                az = host_az(alias.host) if alias.host else AZS[j % len(AZS)]
+                hosts[alias.name] = {"ansible_host": alias.ip, "fleetops_az": az}
+                members_of[az].append(alias.name)
         group_vars: dict[str, str] = dict(self.ssh_vars())
         if slurm:  # where this machine's scontrol finds the lab's cluster (quarantine's Slurm backend)
             group_vars["fleetops_slurm_conf"] = str(lab_slurm.controller_conf_path(self.state_dir))
         children: dict[str, object] = {GROUP: {"hosts": hosts, "vars": group_vars}}
         for az in AZS:
-            members = [n for n in names if host_az(n) == az]
+            members = members_of[az]
             if members:
                 children["az_" + az.replace("-", "_")] = {"hosts": {n: {} for n in members}}
         text = "# Written by 'fleetops-lab up'; removed by 'fleetops-lab down'.\n" + yaml.safe_dump(

@@ -32,6 +32,9 @@ RUN_DIR = Path("/run/fleetops")
 STATE_ROOT = Path("/var/lib/fleetops")
 # Named labs' subnets: 16 x 256 /24s, 10.214.0.0/24 .. 10.229.255.0/24 (the default lab is 10.213.0.0/24).
 _NAMED_FIRST_OCTET2, _NAMED_SPAN = 214, 16 * 256
+# Simulated fleets' addresses (fleetops_lab.aliases): a /19 of RFC 6598's shared space, 100.64.0.0/10 (512 /19s);
+# the default lab takes the first, a named lab one of the other 511 by a hash of its name.
+_ALIAS_SPACE, _ALIAS_PREFIXLEN = ipaddress.IPv4Network("100.64.0.0/10"), 19
 AZS = ("lab-1a", "lab-1b")
 
 
@@ -41,6 +44,7 @@ class LabNames:
 
     name: str  # "default" or the lab's name
     network: ipaddress.IPv4Network  # a /24: the bridge is .1, hosts as host_ip says
+    alias_network: ipaddress.IPv4Network  # a /19 routed over the bridge: a simulated fleet's addresses
     bridge: str
     link_prefix: str  # + "v"/"p"/"t" + the host's number: veth (this side), veth peer, VM tap
     netns_prefix: str  # + the host's number
@@ -105,6 +109,7 @@ def lab_names(name: str | None = None) -> LabNames:
         return LabNames(
             name=name,
             network=ipaddress.IPv4Network("10.213.0.0/24"),
+            alias_network=_alias_network(0),
             bridge="fleetops0",
             link_prefix="fleetops-",
             netns_prefix="fleetops-lab-",
@@ -115,11 +120,13 @@ def lab_names(name: str | None = None) -> LabNames:
             owner_file=RUN_DIR / "lab.json",
             default_state_dir=STATE_ROOT / "lab",
         )
-    slot = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % _NAMED_SPAN
+    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    slot = digest % _NAMED_SPAN
     octet2, octet3 = _NAMED_FIRST_OCTET2 + slot // 256, slot % 256
     return LabNames(
         name=name,
         network=ipaddress.IPv4Network(f"10.{octet2}.{octet3}.0/24"),
+        alias_network=_alias_network(1 + digest % (2 ** (_ALIAS_PREFIXLEN - _ALIAS_SPACE.prefixlen) - 1)),
         bridge=f"fo{name}-br",
         link_prefix=f"fo{name}-",
         netns_prefix=f"fleetops-lab{name}-",
@@ -130,6 +137,11 @@ def lab_names(name: str | None = None) -> LabNames:
         owner_file=RUN_DIR / f"lab{name}.json",
         default_state_dir=STATE_ROOT / f"lab{name}",
     )
+
+
+def _alias_network(slot: int) -> ipaddress.IPv4Network:
+    size = 2 ** (32 - _ALIAS_PREFIXLEN)
+    return ipaddress.IPv4Network((int(_ALIAS_SPACE.network_address) + slot * size, _ALIAS_PREFIXLEN))
 
 
 def labs_on_this_machine() -> list[str]:
