@@ -5,10 +5,12 @@ apart, and bad sizes refused in one line before anything is touched."""
 from __future__ import annotations
 
 import ipaddress
+import itertools
+from pathlib import Path
 
 import pytest
 
-from fleetops_lab import LabError
+from fleetops_lab import Lab, LabError
 from fleetops_lab import aliases as lab_aliases
 from fleetops_lab.names import lab_names
 
@@ -47,7 +49,7 @@ def test_the_inventory_interleaves_hosts_and_spreads_the_dead() -> None:
     listed = plan.aliases()
     assert [a.name for a in listed[:3]] == ["lab-01-a001", "lab-02-a001", "lab-03-a001"]
     where = [i for i, a in enumerate(listed) if a.host is None]
-    gaps = [b - a for a, b in zip(where, where[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(where)]
     assert min(gaps) >= 49 and max(gaps) <= 51, gaps  # one in every 50, not a run at the end
     assert where[0] < 50 and len(listed) - where[-1] <= 50
 
@@ -76,3 +78,22 @@ def test_labs_alias_networks_are_apart_from_each_other_and_from_their_subnets() 
     assert all(n.prefixlen == 19 and n.subnet_of(ipaddress.IPv4Network("100.64.0.0/10")) for n in nets)
     assert len(set(nets)) == len(nets), "two labs that run side by side share an alias network"
     assert not any(a.overlaps(n.network) for a in nets for n in names)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"vm": 1}, "not with --vm, --slurm or --ec2"),
+        ({"slurm": True}, "not with --vm, --slurm or --ec2"),
+        ({"ec2": True}, "not with --vm, --slurm or --ec2"),
+        ({"addresses": 0, "dead": 2}, "--dead needs --addresses"),
+    ],
+)
+def test_up_refuses_a_simulated_fleet_it_cannot_build_before_touching_anything(
+    kwargs: dict[str, object], words: str, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(LabError) as err:
+        Lab(state_dir=state, name="zz").up(2, **{"addresses": 2, **kwargs})  # type: ignore[arg-type]
+    assert words in str(err.value)
+    assert not state.exists()  # refused before the lock, the state dir or a single host

@@ -51,6 +51,7 @@ SECONDS = {
     "test_scan_shards_lab.py": 22,
     "test_lab_named.py": 20,
     "test_lab.py": 17,
+    "test_lab_aliases_lab.py": 15,  # 2026-12-05, alone
     "test_scan_zombies.py": 16,
     "test_lab_ec2.py": 10,
     "test_preflight_lab.py": 8,

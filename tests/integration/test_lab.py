@@ -140,6 +140,11 @@ def test_up_boots_ssh_ready_hosts_with_systemd_as_pid_1(lab: Lab) -> None:
         # sshd offers the cheap key exchange only (fleetops_lab.rootfs.SSHD_DROPIN)
         kex = lab.run(host.name, "sshd -T | grep -i '^kexalgorithms '", timeout=30, check=True).stdout.split()
         assert kex == ["kexalgorithms", "curve25519-sha256,curve25519-sha256@libssh.org"], kex
+        # ... and takes many connections at once (a simulated fleet's host is many inventory hosts)
+        starts = lab.run(
+            host.name, "sshd -T | grep -i '^maxstartups '", timeout=30, check=True
+        ).stdout.split()
+        assert starts == ["maxstartups", "1000:30:1000"], starts
 
     inventory = yaml.safe_load(lab.inventory_path().read_text())
     children = inventory["all"]["children"]
