@@ -327,8 +327,8 @@ def ablation(lab: Lab, hosts: int) -> list[tuple[str, Timing]]:
         rows.append(
             ("  ControlPersist off", run_playbook(inventory, pb, forks, {"ANSIBLE_SSH_ARGS": no_persist}))
         )
-        linear = _variant_playbook(tmp, "linear", strategy="ansible.builtin.linear")
-        rows.append(("  linear strategy", run_playbook(inventory, linear, forks)))
+        free = _variant_playbook(tmp, "free", strategy="ansible.builtin.free")
+        rows.append(("  free strategy", run_playbook(inventory, free, forks)))
         facts = _variant_playbook(tmp, "facts", gather_facts=True)
         rows.append(("  fact gathering on", run_playbook(inventory, facts, forks)))
         if len(yaml.safe_load(SCAN_PLAYBOOK.read_text())) > 1:

@@ -155,3 +155,71 @@ def test_the_module_switch_and_async_choose_the_module(
         assert "fleetops_path" not in result and result["finished"] == 1
     else:
         assert result["fleetops_path"] == path
+
+
+PROBE = """
+import gc
+import os
+
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        result.update(changed=False, frozen=gc.get_freeze_count(), pid=os.getpid(), parent=os.getppid())
+        return result
+"""
+FORK_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Probe a worker forked before node_health was ever loaded
+      freeze_probe:
+      register: before
+    - name: Load node_health in the strategy (its options are bad, so it fails at once, in its worker)
+      fleetops.node.node_health:
+        checks: [no_such_check]
+      ignore_errors: true
+    - name: Probe a worker forked after
+      freeze_probe:
+      register: after
+    - name: Keep both
+      ansible.builtin.copy:
+        content: "{{ {'before': before, 'after': after} | to_json }}"
+        dest: "{out}"
+"""
+
+
+def test_the_workers_forked_after_node_health_is_loaded_inherit_a_frozen_heap(tmp_path: Path) -> None:
+    """The strategy imports node_health's action in ansible-playbook's main process; its fork hook freezes the
+    collector's objects for each worker forked from then on (a worker's collector then never walks, and so
+    never copies, the main's heap) and unfreezes them in the main, whose collector goes on as before."""
+    (tmp_path / "action_plugins").mkdir()
+    (tmp_path / "action_plugins" / "freeze_probe.py").write_text(PROBE)
+    out = tmp_path / "probe.json"
+    play = tmp_path / "fork.yml"
+    play.write_text(FORK_PLAY.replace("{out}", str(out)))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
+        "HOME": str(tmp_path),
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
+    }
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    probes = json.loads(out.read_text())
+    before, after = probes["before"], probes["after"]
+    assert before["parent"] == after["parent"] != after["pid"]  # both forked by the one main process
+    # what Python itself keeps frozen from its start (375 objects on 3.12): the worker before node_health had no more
+    start = subprocess.run([sys.executable, "-c", "import gc; print(gc.get_freeze_count())"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert before["frozen"] == int(start), (before, after)  # nothing more until node_health is loaded
+    assert after["frozen"] > int(start) + 10_000, (
+        after
+    )  # the main's objects (tens of thousands), inherited frozen
