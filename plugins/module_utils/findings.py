@@ -98,7 +98,10 @@ def fmt_rate(value):
 
 def which(name):
     """The path of an executable ``name`` on PATH or in SYSTEM_BIN_DIRS, or None (AnsibleModule.get_bin_path
-    for callers that run without a module: tests, bench/gpu_health_probe.py)."""
+    for callers that run without a module: tests, bench/gpu_health_probe.py, the host's runner). A name with a
+    folder in it is checked as it is."""
+    if os.path.dirname(name):
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
     for folder in os.environ.get("PATH", "").split(os.pathsep) + list(SYSTEM_BIN_DIRS):
         path = os.path.join(folder or ".", name)
         if os.path.isfile(path) and os.access(path, os.X_OK):

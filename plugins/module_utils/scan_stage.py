@@ -35,18 +35,15 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import contextlib
-import hashlib
-import io
 import json
 import os
-import shlex
-import shutil
 import stat
 import sys
-import tarfile
-import tempfile
 import time
-import traceback
+
+# hashlib, io, shutil, tarfile and tempfile (staging), traceback (a crash) and shlex (the controller's side)
+# are imported where they are used: a scan of a host with its runner staged needs none of them, and every
+# import here is paid by every host on every scan (about 6 ms of the host's CPU for these)
 
 CACHE = "~/.ansible/fleetops"
 PREFIX = "runner-"
@@ -91,6 +88,10 @@ def cache_dir():
 def _unpack(blob, into):
     """Write the archive's folders and regular files under ``into``; anything else, or a path that leaves
     ``into``, refuses the archive."""
+    import io
+    import shutil
+    import tarfile
+
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as archive:
         for member in archive.getmembers():
             name = member.name
@@ -120,6 +121,11 @@ def stage(base, sha, blob):
         return final
     if blob is None:
         return None
+    import hashlib
+    import shutil
+    import tarfile
+    import tempfile
+
     if hashlib.sha256(blob).hexdigest() != sha:
         raise Unusable("the runner archive does not match its sha256 (%d bytes): refused" % len(blob))
     work = tempfile.mkdtemp(prefix=".unpack-", dir=base)
@@ -164,6 +170,8 @@ def prune(base, keep, now):
         except OSError:
             continue
         if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and now - info.st_mtime > age:
+            import shutil
+
             shutil.rmtree(path, ignore_errors=True)  # a real folder of ours: never a link's target
 
 
@@ -200,12 +208,16 @@ def answer(data):
     try:
         return run(folder, params)
     except Exception as err:  # pylint: disable=broad-except
+        import traceback
+
         return {"fleetops_runner": "failed", "msg": "the runner failed: %s" % err, "exception": traceback.format_exc()}
 
 
 def command(interpreter, source):
     """The argv that runs this stage: the host's Python (``interpreter``, split as a shell would; empty or
     ``auto*``: ``python3`` on the PATH), isolated and without site-packages, with ``source``."""
+    import shlex
+
     parts = shlex.split(interpreter) if interpreter and not interpreter.startswith("auto") else ["python3"]
     return parts + ["-I", "-S", "-c", source]
 

@@ -26,15 +26,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetops import auto as auto_mod
 from fleetops import paths
 from fleetops.ansible import facts
 from fleetops.ansible.inventory import load_hosts
 from fleetops.api.launch import execute as _execute
 from fleetops.api.launch import leave_out_gone, plan_hosts, start_listed
 from fleetops.api.launch import selected as _selected
+from fleetops.api.launch import shared_store as open_store
 from fleetops.api.launch import start as _start  # noqa: F401  (tests plan a rollout without running it)
 from fleetops.api.launch import targets as _targets
 from fleetops.api.requests import (
@@ -71,9 +71,7 @@ from fleetops.api.requests import (
 from fleetops.api.signals import STOP_MESSAGE, PassSignals, ctrl_c
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.nodes import read_nodes
 from fleetops.planner import MaxParallel
-from fleetops.policy import SPENT_TAG_KEY, TAG_KEY, Policy, default_policy_path, load_policy
 from fleetops.remediations import REMEDIATIONS
 from fleetops.remediations import get as get_remediation
 from fleetops.rollout import guards
@@ -84,8 +82,14 @@ from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, 
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator, state_home
 from fleetops.scan import PartialReport, ScanOptions, run_scan, shard_hosts, write_report
-from fleetops.store import open_store
 from fleetops.util import check_writable
+
+if TYPE_CHECKING:
+    from fleetops import auto as auto_mod
+    from fleetops.policy import Policy
+
+# fleetops.auto, the policy and the node states (pydantic models: ~0.2 s of imports) are imported by the
+# verbs that run a pass, not by every command: a scan starts without them
 
 __all__ = [
     "REMEDIATIONS",
@@ -174,6 +178,10 @@ def scan(
         why = check_writable(out_path) if out_path is not None else None
         if why:
             raise UsageError(f"cannot write {out_path}: {why}")
+    if request.transport == "ssh":
+        from fleetops.ansible import direct
+
+        direct.warm()  # ansible's configuration and plugins load while ansible-inventory lists the hosts
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
     listed = _targets(inventories, request.limit, None)
     targets = shard_hosts([h.name for h in listed], request.shard)
@@ -318,6 +326,9 @@ def auto(
 ) -> AutoResult:
     """One pass: scan, decide per host by the policy, run each action's rollout, remember (with
     ``apply``). ``fleetops.auto`` says what a pass does and what its exit code means."""
+    from fleetops import auto as auto_mod
+    from fleetops.policy import default_policy_path, load_policy
+
     obs = observer if observer is not None else NullObserver()
     policy_path = request.policy if request.policy is not None else default_policy_path()
     policy = load_policy(policy_path)
@@ -344,6 +355,9 @@ def auto(
 
 def _tag_targets(hosts: Sequence[Any]) -> dict[str, auto_mod.TagTarget]:
     """Each EC2 host's instance and the ladder and budgets spent its fleetops.io tags show."""
+    from fleetops import auto as auto_mod
+    from fleetops.policy import SPENT_TAG_KEY, TAG_KEY
+
     hostvars = {h.name: h.hostvars for h in hosts}
     tags: dict[str, auto_mod.TagTarget] = {}
     for host, target in lease_targets(hosts).items():
@@ -366,6 +380,9 @@ def _auto(
     handle_signals: bool,
     signals: PassSignals,
 ) -> AutoResult:
+    from fleetops import auto as auto_mod
+    from fleetops.nodes import read_nodes
+
     inventories = paths.resolve_inventories(request.inventory)
     listing = _selected(inventories, request.limit, request.group_by)
     hosts = listing.hosts
@@ -565,6 +582,7 @@ def lift_brake(request: LiftBrakeRequest) -> StoreResult:
     """Lift the storm brake on a rule: in the shared store (when the inventory names one) and in the
     state directory; audited (the audit log, and the store's). UsageError for a rule the brake never
     names (no such brake anywhere)."""
+    from fleetops import auto as auto_mod
     from fleetops.rollout.audit import audit_event
 
     who = operator()

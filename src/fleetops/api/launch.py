@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetops import paths
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, InventoryTargets, load_targets
@@ -34,7 +35,17 @@ from fleetops.rollout.state import (
     RolloutError,
     new_rollout,
 )
-from fleetops.store import Store, StoreFailure, open_store
+
+if TYPE_CHECKING:
+    from fleetops.store import Store
+
+
+def shared_store(inventory: Sequence[Path]) -> Store | None:
+    """The inventory's shared store (``fleetops.store.open_store``), imported here: the store brings the
+    policy's ledger (pydantic models), which only a rollout that acts needs, not a scan or a plan."""
+    from fleetops.store import open_store
+
+    return open_store(inventory)
 
 
 def _selection(inventories: Sequence[Path], limit: str | None) -> str:
@@ -235,6 +246,7 @@ def with_pause(
     read (nothing disruptive without it)."""
     if store is None:
         return ec2_stop
+    from fleetops.store import StoreFailure
 
     def check(running_since: float) -> killswitch.StopRequest | None:
         try:
@@ -284,7 +296,7 @@ def execute(
             replaces_host=remediation.replaces_host,
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
-            ec2_stop=with_pause(held.ec2_stop, open_store(inventory) if rollout.apply else None),
+            ec2_stop=with_pause(held.ec2_stop, shared_store(inventory) if rollout.apply else None),
         )
         if rollout.apply:
             observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")

@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from fleetops import auto as auto_mod
 from fleetops.exitcodes import ExitCode, signal_exit_code
 from fleetops.planner import MaxParallel, Plan
 from fleetops.rollout import guards
@@ -24,6 +23,9 @@ from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S
 from fleetops.rollout.state import Rollout
 from fleetops.scan import ScanOptions
 from fleetops.util import PLAN_SCHEMA
+
+if TYPE_CHECKING:  # fleetops.auto (the policy, pydantic) is imported only by the commands that run a pass
+    from fleetops import auto as auto_mod
 
 ROLLOUT_SCHEMA = "fleetops.rollout.engine/v1"
 

@@ -20,8 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from fleetops.ansible.inventory import InventoryHost
 
 # the hostvars ansible's ssh connection reads (a template in any of them: ansible resolves it)
@@ -120,6 +118,8 @@ def check_ssh(host: InventoryHost, timeout: float = 5.0) -> str | None:
         return f"unreachable: {exc}"
     if params is None:
         return None
+    import paramiko  # here, not at the top: it costs every fleetops command ~70 ms to import
+
     client = paramiko.SSHClient()
     try:
         client.load_system_host_keys()

@@ -77,6 +77,42 @@ def test_first_call_asks_for_the_archive_then_it_is_staged_and_runs(home: Path) 
     assert list(staged.rglob("__pycache__/health.*.pyc"))
 
 
+STAGING_ONLY = ("tarfile", "tempfile", "hashlib", "shutil", "traceback", "shlex")
+
+
+def test_a_scan_with_the_runner_staged_imports_nothing_only_staging_needs(home: Path) -> None:
+    """Every import in the stage is paid by every host on every scan: what only staging, a crash or the
+    controller's side needs is imported where it is used. The stage runs as it does on a host, then says
+    which of those modules it loaded (the runner's detectors import none of them either)."""
+    assert _ask(home, _request(blob=ARCHIVE))["fleetops_runner"] == "ok"
+    probe = STAGE.replace('if __name__ == "__main__":', "if True:") + (
+        f"\nsys.stdout.write(json.dumps(sorted(m for m in {STAGING_ONLY!r} if m in sys.modules)) + '\\n')\n"
+    )
+    proc = subprocess.run(
+        [HOST_PYTHON, "-I", "-S", "-c", probe],
+        input=_request(),
+        capture_output=True,
+        env={"HOME": str(home), "PATH": os.environ["PATH"]},
+        timeout=60,
+        check=True,
+    )
+    reply, loaded = proc.stdout.decode().splitlines()
+    assert json.loads(reply)["fleetops_runner"] == "ok"
+    assert json.loads(loaded) == []
+    # staging itself does load them: the probe can see an import when there is one
+    fresh = home.parent / "fresh"
+    (fresh / ".ansible").mkdir(parents=True, mode=0o700)
+    proc = subprocess.run(
+        [HOST_PYTHON, "-I", "-S", "-c", probe],
+        input=_request(blob=ARCHIVE),
+        capture_output=True,
+        env={"HOME": str(fresh), "PATH": os.environ["PATH"]},
+        timeout=60,
+        check=True,
+    )
+    assert {"tarfile", "tempfile", "hashlib"} <= set(json.loads(proc.stdout.decode().splitlines()[1]))
+
+
 def test_the_same_result_as_run_checks_in_process(home: Path) -> None:
     """The runner runs health.run_checks on the staged copy: the same facts and findings as in-process."""
     from ansible_collections.fleetops.node.plugins.module_utils import textfile
@@ -256,7 +292,7 @@ def test_an_unpack_that_fails_leaves_no_temporary_folder(home: Path, monkeypatch
     def full(*_args: object, **_kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(scan_stage.shutil, "copyfileobj", full)
+    monkeypatch.setattr(shutil, "copyfileobj", full)  # the stage imports shutil where it unpacks
     with pytest.raises(scan_stage.Unusable, match="No space left on device"):
         scan_stage.stage(base, SHA, ARCHIVE)
     assert os.listdir(base) == []

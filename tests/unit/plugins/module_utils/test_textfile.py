@@ -211,3 +211,30 @@ def test_the_runner_passes_all_options_it_is_given(tmp_path: Path) -> None:
     path = tmp_path / "full.json"
     path.write_text(json.dumps(config))
     assert textfile.load_config(str(path))["params"] == config["params"]
+
+
+def test_which_finds_what_shutil_which_finds_and_skips_folders_and_files_it_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``which`` is shutil.which's test without importing shutil on every host: PATH first, then the system
+    folders a service's PATH may leave out; a folder or a file without the execute bit is not a program."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "tool").mkdir()  # a folder named like the program
+    (first / "plain").write_text("")  # not executable
+    for folder in (first, second):
+        for name in ("tool", "plain"):
+            path = folder / name
+            if not path.exists():
+                path.write_text("#!/bin/sh\n")
+                path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{first}{os.pathsep}{second}")
+    assert textfile.which("tool") == str(second / "tool") == shutil.which("tool")
+    assert textfile.which("plain") == str(second / "plain") == shutil.which("plain")
+    assert textfile.which("no-such-program-here") is None
+    assert textfile.which(str(second / "tool")) == str(second / "tool")  # a path is checked as it is
+    assert textfile.which(str(first / "tool")) is None
+    # the system folders come after PATH: sh is found with an empty PATH
+    monkeypatch.setenv("PATH", "")
+    assert textfile.which("sh") in {"/usr/sbin/sh", "/usr/bin/sh", "/sbin/sh", "/bin/sh"}
