@@ -148,6 +148,13 @@ def phase(node):
     return "in"
 
 
+def failed(node):
+    """Whether Slurm itself took the node out as failing: DOWN, or flagged FAIL, with a reason Slurm writes
+    itself (``SLURM_REASONS``: not responding, an unexpected reboot, a kill that failed). An admin's down or
+    drain (another reason), a drain, power saving (POWERED_DOWN, FUTURE) are not failures."""
+    return (node["state"] == "DOWN" or "FAIL" in node["flags"]) and node["reason"].startswith(SLURM_REASONS)
+
+
 def encode_record(check, rollout, time):
     """Our record for the node's Comment."""
     body = {"check": check, "rollout": rollout, "time": time}

@@ -779,7 +779,12 @@ class _Pass:
         """The storm brake: rules this pass shows in a storm trip (recorded with ``apply``, told once), and
         every brake in force holds its rule's braked rungs (reboot, stop-start, replace) fleet-wide."""
         inputs, result = self.inputs, self.result
-        tripped = storm_brakes(inputs.policy, result.decisions, self.sizes)
+        failed = {
+            h: self.group_of(h) or NO_GROUP
+            for h, state in (inputs.nodes.states.items() if inputs.nodes is not None else ())
+            if state.failed
+        }
+        tripped = storm_brakes(inputs.policy, result.decisions, self.sizes, failed)
         in_force = {r: str(b.get("why") or "") for r, b in self.brakes.items()}
         new = {r: w for r, w in tripped.items() if r not in in_force}
         in_force.update(new)

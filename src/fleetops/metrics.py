@@ -43,7 +43,31 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
         reg.unregister(made["scan_timestamp_seconds"])  # no start time (an older report): no wrong one
     for key in ("ok", "unreachable", "failed"):
         made["scan_hosts"].labels(key).set(report["summary"][key])
+    nodes = {h: e["node"] for h, e in report["hosts"].items() if e.get("node")}
+    if (
+        nodes
+    ):  # the controller's reading of the scheduler (fleetops.nodes.scan_view): not a host timer's gauge
+        name, text, labels = SCHEDULER_NODE_GAUGE
+        phase = Gauge(f"fleetops_{name}", text, labelnames=labels, registry=reg)
+        for host, node in sorted(nodes.items()):
+            by = (
+                ""
+                if node.get("phase") in ("in", "missing", "unknown")
+                else ("fleetops" if node.get("ours") else "other")
+            )
+            phase.labels(
+                host, str(node.get("backend")), str(node.get("node")), str(node.get("phase")), by
+            ).set(1)
     return reg
+
+
+# (name, help, labels): each scanned Slurm host's node, as the scan read it once from the controller
+SCHEDULER_NODE_GAUGE = (
+    "scheduler_node_phase",
+    "1 for each host's scheduler node, labelled with its phase (in, draining, drained, down, out, missing, "
+    "unknown: not read) and who took it out (fleetops, other; empty when it is not out)",
+    ("host", "backend", "node", "phase", "by"),
+)
 
 
 def write_textfile(report: dict[str, Any], path: Path) -> None:

@@ -12,7 +12,8 @@ maintenance, one cordoned by another controller, a quarantine nobody released af
   taint;
 - ``slurm``: ``scontrol show node`` (one call per scontrol and slurm.conf the hosts name, usually one);
   a node is out when it is drained, draining, down or flagged out (``module_utils/slurm.py``'s phase),
-  ours when its Comment holds fleetops' record;
+  ours when its Comment holds fleetops' record, failed when Slurm itself took it out (not responding, an
+  unexpected reboot: the storm brake counts those);
 - ``none``: nothing to read.
 
 Hosts whose node the backend does not list are not counted (``missing``). A backend that cannot be read
@@ -32,7 +33,7 @@ from typing import Any
 
 from fleetops.ansible.collection import module_utils
 from fleetops.ansible.inventory import InventoryHost
-from fleetops.remediations.backends import QUARANTINE_KEY, backend_of
+from fleetops.remediations.backends import BACKEND_VAR, BACKENDS, QUARANTINE_KEY, backend_of
 from fleetops.remediations.catalog import KUBECTL
 from fleetops.rollout.killswitch import one_line
 
@@ -47,6 +48,7 @@ class NodeState:
     ours: bool = False  # fleetops' own quarantine (its taint; its Slurm record)
     reason: str = ""  # Slurm's reason, without its [user@time]
     since: float | None = None  # when fleetops drained it (its Slurm record's time; Unix time)
+    failed: bool = False  # the scheduler itself took it out as failing (Slurm: not responding, ...), not ours
 
     @property
     def out(self) -> bool:
@@ -59,13 +61,17 @@ class NodeState:
         return f"{self.backend} {self.phase} by {who}{said}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "node": self.node,
-            "phase": self.phase,
-            "ours": self.ours,
-            "reason": self.reason,
-        } | ({"since": self.since} if self.since is not None else {})
+        return (
+            {
+                "backend": self.backend,
+                "node": self.node,
+                "phase": self.phase,
+                "ours": self.ours,
+                "reason": self.reason,
+            }
+            | ({"since": self.since} if self.since is not None else {})
+            | ({"failed": True} if self.failed else {})
+        )
 
 
 @dataclass
@@ -113,6 +119,28 @@ def read_nodes(
     for (scontrol, conf), nodes in sorted(slurm.items()):
         _read_slurm(nodes, scontrol, conf, run, timeout, reading)
     return reading
+
+
+def scan_view(
+    hosts: Sequence[InventoryHost], run: Run = subprocess.run, timeout: float = READ_TIMEOUT_S
+) -> dict[str, dict[str, Any]]:
+    """What ``fleetops scan`` reports of the scheduler: each Slurm host's node (``NodeState.to_dict()``; when
+    scontrol could not be read, phase ``unknown`` and its one-line ``error``), keyed by host.
+
+    Read once per scan on the controller (one ``scontrol show node`` per scontrol and slurm.conf the hosts
+    name), for the hosts whose ``fleetops_quarantine_backend`` is ``slurm``; {} when there are none. Kubernetes
+    nodes are read by ``remediate auto``, which is told which cluster (a scan is not)."""
+    slurm = [h for h in hosts if h.hostvars.get(BACKEND_VAR) == "slurm"]
+    if not slurm:
+        return {}
+    reading = read_nodes(slurm, run=run, timeout=timeout)
+    view = {host: state.to_dict() for host, state in reading.states.items()}
+    for host in slurm:
+        if host.name in reading.unknown:
+            node = str(host.hostvars.get(BACKENDS["slurm"].node_var or "") or host.name)
+            view[host.name] = {"backend": "slurm", "node": node, "phase": "unknown", "ours": False,
+                               "reason": "", "error": reading.unknown[host.name]}  # fmt: skip
+    return view
 
 
 def _call(argv: list[str], run: Run, timeout: float, env: Mapping[str, str] | None = None) -> str:
@@ -192,6 +220,7 @@ def _read_slurm(
             ours=record is not None,
             reason=str(shown["reason"]),
             since=_epoch(record.get("time")) if record is not None else None,
+            failed=bool(slurm.failed(shown)) and record is None,
         )
 
 

@@ -196,21 +196,34 @@ def report_document(
 def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     findings = dict.fromkeys(facts.severities(), 0)
     status = {"ok": 0, "unreachable": 0, "failed": 0}  # plus not_scanned, in an interrupted scan
-    errors = 0
+    errors = node_errors = 0
     for entry in hosts.values():
         status[entry["status"]] = status.get(entry["status"], 0) + 1
         errors += len(entry.get("errors") or [])
+        node_errors += 1 if (entry.get("node") or {}).get("error") else 0
         for f in entry["findings"]:
             sev = f.get("severity", "info")
             findings[sev] = findings.get(sev, 0) + 1
-    return {"hosts": len(hosts), **status, "findings": findings, "errors": errors}
+    return {"hosts": len(hosts), **status, "findings": findings, "errors": errors} | (
+        {"node_errors": node_errors} if node_errors else {}
+    )
+
+
+def with_nodes(report: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``report`` with each host's scheduler node (``nodes``: ``fleetops.nodes.scan_view``) in its entry
+    (``node``), and its summary counted again (``node_errors``: hosts whose node could not be read)."""
+    if not nodes:
+        return report
+    hosts = {h: ({**e, "node": dict(nodes[h])} if h in nodes else e) for h, e in report["hosts"].items()}
+    return {**report, "hosts": hosts, "summary": summarize(hosts)}
 
 
 def exit_code(report: dict[str, Any]) -> ExitCode:
-    """3 if any host was unreachable/failed/not scanned (or a detector could not run), else 1 on
-    warning/critical, else 0. (The CLI exits 130 for an interrupted scan whatever this says.)"""
+    """3 if any host was unreachable/failed/not scanned (or a detector could not run, or its scheduler
+    could not be read), else 1 on warning/critical, else 0. (The CLI exits 130 for an interrupted scan
+    whatever this says.)"""
     s = report["summary"]
-    if s["unreachable"] or s["failed"] or s.get("not_scanned") or s.get("errors"):
+    if s["unreachable"] or s["failed"] or s.get("not_scanned") or s.get("errors") or s.get("node_errors"):
         return ExitCode.FAILED
     if s["findings"].get("critical") or s["findings"].get("warning"):
         return ExitCode.FINDINGS

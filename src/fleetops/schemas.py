@@ -356,6 +356,21 @@ class ScanFacts(_Open):
     memcg: MemcgFacts | None = None
 
 
+class ScanNode(_Open):
+    """The host's scheduler node, read once per scan on the controller (``fleetops.nodes.scan_view``): the
+    hosts whose ``fleetops_quarantine_backend`` is ``slurm``."""
+
+    backend: Literal["slurm", "kubernetes"]
+    node: str = Field(description="the scheduler's name of the node")
+    phase: Literal["in", "cordoned", "draining", "drained", "down", "out", "missing", "unknown"] = Field(
+        description="in: takes work; missing: the scheduler does not list it; unknown: it could not be read"
+    )
+    ours: bool = Field(description="fleetops' own quarantine (its record on the node)")
+    reason: str = Field(default="", description="the scheduler's reason, without Slurm's [user@time]")
+    since: Epoch | None = Field(default=None, description="when fleetops drained it (its record's time)")
+    error: str | None = Field(default=None, description="phase unknown: why the scheduler could not be read")
+
+
 class ScanHost(_Open):
     status: Literal["ok", "unreachable", "failed", "not_scanned"]
     msg: str | None = None
@@ -365,6 +380,7 @@ class ScanHost(_Open):
     errors: list[DetectorError] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list)
     duration_ms: Seconds | None = None
+    node: ScanNode | None = Field(default=None, description="Slurm hosts only (fleetops_quarantine_backend)")
 
 
 class ScanHostLine(ScanHost):
@@ -387,6 +403,7 @@ class ScanSummary(_Open):
     not_scanned: NonNegInt = 0
     findings: dict[str, NonNegInt]
     errors: NonNegInt = 0
+    node_errors: NonNegInt = Field(default=0, description="hosts whose scheduler node could not be read")
 
 
 class ScanShard(_Open):

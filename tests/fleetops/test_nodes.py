@@ -372,3 +372,45 @@ def test_a_drain_wait_on_a_rung_that_waits_for_no_drain_is_refused(action: str) 
             ),
             "policy.yml",
         )
+
+
+STORM_POLICY = POLICY.replace(
+    "storm: {fleet_pct: 100, group_pct: 100}", "storm: {fleet_pct: 10, group_pct: 30, min_hosts: 3}"
+)
+
+
+def test_nodes_slurm_itself_took_out_count_toward_the_storm_brake_of_a_rule_that_matched(
+    tmp_path: Path,
+) -> None:
+    """A fault that hangs nodes outright leaves no finding to match (the host is unreachable), but Slurm marks
+    them DOWN (not responding): each counts for the storm brake of every rule that matched this pass. 10 hosts:
+    ECC on h0 and h1 (2, not more than 3: no storm); with h8 and h9 not responding in Slurm it is 4, a storm:
+    the rule's reboot is held, its quarantine goes on. An admin's down or one of our own drains is no storm."""
+    hosts = {f"h{i}": [] for i in range(10)} | {"h0": [ecc()], "h1": [ecc()]}
+    scontrol = _scontrol(
+        tmp_path,
+        _slurm_text(h8="not_responding", h9="not_responding", h7="down_admin", h6="rebooted_drained"),
+    )
+    conf = {"fleetops_quarantine_backend": "slurm", "fleetops_scontrol": str(scontrol)}
+    reading = read_nodes([_host(h, **conf) for h in ("h6", "h7", "h8", "h9")])
+    assert {h for h, state in reading.states.items() if state.failed} == {"h8", "h9"}
+    assert reading.states["h8"].to_dict()["failed"] is True and "failed" not in reading.states["h7"].to_dict()
+
+    calm, _, _ = _pass(tmp_path / "calm", report(**hosts), NodeReading({h: reading.states[h] for h in ("h6", "h7")}),
+                       policy=STORM_POLICY)  # fmt: skip
+    assert calm.brakes == {}
+    stormy, _, runner = _pass(tmp_path / "storm", report(**hosts), reading, policy=STORM_POLICY)
+    assert set(stormy.brakes) == {"gpu-fatal"}
+    why = stormy.brakes["gpu-fatal"]["why"]
+    assert (
+        why.startswith("it matched 4 of 10 hosts")
+        and "(2 of them failed in the scheduler, no finding: h8, h9)" in why
+    )
+    assert [c[0] for c in runner.calls] == ["quarantine"]  # the first rung protects work: it goes on
+    # with the first rung done, the next pass's reboot of h0 and h1 is held by the brake
+    again, _, runner = _pass(tmp_path / "storm", report(**hosts), reading, now=T0 + 120, policy=STORM_POLICY)
+    held = {d.host: d.status for d in again.decisions if d.host in ("h0", "h1")}
+    assert held["h0"] == "brake" and set(held.values()) <= {"brake", "floor"}, (
+        held
+    )  # h1: the floor holds it first
+    assert runner.calls == []

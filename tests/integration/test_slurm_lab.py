@@ -197,6 +197,18 @@ def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_onl
     assert _job(lab, job)["JobState"] == "COMPLETED"
     assert _node(lab, SICK)["reason"] == ours
 
+    # A scan shows each host's node as Slurm has it (one scontrol call on this machine), whose drain it is.
+    scan = fleetops(
+        "scan", *common[:4], "--transport", "ssh", "--format", "json", "--sample-seconds", "0", env=env
+    )
+    assert scan.rc == 1, scan.stderr  # lab-02's ECC finding; every node read
+    nodes = {h: e["node"] for h, e in json.loads(scan.stdout)["hosts"].items()}
+    assert {h: (n["phase"], n["ours"], n["reason"]) for h, n in nodes.items()} == {
+        SICK: ("drained", True, ours),
+        ADMIN: ("drained", False, ADMIN_REASON),
+        OTHER: ("in", False, ""),
+    }, nodes
+
     # A quarantine of the drained node changes nothing (our reason and record stay); the admin's node is left
     # alone, its reason not overwritten.
     again = fleetops(

@@ -74,6 +74,7 @@ from fleetops.exitcodes import ExitCode
 from fleetops.planner import MaxParallel
 from fleetops.remediations import REMEDIATIONS
 from fleetops.remediations import get as get_remediation
+from fleetops.remediations.backends import BACKEND_VAR
 from fleetops.rollout import guards
 from fleetops.rollout.audit import audit_pass
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
@@ -81,7 +82,7 @@ from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator, state_home
-from fleetops.scan import PartialReport, ScanOptions, run_scan, shard_hosts, write_report
+from fleetops.scan import PartialReport, ScanOptions, run_scan, shard_hosts, with_nodes, write_report
 from fleetops.util import check_writable
 
 if TYPE_CHECKING:
@@ -212,7 +213,16 @@ def scan(
             options=opts.record(),
         )
 
+    # each Slurm host's node, read once before the hosts answer, so that every entry carries it as it streams
+    nodes: dict[str, dict[str, Any]] = {}
+    if any(h.hostvars.get(BACKEND_VAR) == "slurm" for h in listed if h.name in held):
+        from fleetops.nodes import scan_view
+
+        nodes = scan_view([h for h in listed if h.name in held])
+
     def seen(host: str, entry: dict[str, Any]) -> None:
+        if host in nodes:
+            entry = {**entry, "node": nodes[host]}
         if partial is not None:
             partial.add(host, entry)
         if on_host is not None:
@@ -225,6 +235,7 @@ def scan(
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written
+    report_ = with_nodes(report_, nodes)
     if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
         if partial is not None:
             partial.close(done=True)

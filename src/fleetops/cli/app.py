@@ -1,7 +1,8 @@
 """fleetops command line: scan, merge, plan, remediate, report, drift.
 
 Exit codes (fleetops.exitcodes.ExitCode): 0 clean; 1 warning or critical findings; 2 usage or
-configuration error; 3 a host unreachable or failed (or a detector could not run); 4 hosts locked;
+configuration error; 3 a host unreachable or failed (or a detector could not run, or a Slurm node could not
+be read); 4 hosts locked;
 130 interrupted.
 
 Building the parser imports neither fleetops.api nor ansible, boto3, paramiko, pydantic or rich: each

@@ -29,14 +29,47 @@ def _num(value: Any) -> str:
     return str(value)
 
 
+def node_cell(node: Mapping[str, Any] | None) -> str:
+    """A host's scheduler node in a few words (``-``: no node read): ``slurm in``, ``slurm drained by
+    fleetops``, ``slurm down: <reason>`` (someone else's), ``slurm unknown`` (not read)."""
+    if not node:
+        return "-"
+    text = f"{node.get('backend')} {node.get('phase')}"
+    if node.get("phase") not in ("in", "missing", "unknown"):
+        text += " by fleetops" if node.get("ours") else (f": {node['reason']}" if node.get("reason") else "")
+    return text
+
+
 def host_line(host: str, entry: dict[str, Any]) -> str:
     """One progress line for a host that just answered."""
     status = entry["status"]
+    node = f" ({escape(node_cell(entry['node']))})" if entry.get("node") else ""
     if status != "ok":
-        return f"[{STATUS_STYLE.get(status, '')}]{host}: {status}[/] {entry.get('msg', '')}".rstrip()
+        return f"[{STATUS_STYLE.get(status, '')}]{host}: {status}[/] {entry.get('msg', '')}".rstrip() + node
     worst = worst_severity(entry["findings"])
     tail = f"{len(entry['findings'])} finding(s), worst {worst}" if worst else "no findings"
-    return f"[green]{host}: ok[/] {tail}"
+    return f"[green]{host}: ok[/] {tail}{node}"
+
+
+def node_lines(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The scheduler nodes of a scan in a few lines: how many are out of service, by phase and by whom, and
+    each distinct reason the scheduler could not be read (once, with its host count)."""
+    nodes = [e["node"] for e in hosts.values() if e.get("node")]
+    if not nodes:
+        return []
+    out = Counter(
+        f"{n['phase']} by {'fleetops' if n.get('ours') else 'someone else'}"
+        for n in nodes
+        if n.get("phase") not in ("in", "missing", "unknown")
+    )
+    missing = sum(1 for n in nodes if n.get("phase") == "missing")
+    line = f"  scheduler: {len(nodes):,} node(s) read, {sum(out.values()):,} out of service"
+    line += (": " + ", ".join(f"{k} {v:,}" for k, v in sorted(out.items()))) if out else ""
+    line += f"; {missing:,} not listed by the scheduler" if missing else ""
+    errors = Counter(str(n["error"]) for n in nodes if n.get("error"))
+    return [escape(line)] + [
+        f"  [bold red]error   [/] {escape(err)} ({count:,} host(s))" for err, count in errors.items()
+    ]
 
 
 def worst_severity(findings: list[dict[str, Any]]) -> str | None:
@@ -192,6 +225,8 @@ def render_scan_summary(
             console.print(
                 f"  [{STATUS_STYLE.get(status, 'bold red')}]{status}[/] {len(names):,} host(s): {_names(names)}"
             )
+    for line in node_lines(hosts):
+        console.print(line)
     console.print(
         f"[dim]summarised: {len(hosts):,} hosts (more than {SUMMARY_ABOVE}); --all lists every host[/]"
     )
@@ -220,6 +255,7 @@ def render_scan(
         + f"; findings: {fs.get('critical', 0):,} critical, {fs.get('warning', 0):,} warning, "
         f"{fs.get('info', 0):,} info"
         + (f"; {s['errors']:,} detector error(s)" if s.get("errors") else "")
+        + (f"; {s['node_errors']:,} scheduler node(s) not read" if s.get("node_errors") else "")
         + (" [bold yellow](interrupted: partial report)[/]" if report.get("interrupted") else "")
     )
 
@@ -239,6 +275,9 @@ def render_scan_rows(report: dict[str, Any], console: Console) -> None:
         ("findings", "left"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    with_nodes = any(e.get("node") for e in report["hosts"].values())
+    if with_nodes:
+        table.add_column("node", justify="left")
     for host, entry in report["hosts"].items():
         memcg = entry.get("facts", {}).get("memcg", {})
         status = entry["status"]
@@ -258,8 +297,11 @@ def render_scan_rows(report: dict[str, Any], console: Console) -> None:
             _num(memcg.get("zombies")),
             f"{_num(memcg.get('id_headroom'))} ({_num(memcg.get('id_headroom_pct'))}%)" if memcg else "-",
             f"[{SEVERITY_STYLE.get(worst or '', '')}]{findings}[/]" if worst else findings,
+            *([escape(node_cell(entry.get("node")))] if with_nodes else []),
         )
     console.print(table)
+    for line in node_lines(report["hosts"]):
+        console.print(line)
     for host, entry in report["hosts"].items():
         for f in entry["findings"]:
             style = SEVERITY_STYLE.get(f.get("severity", ""), "")

@@ -324,11 +324,20 @@ def commit(
 
 
 def storm_brakes(
-    policy: Policy, decisions: Collection[Decision], group_sizes: Mapping[str, int]
+    policy: Policy,
+    decisions: Collection[Decision],
+    group_sizes: Mapping[str, int],
+    failed: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The rules this pass's decisions show in a storm (``Storm.tripped``) -> why. A host counts for each
     rule its findings match (the rule it acts on and those waiting their turn), whatever its status;
-    ``group_sizes``: hosts per group over the whole fleet."""
+    ``group_sizes``: hosts per group over the whole fleet.
+
+    ``failed`` (host -> group): hosts the scheduler itself took out as failing (Slurm: not responding, an
+    unexpected reboot; ``NodeState.failed``), whatever their findings: a fault that hangs a node outright
+    leaves no finding to match (the host is unreachable), so each such host counts as one more for every
+    rule that matched a host this pass, in the fleet and in the groups where the rule matched."""
+    failed = dict(failed or {})
     fleet = sum(group_sizes.values())
     matched: dict[str, list[Decision]] = {}
     for d in decisions:
@@ -339,11 +348,19 @@ def storm_brakes(
         found = policy.rule(name)
         if found is None:
             continue
+        hosts = {d.host for d in ds}
+        down = {h: g for h, g in failed.items() if h not in hosts}
         counts = Counter(d.group for d in ds)
+        counts.update(g for g in down.values() if g in counts)
         groups = {g: (n, group_sizes.get(g, n)) for g, n in counts.items()}
-        why = policy.storm_of(found).tripped(len(ds), fleet, groups)
+        why = policy.storm_of(found).tripped(len(ds) + len(down), fleet, groups)
         if why is not None:
-            out[name] = why
+            out[name] = why + (
+                f" ({len(down)} of them failed in the scheduler, no finding: {', '.join(sorted(down)[:5])}"
+                f"{', ...' if len(down) > 5 else ''})"
+                if down
+                else ""
+            )
     return out
 
 

@@ -1,6 +1,7 @@
 """module_utils/slurm.py on real captures: ``scontrol show node`` of Debian 12's Slurm 22.05 on the lab
 (``fleetops-lab up 3 --slurm``): idle, draining under a job, drained, down and drained by an admin,
-drained by fleetops and rebooted, and a node that does not exist."""
+drained by fleetops and rebooted, down and not responding (slurmd stopped: Slurm's own reason after its
+SlurmdTimeout), and a node that does not exist."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def _node(name: str) -> dict[str, Any]:
         ("down_admin", "DOWN", [], "down"),
         ("drained_admin", "IDLE", ["DRAIN", "NOT_RESPONDING"], "drained"),
         ("rebooted_drained", "IDLE", ["DRAIN"], "drained"),
+        ("not_responding", "DOWN", ["NOT_RESPONDING"], "down"),
     ],
 )
 def test_reads_the_state_and_its_flags(capture: str, state: str, flags: list[str], phase: str) -> None:
@@ -49,6 +51,20 @@ def test_reads_the_reason_without_slurms_stamp_and_the_comment_whole() -> None:
     assert (admin["reason"], admin["comment"]) == ("admin: firmware", "")
     idle = _node("idle")
     assert (idle["reason"], idle["comment"]) == ("", "")
+
+
+@pytest.mark.parametrize(
+    ("capture", "failed"),
+    [
+        ("not_responding", True),  # Slurm's own "Not responding" after SlurmdTimeout (slurmd stopped)
+        ("down_admin", False),  # an admin's down: planned, another reason
+        ("drained_admin", False),  # drained by an admin, even while not responding
+        ("drained", False),
+        ("idle", False),
+    ],
+)
+def test_failed_is_slurm_taking_a_node_out_itself(capture: str, failed: bool) -> None:
+    assert slurm.failed(_node(capture)) is failed
 
 
 def test_no_node_in_scontrols_answer_is_none() -> None:
