@@ -14,8 +14,9 @@ controller's checks before a run (``fleetops.remediations.behaviour``), so both 
 - Who drained it is recorded by fleetops itself, in the node's ``Comment`` (``fleetops:`` + compact JSON,
   ``RECORD_PREFIX``), written before the drain: Slurm appends ``[user@time]`` to reasons, and a node
   that reboots unexpectedly gets Slurm's own reason instead of ours, so the reason alone cannot say
-  whose drain it is. (Until the shared store of the unattended ladder lands; the Kubernetes backend
-  keeps its record on the node too, in an annotation.)
+  whose drain it is. The record stays on the node, kept by slurmctld with the node's own state (it
+  survives a reboot, slurmctld's restart and the loss of a controller; no second copy can disagree), as
+  the Kubernetes backend keeps its record on the node in an annotation.
 - A node drained, down or failed by anyone else is left alone (never resumed, never re-reasoned), and
   so is a comment someone else wrote.
 
@@ -153,6 +154,30 @@ def failed(node):
     itself (``SLURM_REASONS``: not responding, an unexpected reboot, a kill that failed). An admin's down or
     drain (another reason), a drain, power saving (POWERED_DOWN, FUTURE) are not failures."""
     return (node["state"] == "DOWN" or "FAIL" in node["flags"]) and node["reason"].startswith(SLURM_REASONS)
+
+
+# The jobs a requeue moves off a node: running (or starting, or suspended) there now.
+REQUEUE_STATES = "RUNNING,CONFIGURING,SUSPENDED"
+_JOB_ID_RE = re.compile(r"^[0-9]+$")
+
+
+def squeue_args(node):
+    """squeue's arguments listing the job ids (``%A``: an array task's own id) of the jobs a requeue moves
+    off ``node`` (a checked node name), one a line."""
+    return ["--noheader", "--nodelist=" + check_node_name(node), "--states=" + REQUEUE_STATES, "--format=%A"]
+
+
+def parse_job_ids(text):
+    """The job ids in squeue's ``%A`` listing (sorted, each once); SlurmError for a line that is not one."""
+    ids = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not _JOB_ID_RE.match(line):
+            raise SlurmError("squeue listed %r, not a job id" % line[:40])
+        ids.add(int(line))
+    return [str(i) for i in sorted(ids)]
 
 
 def encode_record(check, rollout, time):

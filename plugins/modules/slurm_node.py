@@ -28,6 +28,13 @@ description:
   - V(resumed) runs C(scontrol update NodeName=<name> State=RESUME) only for a node our record says fleetops
     drained, whose reason is ours or one Slurm writes itself (C(Node unexpectedly rebooted), C(Not
     responding)), then removes the record. A node drained or re-reasoned by someone else is left alone.
+  - >-
+    With O(requeue=true) (C(fleetops remediate quarantine --evict), a policy rung's C(evict: true)), a node
+    fleetops drained (now, or before) also has its running jobs requeued once it is drained: C(squeue) lists
+    them on the node and C(scontrol requeue) puts them back in the queue (Slurm kills them and starts them
+    again elsewhere, from their start or their own checkpoint). A node someone else drained never has its
+    jobs requeued. A job Slurm will not requeue (submitted with C(--no-requeue)) fails the task with
+    scontrol's cause; the node stays drained.
   - C(scontrol) missing, not answering within O(timeout) or refusing (permission) fails the task with its
     cause; nothing else is run after a failed call.
   - Supports check mode (reads the node, says what it would do) and diff mode (state, reason, comment).
@@ -62,10 +69,20 @@ options:
         such check.
     type: list
     elements: str
+  requeue:
+    description:
+      - With O(state=drained), requeue the jobs running on a node fleetops drained (Slurm kills them and
+        queues them again; they cannot start on the drained node).
+    type: bool
+    default: false
   scontrol:
     description: The scontrol to run.
     type: str
     default: scontrol
+  squeue:
+    description: The squeue to run (O(requeue) lists the node's jobs with it).
+    type: str
+    default: squeue
   slurm_conf:
     description: The slurm.conf scontrol reads (C(SLURM_CONF)); default scontrol's own.
     type: path
@@ -126,6 +143,11 @@ left_alone:
   description: Whether the node was left as it is because someone else drained or changed it.
   returned: always
   type: bool
+requeued:
+  description: The ids of the jobs requeued off the node (in check mode, those that would be).
+  returned: with O(requeue=true)
+  type: list
+  elements: str
 """
 
 import datetime
@@ -156,15 +178,30 @@ class Scontrol:
             msg="Failed to %s Slurm node %s: %s" % (self.verb, self.name, cause), **self.result
         )
 
-    def call(self, args):
-        argv = [self.limit, "--kill-after=5", str(self.timeout), self.scontrol] + args
+    def call(self, args, program=None, what="scontrol"):
+        argv = [self.limit, "--kill-after=5", str(self.timeout), program or self.scontrol] + args
         rc, out, err = self.module.run_command(argv, environ_update=self.env)
+        said = what + (" " + " ".join(args[:2]) if what == "scontrol" else "")
         if rc in (124, 137):
-            self.fail("scontrol %s: no answer within %d s" % (" ".join(args[:2]), self.timeout))
+            self.fail("%s: no answer within %d s" % (said, self.timeout))
         if rc != 0:
             lines = (err.strip() or out.strip()).splitlines()
-            self.fail("scontrol %s: %s" % (" ".join(args[:2]), lines[-1] if lines else "exit %d" % rc))
+            self.fail("%s: %s" % (said, lines[-1] if lines else "exit %d" % rc))
         return out
+
+    def jobs(self, squeue):
+        """The ids of the jobs a requeue moves off the node (squeue, bounded as every call is)."""
+        program = self.module.get_bin_path(squeue)
+        if program is None:
+            self.fail("%s not found (install slurm-client on the controller)" % squeue)
+        try:
+            return slurm.parse_job_ids(self.call(slurm.squeue_args(self.name), program, "squeue"))
+        except slurm.SlurmError as e:
+            self.fail(str(e))
+
+    def requeue(self, ids):
+        # the ids are checked digits; scontrol takes them as one comma-separated list
+        self.call(["requeue", ",".join(ids)])
 
     def read(self):
         # The name is checked (one node, no leading '-'): scontrol has no '--' before it.
@@ -200,6 +237,8 @@ def main():
             slurm_conf=dict(type="path"),
             timeout=dict(type="int", default=30),
             refuse_checks=dict(type="list", elements="str"),
+            requeue=dict(type="bool", default=False),
+            squeue=dict(type="str", default="squeue"),
         ),
         required_if=[("state", "drained", ("check",))],
         supports_check_mode=True,
@@ -232,11 +271,21 @@ def main():
         )
     result["note"] = note
     result["left_alone"] = note.startswith("left alone")
-    if not steps:
+    # a requeue moves the jobs off a node of ours only: drained by this run, or by fleetops before
+    ours = "drain" in steps or (
+        record is not None and slurm.phase(node) in ("drained", "draining") and not result["left_alone"]
+    )
+    requeue = p["state"] == "drained" and p["requeue"] and ours
+    if not steps and not requeue:
         module.exit_json(**result)
-    result["changed"] = True
+    result["changed"] = bool(steps)
     if module.check_mode:
-        result["note"] = "would " + note
+        result["note"] = ("would " + note) if steps else note
+        if requeue:
+            result["requeued"] = sc.jobs(p["squeue"])
+            if result["requeued"]:
+                result["changed"] = True
+                result["note"] += "; would requeue job(s) %s" % ", ".join(result["requeued"])
         module.exit_json(**result)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for step in steps:
@@ -248,13 +297,18 @@ def main():
             sc.update("State=RESUME")
         elif step == "uncomment":  # last, so an interrupted run can finish
             sc.update("Comment=")
+    if requeue:  # after the drain: a requeued job cannot start on this node again
+        ids = sc.jobs(p["squeue"])
+        if ids:
+            sc.requeue(ids)
+            result["changed"] = True
+            result["note"] += "; requeued job(s) %s" % ", ".join(ids)
+        result["requeued"] = ids
     after = sc.read()
     result["after"] = view(after)
     if module._diff:
         result["diff"] = dict(before=result["before"], after=result["after"])
-    if p["state"] == "drained" and (
-        slurm.phase(after) not in ("drained", "draining") or after["reason"] != reason
-    ):
+    if "drain" in steps and (slurm.phase(after) not in ("drained", "draining") or after["reason"] != reason):
         sc.fail("it is %s with reason %r after the drain" % (slurm.phase(after), after["reason"]))
     if p["state"] == "resumed" and slurm.phase(after) in ("drained", "draining", "down"):
         sc.fail("it is still %s after the resume" % slurm.phase(after))

@@ -65,12 +65,17 @@ def test_unquarantine_refuses_the_same_names(tmp_path: Path, kube: Path) -> None
     assert _read(kube).get("calls") is None
 
 
-def test_evict_is_refused_for_a_slurm_host(tmp_path: Path, kube: Path) -> None:
+def test_evict_is_refused_for_a_host_without_a_scheduler(tmp_path: Path, kube: Path) -> None:
+    """--evict moves a node's work off (Kubernetes: drain; Slurm: requeue, tests/integration/test_slurm_lab.py);
+    a host whose backend is none has no work to move: refused before anything runs."""
     _cluster(kube, {"n1": {}})
-    inv = _inventory(tmp_path, {"n1": {}, "n2": {"fleetops_quarantine_backend": "slurm"}})
-    with pytest.raises(UsageError, match="--evict is Kubernetes only"):
+    inv = _inventory(tmp_path, {"n1": {}, "n2": {"fleetops_quarantine_backend": "none"}})
+    with pytest.raises(
+        UsageError, match=r"host 'n2': --evict moves a node's work off .* its none quarantine does nothing"
+    ):
         _run(inv, "quarantine", True, finding="gpu_health", evict=True)
     assert _read(kube).get("calls") is None
+    assert BACKENDS["slurm"].evicts and BACKENDS["kubernetes"].evicts and not BACKENDS["none"].evicts
 
 
 def test_each_host_uses_its_own_backend_and_a_missing_scontrol_fails_only_its_host(

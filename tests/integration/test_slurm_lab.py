@@ -239,3 +239,63 @@ def test_quarantine_drains_our_node_as_its_job_ends_and_unquarantine_resumes_onl
     after = lab_slurm.submit(lab.run, SICK, 1)
     _wait("a new job ran on lab-02", lambda: _job(lab, after).get("JobState") == "COMPLETED", 30)
     assert _job(lab, after)["NodeList"] == SICK
+
+
+def test_evict_requeues_the_jobs_of_a_node_fleetops_drains_and_of_no_other(
+    lab: Lab, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """`quarantine --evict` on a Slurm host: the node is drained and its running job requeued (Slurm kills
+    it and queues it again; pinned to this node, it waits); an admin's drained node keeps its job."""
+    backend = tmp_path / "slurm.yml"
+    backend.write_text(yaml.safe_dump({"all": {"vars": {"fleetops_quarantine_backend": "slurm"}}}))
+    inv = ("-i", str(lab.inventory_path()), "-i", str(backend))
+    for name in (OTHER, ADMIN):
+        lab.run(name, ["rm", "-f", DONE_FILE], check=True)
+    if slurm.phase(_node(lab, ADMIN)) != "in":  # the test above leaves it drained by its admin
+        _scontrol(lab, "update", f"NodeName={ADMIN}", "State=RESUME")
+    ours, theirs = _long_job(lab, OTHER), _long_job(lab, ADMIN)
+    try:
+        _wait(
+            "both jobs run", lambda: {_job(lab, j).get("JobState") for j in (ours, theirs)} == {"RUNNING"}, 30
+        )
+        _scontrol(lab, "update", f"NodeName={ADMIN}", "State=DRAIN", f"Reason={ADMIN_REASON}")
+        hosts = ("-l", f"{OTHER},{ADMIN}", "--per-group-max", "none", "--max-parallel", "2", "--canary", "0")
+        quarantine = (
+            "remediate",
+            "quarantine",
+            *inv,
+            *hosts,
+            "--finding",
+            "gpu_health",
+            "--evict",
+            "--format",
+            "json",
+        )
+        dry = fleetops(*quarantine, env=env)
+        assert dry.rc == 0, dry.stderr
+        notes = {h: r["notes"] for b in json.loads(dry.stdout)["batches"] for h, r in b["results"].items()}
+        assert any(f"would requeue job(s) {ours}" in n for n in notes[OTHER]), notes
+        assert _job(lab, ours)["JobState"] == "RUNNING"  # a dry run requeues nothing
+
+        done = fleetops(*quarantine, "--apply", env=env)
+        assert done.rc == 0, done.stderr
+        notes = {h: r["notes"] for b in json.loads(done.stdout)["batches"] for h, r in b["results"].items()}
+        assert any(f"requeued job(s) {ours}" in n for n in notes[OTHER]), notes
+        _wait("lab-01 drained, its job requeued", lambda: slurm.phase(_node(lab, OTHER)) == "drained", 30)
+        job = _job(lab, ours)
+        assert job["JobState"] in ("PENDING", "REQUEUED") and int(job["Restarts"]) >= 1, job
+        node = _node(lab, OTHER)
+        assert node["reason"].startswith("fleetops: gpu_health") and slurm.parse_record(node["comment"]), node
+        # someone else's drain: left alone, its job untouched
+        assert _job(lab, theirs)["JobState"] == "RUNNING" and _job(lab, theirs)["Restarts"] == "0"
+        assert _node(lab, ADMIN)["reason"] == ADMIN_REASON
+        assert any("left alone: drained by someone else" in n for n in notes[ADMIN]), notes
+    finally:
+        subprocess.run(
+            ["scancel", ours, theirs], env={**os.environ, **lab_slurm.controller_env(lab.state_dir)}, check=False,
+            capture_output=True, timeout=30,
+        )  # fmt: skip
+    freed = fleetops("remediate", "unquarantine", *inv, "-l", OTHER, "--canary", "0", "--sample-seconds", "1",
+                     "--apply", env=env)  # fmt: skip
+    assert freed.rc == 0, freed.stderr
+    assert slurm.phase(_node(lab, OTHER)) == "in"

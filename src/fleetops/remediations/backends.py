@@ -7,7 +7,7 @@ Each host picks its backend with the inventory variable ``fleetops_quarantine_ba
   (else the inventory name), run on the controller;
 - ``slurm``: ``scontrol update State=DRAIN`` / ``State=RESUME`` of the node named by ``fleetops_slurm_node``
   (else the inventory name), run on the controller (module ``fleetops.node.slurm_node``; the name rules are
-  its ``module_utils/slurm.py``'s);
+  its ``module_utils/slurm.py``'s); ``--evict`` requeues the jobs running on a node fleetops drained;
 - ``none``: no scheduler to take the host out of; quarantine and unquarantine do nothing and say so.
 
 The playbooks branch on the same variable; ``check_targets`` refuses, before anything runs, a host whose
@@ -56,14 +56,14 @@ class Backend:
     name: str
     node_var: str | None  # the hostvar naming the host's node (None: no node)
     check_node: Callable[[str, str], None] | None
-    evicts: bool  # whether quarantine's --evict means something here
+    evicts: bool  # whether quarantine's --evict means something here (kubernetes: drain; slurm: requeue)
 
 
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("kubernetes", "k8s_node_name", _check_k8s, evicts=True),
-        Backend("slurm", "fleetops_slurm_node", _check_slurm, evicts=False),
+        Backend("slurm", "fleetops_slurm_node", _check_slurm, evicts=True),  # --evict: requeue its jobs
         Backend("none", None, None, evicts=False),
     )
 }
@@ -87,12 +87,8 @@ def check_targets(targets: Iterable[_Target], evict: bool = False) -> None:
         backend = backend_of(target.name, target.hostvars)
         if evict and not backend.evicts:
             raise UsageError(
-                f"host {target.name!r}: --evict is Kubernetes only; its {backend.name} quarantine "
-                + (
-                    "drains as its jobs end (none is cancelled)"
-                    if backend.name == "slurm"
-                    else "does nothing"
-                )
+                f"host {target.name!r}: --evict moves a node's work off (Kubernetes: drain; Slurm: requeue); "
+                f"its {backend.name} quarantine does nothing"
             )
         if backend.node_var is not None and backend.check_node is not None:
             backend.check_node(str(target.hostvars.get(backend.node_var) or target.name), target.name)

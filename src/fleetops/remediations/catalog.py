@@ -315,7 +315,8 @@ register(
         actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
         help="take hosts out of scheduling for a finding, by each host's fleetops_quarantine_backend: "
         "kubernetes (default: cordon, taint fleetops.io/quarantine=<check>:NoSchedule, annotate; --evict "
-        "drains too), slurm (scontrol DRAIN with reason 'fleetops: <check>: <reason>'; jobs finish) or none",
+        "drains too), slurm (scontrol DRAIN with reason 'fleetops: <check>: <reason>'; jobs finish, or are "
+        "requeued with --evict) or none",
         ladder=50,
         disruptive=True,
         protects=True,  # a storm brake lets it go on: it keeps new work off a host, within its budget
@@ -340,9 +341,11 @@ register(
             ),
             Param(
                 "evict",
-                "also kubectl drain the node (--ignore-daemonsets --delete-emptydir-data; evictions respect "
-                "PodDisruptionBudgets); a drain that does not finish in --drain-timeout fails the host, which "
-                "stays quarantined",
+                "also move the node's work off: kubernetes, kubectl drain the node (--ignore-daemonsets "
+                "--delete-emptydir-data; evictions respect PodDisruptionBudgets; a drain that does not finish "
+                "in --drain-timeout fails the host, which stays quarantined); slurm, requeue the jobs running "
+                "on a node fleetops drained (Slurm kills them and queues them again; a job it will not requeue "
+                "fails the host, which stays drained)",
                 default=False,
                 kind="flag",
                 extravars=("fleetops_quarantine_evict",),

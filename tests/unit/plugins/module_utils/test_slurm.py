@@ -196,3 +196,15 @@ def test_the_record_round_trips_and_foreign_comments_are_not_records() -> None:
     }
     for other in ("", "fleetops", "fleetops:not json", 'fleetops:{"no":"check"}', "ticket 12"):
         assert slurm.parse_record(other) is None
+
+
+def test_the_jobs_a_requeue_moves_are_squeues_ids_for_one_checked_node() -> None:
+    assert slurm.squeue_args("gpu-01") == [
+        "--noheader", "--nodelist=gpu-01", "--states=RUNNING,CONFIGURING,SUSPENDED", "--format=%A",
+    ]  # fmt: skip
+    assert slurm.parse_job_ids("17\n4\n\n17\n") == ["4", "17"]
+    assert slurm.parse_job_ids("") == []
+    with pytest.raises(slurm.SlurmError, match="not a job id"):
+        slurm.parse_job_ids("4\n5 --signal=KILL\n")
+    with pytest.raises(slurm.SlurmError, match="starts with '-'"):
+        slurm.squeue_args("-all")
