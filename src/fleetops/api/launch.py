@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetops import paths
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS, InventoryHost, InventoryTargets, load_targets
@@ -18,10 +19,18 @@ from fleetops.errors import UsageError
 from fleetops.planner import MaxParallel, one_per_batch
 from fleetops.planner import plan as plan_batches
 from fleetops.remediations import REMEDIATIONS, Remediation, backends
+from fleetops.remediations.catalog import KUBECONFIG, KUBECTL
 from fleetops.rollout import guards, killswitch
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.batch import NOT_IN_INVENTORY, InventoryScanner, PlaybookBatchRunner
-from fleetops.rollout.engine import GUARDS_KEY, HOST_TIMEOUT_VAR, REFUSED, Engine, RolloutObserver
+from fleetops.rollout.engine import (
+    GUARDS_KEY,
+    HOST_TIMEOUT_VAR,
+    REFUSED,
+    Engine,
+    FleetCapacity,
+    RolloutObserver,
+)
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.locks import locked
 from fleetops.rollout.outcome import HostOutcome
@@ -264,6 +273,42 @@ def with_pause(
     return check
 
 
+def fleet_capacity(listing: InventoryTargets, extravars: Mapping[str, Any]) -> Callable[[], FleetCapacity]:
+    """The live fleet for a rollout's capacity floor (``Engine.fleet``), read before each batch that has a
+    floor: every group's size in the whole inventory (not only the rollout's hosts), and the hosts whose
+    nodes are out of scheduling by anyone (``fleetops.nodes.read_nodes``: one scontrol or kubectl call, the
+    Kubernetes cluster only when the rollout names one, as ``remediate auto`` reads it). A host whose
+    backend is not one fleetops knows, or whose scheduler cannot be read, makes its group's capacity
+    unknown."""
+    every = list(listing.every)
+    group_of = {h.name: h.group for h in every}
+    sizes = dict(Counter(group_of.values()))
+    kube = {
+        "kubectl": str(extravars.get(KUBECTL.extravars[0]) or ""),
+        "kubeconfig": str(extravars.get(KUBECONFIG.extravars[0]) or ""),
+    }
+
+    def read() -> FleetCapacity:
+        from fleetops.nodes import read_nodes
+
+        unknown: dict[str | None, str] = {}
+        known = []
+        for host in every:
+            value = host.hostvars.get(backends.BACKEND_VAR, backends.DEFAULT_BACKEND)
+            if isinstance(value, str) and value in backends.BACKENDS:
+                known.append(host)
+            else:
+                unknown.setdefault(
+                    host.group, f"host {host.name}: {backends.BACKEND_VAR} {value!r} is no backend"
+                )
+        reading = read_nodes(known, kube)
+        for name, why in reading.unknown.items():
+            unknown.setdefault(group_of.get(name), why)
+        return FleetCapacity(sizes, {h: group_of.get(h) for h in reading.out()}, unknown)
+
+    return read
+
+
 def execute(
     rollout: Rollout,
     remediation: Remediation,
@@ -297,6 +342,7 @@ def execute(
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
             ec2_stop=with_pause(held.ec2_stop, shared_store(inventory) if rollout.apply else None),
+            fleet=fleet_capacity(listing, rollout.extravars),
         )
         if rollout.apply:
             observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")

@@ -189,9 +189,10 @@ def _add_rollout_options(rp: argparse.ArgumentParser, remediation: Remediation) 
         type=max_unhealthy,
         default=None,
         metavar="N|P%",
-        help="capacity floor: a batch does not start while more than N hosts (or P%% of its group, "
-        "rounded down; N,P%%: the smaller) of its group are unhealthy (preflight-unreachable, failed, "
-        "timed out, failed gate); the rollout stops (exit 3), the rest pending for --resume "
+        help="capacity floor: a batch does not start while more than N hosts (or P%% of its group in the "
+        "whole inventory, rounded down; N,P%%: the smaller) of its group are unhealthy (preflight-unreachable, "
+        "failed, timed out, failed gate, or a node cordoned, drained or down by anyone, read before each "
+        "batch); the rollout stops (exit 3), the rest pending for --resume "
         f"(default: {(remediation.max_unhealthy or 'none').replace('%', '%%')})",
     )
     rp.add_argument(

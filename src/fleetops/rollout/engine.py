@@ -144,6 +144,17 @@ class _Violation(Exception):
     """A guard failed mid-batch (hosts outside the batch ran): stop now, the batch's hosts in doubt."""
 
 
+@dataclass(frozen=True)
+class FleetCapacity:
+    """The live fleet, as a rollout's capacity floor sees it before a batch: every group's size in the whole
+    inventory, the hosts whose nodes are out of scheduling (host -> group), and the groups whose scheduler
+    could not be read (group -> why)."""
+
+    sizes: dict[str | None, int]
+    out: dict[str, str | None]
+    unknown: dict[str | None, str] = field(default_factory=dict)
+
+
 def guard_settings(rollout: Rollout) -> dict[str, Any]:
     """The rollout's guard settings (``rollout.plan[GUARDS_KEY]``; empty for a rollout from before them)."""
     settings = rollout.plan.get(GUARDS_KEY)
@@ -187,6 +198,8 @@ class Engine:
     guard: Callable[[], str | None] | None = None  # why no further batch may start (EC2 lease lost)
     # the kill switch's EC2 channel: the stop request tagged on the rollout's instances (None: none)
     ec2_stop: Callable[[float], killswitch.StopRequest | None] | None = None
+    # the live fleet's capacity for the floor, read before each batch (None: the rollout's own hosts only)
+    fleet: Callable[[], FleetCapacity] | None = None
     baseline: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> scan entry before
     stop_requested: threading.Event = field(default_factory=threading.Event)
     abort_requested: threading.Event = field(default_factory=threading.Event)
@@ -417,6 +430,10 @@ class Engine:
         The hosts of a group that already has more unhealthy hosts than allowed (unreachable at
         preflight or their gate, failed, timed out; the batch's own hosts not counted) are held back,
         pending; the batch's hosts of other groups run: a degraded AZ never blocks a healthy one.
+
+        With the live fleet (``fleet``, read before each batch), a group's size is the whole inventory's
+        and its nodes out of scheduling (cordoned, drained, down: by anyone) count as unhealthy too; a
+        group whose scheduler could not be read is held (its capacity is unknown).
         """
         r = self.rollout
         limit = guard_settings(r).get("max_unhealthy")
@@ -430,14 +447,29 @@ class Engine:
             for h, s in r.hosts.items()
             if s in (HOST_FAILED, HOST_SKIPPED) and not refused(r.results.get(h))
         ]
+        sizes: dict[str | None, int] | None = None
+        unknown: dict[str | None, str] = {}
+        if self.fleet is not None:
+            seen = self.fleet()
+            sizes = guards.group_sizes(group_of)
+            for group, size in seen.sizes.items():
+                sizes[group] = max(size, sizes.get(group, 0))
+            for host, group in seen.out.items():
+                group_of.setdefault(host, group)
+                if host not in unhealthy:
+                    unhealthy.append(host)
+            unknown = dict(seen.unknown)
         parsed = guards.MaxUnhealthy.parse(str(limit))
         by_group: dict[str | None, list[str]] = {}
         for host in batch:
             by_group.setdefault(group_of.get(host), []).append(host)
         held: set[str] = set()
         reasons: list[str] = []
-        for hosts in by_group.values():
-            reason = guards.capacity_violation(hosts, group_of, None, unhealthy, parsed)
+        for group, hosts in by_group.items():
+            reason = guards.capacity_violation(hosts, group_of, sizes, unhealthy, parsed)
+            if reason is None and group in unknown:
+                label = guards.NO_GROUP if group is None else f"group {group}"
+                reason = f"{label}: its capacity is unknown ({unknown[group]}); its next batch waits"
             if reason:
                 held.update(hosts)
                 reasons.append(reason)

@@ -1,0 +1,126 @@
+"""A standalone rollout's capacity floor sees the live fleet (issue 25 item 5): before each batch that has a
+floor (``--max-unhealthy``; reboot's 10% by default), a group's size is the whole inventory's, and its nodes
+out of scheduling by anyone (cordoned, drained, down: read once a batch, ``fleetops.nodes.read_nodes``) count
+as unhealthy; a group whose scheduler cannot be read waits.
+
+The engine runs with tests/fleetops/test_rollout.py's scripted runner; the fleet reader with the `scontrol`
+stand-in of tests/fleetops/test_nodes.py (``scontrol show node`` text captured from the lab's real Slurm
+22.05). A real Slurm drain counting against a reboot's floor is in tests/integration/test_slurm_lab.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetops.ansible.inventory import InventoryHost, InventoryTargets
+from fleetops.api.launch import fleet_capacity
+from fleetops.rollout.engine import FleetCapacity
+from tests.fleetops.test_nodes import _scontrol, _slurm_text
+from tests.fleetops.test_rollout import _guarded, state_home  # noqa: F401  (a fixture, used below)
+
+GROUP_OF = {"a1": "az1", "a2": "az1", "b1": "az2"}
+pytestmark = pytest.mark.usefixtures("state_home")  # the rollouts' state and audit log in tmp_path
+
+
+def test_a_node_out_by_someone_else_holds_its_groups_next_batch(tmp_path: Path) -> None:
+    reads: list[int] = []
+
+    def fleet() -> FleetCapacity:
+        reads.append(1)
+        return FleetCapacity(
+            {"az1": 4, "az2": 2}, {"a9": "az1"}
+        )  # a9: not in the rollout, drained by an admin
+
+    engine, runner = _guarded(tmp_path, [["a1"], ["b1"], ["a2"]], max_unhealthy="0", group_of=GROUP_OF)
+    engine.fleet = fleet
+    rollout = engine.run()
+    assert runner.batches == [["b1"]]  # az2 goes; az1 waits for its lost capacity
+    assert rollout.stopped is not None
+    assert rollout.stopped["reason"].startswith(
+        "group az1: 1 of its 4 hosts are unhealthy (a9), more than the 0"
+    )
+    assert len(reads) >= 2  # read before each batch, not once per rollout
+
+    alone, runner = _guarded(
+        tmp_path / "alone", [["a1"], ["b1"], ["a2"]], max_unhealthy="0", group_of=GROUP_OF
+    )
+    alone.run()
+    assert runner.batches == [["a1"], ["b1"], ["a2"]]  # without the fleet's view nothing is held
+
+
+def test_a_groups_size_is_the_whole_inventorys(tmp_path: Path) -> None:
+    # 10% of the rollout's 2 az1 hosts tolerates none; 10% of az1's 20 in the inventory tolerates 2
+    engine, runner = _guarded(tmp_path, [["a1"], ["a2"]], max_unhealthy="10%", group_of=GROUP_OF)
+    engine.fleet = lambda: FleetCapacity({"az1": 20, "az2": 5}, {"a9": "az1"})
+    engine.run()
+    assert runner.batches == [["a1"], ["a2"]]
+    engine, runner = _guarded(tmp_path / "more", [["a1"], ["a2"]], max_unhealthy="10%", group_of=GROUP_OF)
+    engine.fleet = lambda: FleetCapacity({"az1": 20}, {"a7": "az1", "a8": "az1", "a9": "az1"})
+    rollout = engine.run()
+    assert runner.batches == [] and rollout.stopped is not None
+    assert "3 of its 20 hosts are unhealthy (a7 a8 a9), more than the 2" in rollout.stopped["reason"]
+
+
+def test_a_group_whose_scheduler_cannot_be_read_waits(tmp_path: Path) -> None:
+    engine, runner = _guarded(tmp_path, [["a1"], ["b1"]], max_unhealthy="1", group_of=GROUP_OF)
+    engine.fleet = lambda: FleetCapacity(
+        {"az1": 3, "az2": 1}, {}, {"az1": "slurm: scontrol show node: timed out"}
+    )
+    rollout = engine.run()
+    assert runner.batches == [["b1"]]
+    assert rollout.stopped is not None
+    assert rollout.stopped["reason"] == (
+        "group az1: its capacity is unknown (slurm: scontrol show node: timed out); its next batch waits"
+    )
+
+
+def _host(name: str, group: str, **hostvars: object) -> InventoryHost:
+    return InventoryHost(name, group, hostvars=dict(hostvars))
+
+
+def test_the_fleet_is_read_from_the_whole_inventory_through_each_hosts_scheduler(tmp_path: Path) -> None:
+    scontrol = _scontrol(
+        tmp_path, _slurm_text(**{"s1": "drained_admin", "s2": "idle", "s3": "not_responding"})
+    )
+    slurm = {"fleetops_quarantine_backend": "slurm", "fleetops_scontrol": str(scontrol)}
+    every = [
+        _host("s1", "az1", **slurm), _host("s2", "az1", **slurm), _host("s3", "az2", **slurm),
+        _host("k1", "az1"),  # kubernetes, no cluster named: not read (as remediate auto)
+        _host("odd", "az3", fleetops_quarantine_backend="slurmm"),
+    ]  # fmt: skip
+    listing = InventoryTargets(every[:1], frozenset({"all"}), frozenset(h.name for h in every), every)
+    seen = fleet_capacity(listing, {})()
+    assert seen.sizes == {"az1": 3, "az2": 1, "az3": 1}
+    assert seen.out == {"s1": "az1", "s3": "az2"}
+    assert list(seen.unknown) == ["az3"] and "'slurmm' is no backend" in seen.unknown["az3"]
+    assert (tmp_path / "scontrol-calls").read_text().splitlines() == [" show node"]  # one call for the fleet
+
+    broken = fleet_capacity(
+        InventoryTargets([], frozenset(), frozenset(), [_host("s1", "az1", fleetops_quarantine_backend="slurm",
+                                                               fleetops_scontrol=str(tmp_path / "none"))]),
+        {},
+    )()  # fmt: skip
+    assert broken.out == {} and "No such file" in broken.unknown["az1"]
+
+
+def test_a_remediation_holds_a_group_an_admins_drain_already_took_capacity_from(tmp_path: Path) -> None:
+    """Through `remediate` (the real launch, engine and ansible-playbook on local hosts): s3, outside the
+    rollout, is drained by an admin; --max-unhealthy 0 holds s1 and s2 of its group, and nothing runs."""
+    from fleetops import api
+    from tests.fleetops.test_quarantine import STANDIN, _inventory
+
+    scontrol = _scontrol(tmp_path, _slurm_text(**{"s1": "idle", "s2": "idle", "s3": "drained_admin"}))
+    slurm = {"fleetops_quarantine_backend": "slurm", "fleetops_scontrol": str(scontrol), "fleetops_az": "az1"}
+    inv = _inventory(tmp_path, {"s1": slurm, "s2": slurm, "s3": slurm})
+    request = api.RemediationRequest(
+        action="quarantine", inventory=[inv], apply=True, gate=False, limit="s1,s2", max_parallel=1,
+        per_group_max=100, canary=0, max_unhealthy="0", params={"finding": "gpu_health", "kubectl": str(STANDIN)},
+    )  # fmt: skip
+    result = api.remediate(request, None, handle_signals=False)
+    assert result.rollout is not None and result.rollout.stopped is not None
+    assert result.rollout.stopped["reason"].startswith("group az1: 1 of its 3 hosts are unhealthy (s3)")
+    assert sorted(result.rollout.stopped["pending"]) == ["s1", "s2"]
+    calls = (tmp_path / "scontrol-calls").read_text().splitlines()
+    assert calls and all(c.endswith(" show node") for c in calls), calls  # read the fleet; drained nothing
