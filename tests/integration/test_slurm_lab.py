@@ -245,7 +245,8 @@ def test_evict_requeues_the_jobs_of_a_node_fleetops_drains_and_of_no_other(
     lab: Lab, tmp_path: Path, env: dict[str, str]
 ) -> None:
     """`quarantine --evict` on a Slurm host: the node is drained and its running job requeued (Slurm kills
-    it and queues it again; pinned to this node, it waits); an admin's drained node keeps its job."""
+    it and queues it again; pinned to this node, it waits); an admin's drained node keeps its job. Before
+    that, the admin's drain holds a reboot of its group (the rollout's capacity floor reads scontrol)."""
     backend = tmp_path / "slurm.yml"
     backend.write_text(yaml.safe_dump({"all": {"vars": {"fleetops_quarantine_backend": "slurm"}}}))
     inv = ("-i", str(lab.inventory_path()), "-i", str(backend))
@@ -259,6 +260,16 @@ def test_evict_requeues_the_jobs_of_a_node_fleetops_drains_and_of_no_other(
             "both jobs run", lambda: {_job(lab, j).get("JobState") for j in (ours, theirs)} == {"RUNNING"}, 30
         )
         _scontrol(lab, "update", f"NodeName={ADMIN}", "State=DRAIN", f"Reason={ADMIN_REASON}")
+        # the admin's drain takes capacity from lab-01's group (lab-1a): a reboot of lab-01 that allows no
+        # unhealthy host there is held before its batch, read from scontrol; nothing is rebooted
+        held = fleetops("remediate", "reboot", *inv, "-l", OTHER, "--max-unhealthy", "0", "--canary", "0",
+                        "--apply", "--format", "json", env=env)  # fmt: skip
+        assert held.rc == 3, held.stderr
+        stopped = json.loads(held.stdout)["stopped"]
+        assert stopped["reason"].startswith(f"group lab-1a: 1 of its 2 hosts are unhealthy ({ADMIN})"), (
+            stopped
+        )
+        assert stopped["pending"] == [OTHER] and _job(lab, ours)["JobState"] == "RUNNING"
         hosts = ("-l", f"{OTHER},{ADMIN}", "--per-group-max", "none", "--max-parallel", "2", "--canary", "0")
         quarantine = (
             "remediate",
