@@ -625,6 +625,27 @@ class StoredState:
             self.flush()
         return lines
 
+    def busy(self, actions: Iterable[str], half_done: Iterable[str] = ()) -> dict[str, str]:
+        """Hosts an action of ``actions`` is on now, as far as the store knows: host -> why. A ``reserved``
+        entry is a batch running (or one a dead pass left, not yet found); an ``in_doubt`` entry of an
+        action that can be left half done (``half_done``: a stop-start stopped and never started) that no
+        pass has finished yet is still out. Counted by a rollout's capacity floor, whichever controller's
+        pass took them."""
+        wanted, left = set(actions), set(half_done)
+        out: dict[str, str] = {}
+        for e in sorted(self.ledger.entries, key=lambda e: (e.at, e.id)):
+            journal = self.journal.get(e.id) or {}
+            state = journal.get("state")
+            stranded = state == IN_DOUBT and e.action in left and not journal.get("finished")
+            if e.action not in wanted or not (state == RESERVED or stranded):
+                continue
+            out[e.host] = (
+                f"{e.action} in a batch of {journal.get('pass') or 'a pass'}"
+                if state == RESERVED
+                else f"{e.action} left half done by {journal.get('pass') or 'a dead pass'}"
+            )
+        return out
+
     def unfinished(self, actions: Iterable[str]) -> list[tuple[LedgerEntry, dict[str, Any]]]:
         """The in-doubt entries of ``actions`` (those a pass can finish) on an EC2 instance, not yet
         finished: a dead pass may have left their instance half done."""

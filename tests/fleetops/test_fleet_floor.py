@@ -16,7 +16,7 @@ import pytest
 
 from fleetops.ansible.inventory import InventoryHost, InventoryTargets
 from fleetops.api.launch import fleet_capacity
-from fleetops.rollout.engine import FleetCapacity
+from fleetops.rollout.engine import FleetCapacity, NullObserver
 from tests.fleetops.test_nodes import _scontrol, _slurm_text
 from tests.fleetops.test_rollout import _guarded, state_home  # noqa: F401  (a fixture, used below)
 
@@ -35,7 +35,16 @@ def test_a_node_out_by_someone_else_holds_its_groups_next_batch(tmp_path: Path) 
 
     engine, runner = _guarded(tmp_path, [["a1"], ["b1"], ["a2"]], max_unhealthy="0", group_of=GROUP_OF)
     engine.fleet = fleet
+    told: list[str] = []
+    engine.observer = Told(told)
     rollout = engine.run()
+    # told once, before the first batch: each group's capacity as the floor sees it
+    assert [t for t in told if t.startswith("capacity: ")] == [
+        "capacity: group az1: 4 hosts in the inventory, 1 unhealthy now (a9); --max-unhealthy 0 allows 0: "
+        "its batches wait",
+        "capacity: group az2: 2 hosts in the inventory, 0 unhealthy now; --max-unhealthy 0 allows 0: 0 more may "
+        "be lost",
+    ]
     assert runner.batches == [["b1"]]  # az2 goes; az1 waits for its lost capacity
     assert rollout.stopped is not None
     assert rollout.stopped["reason"].startswith(
@@ -48,6 +57,14 @@ def test_a_node_out_by_someone_else_holds_its_groups_next_batch(tmp_path: Path) 
     )
     alone.run()
     assert runner.batches == [["a1"], ["b1"], ["a2"]]  # without the fleet's view nothing is held
+
+
+class Told(NullObserver):
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def message(self, text: str, style: str = "") -> None:
+        self.lines.append(text)
 
 
 def test_a_groups_size_is_the_whole_inventorys(tmp_path: Path) -> None:
@@ -124,3 +141,43 @@ def test_a_remediation_holds_a_group_an_admins_drain_already_took_capacity_from(
     assert sorted(result.rollout.stopped["pending"]) == ["s1", "s2"]
     calls = (tmp_path / "scontrol-calls").read_text().splitlines()
     assert calls and all(c.endswith(" show node") for c in calls), calls  # read the fleet; drained nothing
+
+
+def test_with_a_shared_store_hosts_an_auto_pass_is_acting_on_count_too(tmp_path: Path) -> None:
+    """An auto pass on another controller reserved a reboot of h2 (its batch runs now) and left a stop-start
+    of h3 half done (in doubt, never finished): a rollout's floor counts both out; a reboot settled done
+    (h4) or a dead pass's in-doubt reboot (h5, nothing half done about it) does not."""
+    from ansible_collections.fleetops.node.plugins.module_utils import store as mu
+
+    from fleetops import store
+
+    shared = store.Store(mu.MemoryStore(clock=lambda: 1.8e9), clock=lambda: 1.8e9)
+    dead = store.StoredState(shared)
+    dead.load()  # auto-b: died mid-batch
+    dead.reserve(
+        "auto-b", "stop-start", [("h3", "az1", "r", 2, "c")], "ctl-b", 1.8e9, {"h3": ("i-3", "us-east-1")}
+    )
+    dead.reserve("auto-b", "reboot", [("h5", "az1", "r", 1, "c")], "ctl-b", 1.8e9)
+    later = store.StoredState(shared)
+    later.load()
+    later.recover(
+        "auto-a"
+    )  # auto-a, the next pass, finds auto-b dead: h3's stop-start and h5's reboot in doubt
+    done = later.reserve("auto-a", "reboot", [("h4", "az1", "r", 1, "c")], "ctl-a", 1.8e9)
+    later.settle(done, ["h4"], "reboot", 1.8e9)
+    later.reserve("auto-a", "reboot", [("h2", "az1", "r", 1, "c")], "ctl-a", 1.8e9)  # its batch runs now
+    assert later.busy(["reboot"]) == {"h2": "reboot in a batch of auto-a"}
+
+    every = [_host(h, "az1") for h in ("h1", "h2", "h3", "h4", "h5")]
+    listing = InventoryTargets(every[:1], frozenset({"all"}), frozenset(h.name for h in every), every)
+    seen = fleet_capacity(listing, {}, shared)()
+    assert seen.out == {"h2": "az1", "h3": "az1"} and seen.unknown == {}
+    # the rollout's own hosts are never busy to it (the pass reserved them before its rollout's batches)
+    assert fleet_capacity(listing, {}, shared, own={"h2"})().out == {"h3": "az1"}
+
+    def outage(operation: str) -> None:
+        raise mu.StoreError(f"{operation}: ThrottlingException (after 5 tries)")
+
+    failing = store.Store(mu.MemoryStore(fail=outage), clock=lambda: 1.8e9)
+    seen = fleet_capacity(listing, {}, failing)()
+    assert list(seen.unknown) == ["az1"] and "shared store" in seen.unknown["az1"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -273,13 +273,20 @@ def with_pause(
     return check
 
 
-def fleet_capacity(listing: InventoryTargets, extravars: Mapping[str, Any]) -> Callable[[], FleetCapacity]:
+def fleet_capacity(
+    listing: InventoryTargets,
+    extravars: Mapping[str, Any],
+    store: Store | None = None,
+    own: Collection[str] = (),
+) -> Callable[[], FleetCapacity]:
     """The live fleet for a rollout's capacity floor (``Engine.fleet``), read before each batch that has a
-    floor: every group's size in the whole inventory (not only the rollout's hosts), and the hosts whose
+    floor: every group's size in the whole inventory (not only the rollout's hosts), the hosts whose
     nodes are out of scheduling by anyone (``fleetops.nodes.read_nodes``: one scontrol or kubectl call, the
-    Kubernetes cluster only when the rollout names one, as ``remediate auto`` reads it). A host whose
-    backend is not one fleetops knows, or whose scheduler cannot be read, makes its group's capacity
-    unknown."""
+    Kubernetes cluster only when the rollout names one, as ``remediate auto`` reads it), and, with a shared
+    store, the hosts a disruptive action of an auto pass is on now (``StoredState.busy``: in a batch, or
+    left half done). A host whose backend is not one fleetops knows, or whose scheduler or store cannot be
+    read, makes its group's capacity unknown. ``own``: the rollout's hosts, never counted as busy in the
+    store (an auto pass reserves its whole action before the action's rollout runs its batches)."""
     every = list(listing.every)
     group_of = {h.name: h.group for h in every}
     sizes = dict(Counter(group_of.values()))
@@ -304,7 +311,21 @@ def fleet_capacity(listing: InventoryTargets, extravars: Mapping[str, Any]) -> C
         reading = read_nodes(known, kube)
         for name, why in reading.unknown.items():
             unknown.setdefault(group_of.get(name), why)
-        return FleetCapacity(sizes, {h: group_of.get(h) for h in reading.out()}, unknown)
+        out = {h: group_of.get(h) for h in reading.out()}
+        if store is not None:
+            from fleetops.store import StoredState, StoreFailure
+
+            try:
+                state = StoredState(store)
+                state.load()
+                disruptive = [name for name, r in REMEDIATIONS.items() if r.disruptive]
+                half_done = [name for name, r in REMEDIATIONS.items() if r.in_flight]
+                busy = state.busy(disruptive, half_done)
+                out.update({h: group_of.get(h) for h in busy if h in group_of and h not in own})
+            except StoreFailure as exc:
+                for group in sizes:
+                    unknown.setdefault(group, str(exc))
+        return FleetCapacity(sizes, out, unknown)
 
     return read
 
@@ -342,7 +363,9 @@ def execute(
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
             ec2_stop=with_pause(held.ec2_stop, shared_store(inventory) if rollout.apply else None),
-            fleet=fleet_capacity(listing, rollout.extravars),
+            fleet=fleet_capacity(
+                listing, rollout.extravars, shared_store(inventory), frozenset(rollout.hosts)
+            ),
         )
         if rollout.apply:
             observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")

@@ -390,6 +390,7 @@ class Engine:
         r.save()
         self.running_since = time.time()
         self.held_back: list[str] = []  # capacity-floor reasons; their hosts stay pending
+        self.capacity_told = False  # the live fleet's capacity, told once per run (the first batch's reading)
         self.observer.rollout_started(r)
         try:
             return self._run_all()
@@ -460,6 +461,9 @@ class Engine:
                     unhealthy.append(host)
             unknown = dict(seen.unknown)
         parsed = guards.MaxUnhealthy.parse(str(limit))
+        if self.fleet is not None and not self.capacity_told and sizes is not None:
+            self.capacity_told = True
+            self._tell_capacity(group_of, sizes, unhealthy, unknown, parsed)
         by_group: dict[str | None, list[str]] = {}
         for host in batch:
             by_group.setdefault(group_of.get(host), []).append(host)
@@ -474,6 +478,37 @@ class Engine:
                 held.update(hosts)
                 reasons.append(reason)
         return [h for h in batch if h not in held], reasons
+
+    def _tell_capacity(
+        self,
+        group_of: dict[str, str | None],
+        sizes: dict[str | None, int],
+        unhealthy: Sequence[str],
+        unknown: dict[str | None, str],
+        limit: guards.MaxUnhealthy,
+    ) -> None:
+        """One line per group the rollout still has hosts to act on: its size in the inventory, its hosts
+        unhealthy now (nodes out of scheduling by anyone, this rollout's failures), and how many more the
+        floor lets it lose: what an operator checks before an apply (a dry run prints it too)."""
+        r = self.rollout
+        groups = dict.fromkeys(group_of.get(h) for h, s in r.hosts.items() if s == HOST_PENDING)
+        for group in groups:
+            label = guards.NO_GROUP if group is None else f"group {group}"
+            if group in unknown:
+                self.observer.message(
+                    f"capacity: {label}: unknown ({unknown[group]}): its batches wait", "warning"
+                )
+                continue
+            down = sorted(h for h in unhealthy if group_of.get(h) == group)
+            allowed = limit.allowed(sizes.get(group, 0))
+            names = " ".join(down[:5]) + (f" and {len(down) - 5} more" if len(down) > 5 else "")
+            self.observer.message(
+                f"capacity: {label}: {sizes.get(group, 0)} hosts in the inventory, {len(down)} unhealthy now"
+                + (f" ({names})" if down else "")
+                + f"; --max-unhealthy {limit} allows {allowed}: "
+                + (f"{allowed - len(down)} more may be lost" if len(down) <= allowed else "its batches wait"),
+                "dim" if len(down) <= allowed else "warning",
+            )
 
     def _run_all(self) -> Rollout:
         r = self.rollout
