@@ -111,7 +111,10 @@ def test_the_fleet_is_read_from_the_whole_inventory_through_each_hosts_scheduler
     seen = fleet_capacity(listing, {})()
     assert seen.sizes == {"az1": 3, "az2": 1, "az3": 1}
     assert seen.out == {"s1": "az1", "s3": "az2"}
-    assert list(seen.unknown) == ["az3"] and "'slurmm' is no backend" in seen.unknown["az3"]
+    assert (
+        list(seen.unknown) == ["az3"]
+        and "fleetops_quarantine_backend 'slurmm' is not a quarantine backend" in seen.unknown["az3"]
+    )
     assert (tmp_path / "scontrol-calls").read_text().splitlines() == [" show node"]  # one call for the fleet
 
     broken = fleet_capacity(

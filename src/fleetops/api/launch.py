@@ -301,13 +301,12 @@ def fleet_capacity(
         unknown: dict[str | None, str] = {}
         known = []
         for host in every:
-            value = host.hostvars.get(backends.BACKEND_VAR, backends.DEFAULT_BACKEND)
-            if isinstance(value, str) and value in backends.BACKENDS:
-                known.append(host)
+            try:
+                backends.backend_of(host.name, host.hostvars)
+            except UsageError as exc:
+                unknown.setdefault(host.group, str(exc))
             else:
-                unknown.setdefault(
-                    host.group, f"host {host.name}: {backends.BACKEND_VAR} {value!r} is no backend"
-                )
+                known.append(host)
         reading = read_nodes(known, kube)
         for name, why in reading.unknown.items():
             unknown.setdefault(group_of.get(name), why)
@@ -350,6 +349,7 @@ def execute(
     guards.check_target_names(names, groups)
     if rollout.apply:
         ensure_audit_writable()  # never change a host unaudited (AuditError, exit 3, nothing changed)
+    store = shared_store(inventory)
     with locked(rollout, names, break_lock, say=lambda line: observer.message(line, "dim")) as held:
         engine = Engine(
             rollout=rollout,
@@ -362,10 +362,8 @@ def execute(
             replaces_host=remediation.replaces_host,
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
-            ec2_stop=with_pause(held.ec2_stop, shared_store(inventory) if rollout.apply else None),
-            fleet=fleet_capacity(
-                listing, rollout.extravars, shared_store(inventory), frozenset(rollout.hosts)
-            ),
+            ec2_stop=with_pause(held.ec2_stop, store if rollout.apply else None),
+            fleet=fleet_capacity(listing, rollout.extravars, store, frozenset(rollout.hosts)),
         )
         if rollout.apply:
             observer.message(f"rollout {rollout.id}: state {rollout.state_path}", "dim")

@@ -455,9 +455,10 @@ class Engine:
             sizes = guards.group_sizes(group_of)
             for group, size in seen.sizes.items():
                 sizes[group] = max(size, sizes.get(group, 0))
+            known = set(unhealthy)
             for host, group in seen.out.items():
                 group_of.setdefault(host, group)
-                if host not in unhealthy:
+                if host not in known:
                     unhealthy.append(host)
             unknown = dict(seen.unknown)
         parsed = guards.MaxUnhealthy.parse(str(limit))
@@ -501,10 +502,9 @@ class Engine:
                 continue
             down = sorted(h for h in unhealthy if group_of.get(h) == group)
             allowed = limit.allowed(sizes.get(group, 0))
-            names = " ".join(down[:5]) + (f" and {len(down) - 5} more" if len(down) > 5 else "")
             self.observer.message(
                 f"capacity: {label}: {sizes.get(group, 0)} hosts in the inventory, {len(down)} unhealthy now"
-                + (f" ({names})" if down else "")
+                + (f" ({guards.named(down)})" if down else "")
                 + f"; --max-unhealthy {limit} allows {allowed}: "
                 + (f"{allowed - len(down)} more may be lost" if len(down) <= allowed else "its batches wait"),
                 "dim" if len(down) <= allowed else "warning",

@@ -247,6 +247,11 @@ def group_sizes(group_of: Mapping[str, str | None]) -> Counter[str | None]:
     return Counter(group_of.values())
 
 
+def named(hosts: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` of ``hosts``, then how many more: ``a b c d e and 7 more``."""
+    return " ".join(hosts[:shown]) + (f" and {len(hosts) - shown} more" if len(hosts) > shown else "")
+
+
 def capacity_violation(
     batch_hosts: Iterable[str],
     group_of: Mapping[str, str | None],
@@ -269,10 +274,9 @@ def capacity_violation(
         size = sizes.get(group, 0)
         allowed = limit.allowed(size)
         if len(down) > allowed:
-            names = " ".join(down[:5]) + (f" and {len(down) - 5} more" if len(down) > 5 else "")
             label = NO_GROUP if group is None else f"group {group}"
             return (
-                f"{label}: {len(down)} of its {size} hosts are unhealthy ({names}), more than the "
+                f"{label}: {len(down)} of its {size} hosts are unhealthy ({named(down)}), more than the "
                 f"{allowed} that --max-unhealthy {limit} allows; its next batch would take more capacity away"
             )
     return None
