@@ -184,3 +184,31 @@ def test_with_a_shared_store_hosts_an_auto_pass_is_acting_on_count_too(tmp_path:
     failing = store.Store(mu.MemoryStore(fail=outage), clock=lambda: 1.8e9)
     seen = fleet_capacity(listing, {}, failing)()
     assert list(seen.unknown) == ["az1"] and "shared store" in seen.unknown["az1"]
+
+
+def test_a_cluster_this_controller_cannot_reach_is_not_read_and_holds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the reboot playbook's kubectl hooks are skipped without a kubectl or a kubeconfig on the controller
+    (the rollout then touches no node), its floor reads no Kubernetes node; a kubectl that is there but
+    fails makes the group's capacity unknown."""
+    calls = tmp_path / "calls"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho "error: the server is gone" >&2; exit 1\n')
+    kubectl.chmod(0o755)
+    config = tmp_path / "kubeconfig"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    listing = InventoryTargets([], frozenset(), frozenset({"k1"}), [_host("k1", "az1")])
+    for extravars, env in (
+        ({"fleetops_kubectl": str(tmp_path / "no-kubectl")}, str(config)),  # no kubectl
+        ({"fleetops_kubectl": str(kubectl)}, str(tmp_path / "missing")),  # no kubeconfig
+        ({"fleetops_kubectl": str(kubectl), "fleetops_kubeconfig": str(tmp_path / "missing")}, str(config)),
+    ):
+        config.write_text("apiVersion: v1\nkind: Config\n")
+        monkeypatch.setenv("KUBECONFIG", env)
+        seen = fleet_capacity(listing, extravars)()
+        assert (seen.out, seen.unknown) == ({}, {}), extravars
+    assert not calls.exists()
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    seen = fleet_capacity(listing, {"fleetops_kubectl": str(kubectl)})()
+    assert "the server is gone" in seen.unknown["az1"] and calls.exists()

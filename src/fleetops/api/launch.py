@@ -5,6 +5,8 @@ and its run under the lock (``execute``: also a resume's)."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -273,6 +275,20 @@ def with_pause(
     return check
 
 
+def _kube_here(kube: Mapping[str, str]) -> bool:
+    """Whether this controller can reach the cluster a rollout names, as the reboot playbook's kubectl hooks
+    judge it (``kubectl hooks skipped: no kubectl`` / ``no kubeconfig on the controller``): the kubectl runs,
+    and a kubeconfig it names (``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``) exists, or
+    this is a pod (in-cluster config). Without them the rollout touches no node, and its floor reads none."""
+    kubectl = kube.get("kubectl") or KUBECTL.default
+    if shutil.which(str(kubectl)) is None:
+        return False
+    configs = [kube["kubeconfig"]] if kube.get("kubeconfig") else [
+        p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p
+    ] or [os.path.expanduser("~/.kube/config")]  # fmt: skip
+    return any(os.path.exists(p) for p in configs) or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
 def fleet_capacity(
     listing: InventoryTargets,
     extravars: Mapping[str, Any],
@@ -294,6 +310,7 @@ def fleet_capacity(
         "kubectl": str(extravars.get(KUBECTL.extravars[0]) or ""),
         "kubeconfig": str(extravars.get(KUBECONFIG.extravars[0]) or ""),
     }
+    kube_here = _kube_here(kube)  # without it, Kubernetes nodes are not read (as the hooks are skipped)
 
     def read() -> FleetCapacity:
         from fleetops.nodes import read_nodes
@@ -302,10 +319,11 @@ def fleet_capacity(
         known = []
         for host in every:
             try:
-                backends.backend_of(host.name, host.hostvars)
+                backend = backends.backend_of(host.name, host.hostvars)
             except UsageError as exc:
                 unknown.setdefault(host.group, str(exc))
-            else:
+                continue
+            if backend is not backends.BACKENDS["kubernetes"] or kube_here:
                 known.append(host)
         reading = read_nodes(known, kube)
         for name, why in reading.unknown.items():
