@@ -21,6 +21,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from fleetops.ansible.facts import gauges
 from fleetops.remediations import REMEDIATIONS
+from fleetops.scan import node_out
 from fleetops.util import atomic_write
 
 
@@ -44,17 +45,12 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
     for key in ("ok", "unreachable", "failed"):
         made["scan_hosts"].labels(key).set(report["summary"][key])
     nodes = {h: e["node"] for h, e in report["hosts"].items() if e.get("node")}
-    if (
-        nodes
-    ):  # the controller's reading of the scheduler (fleetops.nodes.scan_view): not a host timer's gauge
+    # the controller's reading of the scheduler (fleetops.nodes.scan_view): not a host timer's gauge
+    if nodes:
         name, text, labels = SCHEDULER_NODE_GAUGE
         phase = Gauge(f"fleetops_{name}", text, labelnames=labels, registry=reg)
         for host, node in sorted(nodes.items()):
-            by = (
-                ""
-                if node.get("phase") in ("in", "missing", "unknown")
-                else ("fleetops" if node.get("ours") else "other")
-            )
+            by = ("fleetops" if node.get("ours") else "other") if node_out(node) else ""
             phase.labels(
                 host, str(node.get("backend")), str(node.get("node")), str(node.get("phase")), by
             ).set(1)

@@ -33,7 +33,7 @@ from typing import Any
 
 from fleetops.ansible.collection import module_utils
 from fleetops.ansible.inventory import InventoryHost
-from fleetops.remediations.backends import BACKEND_VAR, BACKENDS, QUARANTINE_KEY, backend_of
+from fleetops.remediations.backends import BACKENDS, QUARANTINE_KEY, backend_of, on_slurm
 from fleetops.remediations.catalog import KUBECTL
 from fleetops.rollout.killswitch import one_line
 
@@ -130,7 +130,7 @@ def scan_view(
     Read once per scan on the controller (one ``scontrol show node`` per scontrol and slurm.conf the hosts
     name), for the hosts whose ``fleetops_quarantine_backend`` is ``slurm``; {} when there are none. Kubernetes
     nodes are read by ``remediate auto``, which is told which cluster (a scan is not)."""
-    slurm = [h for h in hosts if h.hostvars.get(BACKEND_VAR) == "slurm"]
+    slurm = [h for h in hosts if on_slurm(h.hostvars)]
     if not slurm:
         return {}
     reading = read_nodes(slurm, run=run, timeout=timeout)

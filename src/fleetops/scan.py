@@ -209,6 +209,12 @@ def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     )
 
 
+def node_out(node: Mapping[str, Any]) -> bool:
+    """A report entry's scheduler node (``node``) takes no new work: any phase but in, missing (the scheduler
+    does not list it) and unknown (it could not be read)."""
+    return node.get("phase") not in ("in", "missing", "unknown")
+
+
 def with_nodes(report: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """``report`` with each host's scheduler node (``nodes``: ``fleetops.nodes.scan_view``) in its entry
     (``node``), and its summary counted again (``node_errors``: hosts whose node could not be read)."""

@@ -74,7 +74,7 @@ from fleetops.exitcodes import ExitCode
 from fleetops.planner import MaxParallel
 from fleetops.remediations import REMEDIATIONS
 from fleetops.remediations import get as get_remediation
-from fleetops.remediations.backends import BACKEND_VAR
+from fleetops.remediations.backends import on_slurm
 from fleetops.rollout import guards
 from fleetops.rollout.audit import audit_pass
 from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
@@ -215,7 +215,7 @@ def scan(
 
     # each Slurm host's node, read once before the hosts answer, so that every entry carries it as it streams
     nodes: dict[str, dict[str, Any]] = {}
-    if any(h.hostvars.get(BACKEND_VAR) == "slurm" for h in listed if h.name in held):
+    if any(on_slurm(h.hostvars) for h in listed if h.name in held):
         from fleetops.nodes import scan_view
 
         nodes = scan_view([h for h in listed if h.name in held])

@@ -14,6 +14,7 @@ from rich.table import Table
 from fleetops.ansible.facts import severities
 from fleetops.cli.args import SUMMARY_ABOVE
 from fleetops.drift import UNKNOWN_GROUP
+from fleetops.scan import node_out
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 STATUS_STYLE = {"ok": "green", "unreachable": "bold red", "failed": "bold red"}
@@ -35,7 +36,7 @@ def node_cell(node: Mapping[str, Any] | None) -> str:
     if not node:
         return "-"
     text = f"{node.get('backend')} {node.get('phase')}"
-    if node.get("phase") not in ("in", "missing", "unknown"):
+    if node_out(node):
         text += " by fleetops" if node.get("ours") else (f": {node['reason']}" if node.get("reason") else "")
     return text
 
@@ -58,9 +59,7 @@ def node_lines(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if not nodes:
         return []
     out = Counter(
-        f"{n['phase']} by {'fleetops' if n.get('ours') else 'someone else'}"
-        for n in nodes
-        if n.get("phase") not in ("in", "missing", "unknown")
+        f"{n['phase']} by {'fleetops' if n.get('ours') else 'someone else'}" for n in nodes if node_out(n)
     )
     missing = sum(1 for n in nodes if n.get("phase") == "missing")
     line = f"  scheduler: {len(nodes):,} node(s) read, {sum(out.values()):,} out of service"

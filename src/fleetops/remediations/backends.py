@@ -69,6 +69,11 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+def on_slurm(hostvars: Mapping[str, Any]) -> bool:
+    """Whether the host's hostvars pick the Slurm backend (no check: ``backend_of`` judges the value)."""
+    return hostvars.get(BACKEND_VAR) == BACKENDS["slurm"].name
+
+
 def backend_of(host: str, hostvars: Mapping[str, Any]) -> Backend:
     """The host's backend; UsageError (one line) for a value that names none."""
     value = hostvars.get(BACKEND_VAR, DEFAULT_BACKEND)
