@@ -393,14 +393,19 @@ class Simulation:
 
         class Module:
             @staticmethod
-            def finish_instance(settings: Any, region: str, instance_id: str) -> dict[str, Any]:
+            def in_flight_record(settings: Any, region: str, instance_id: str) -> dict[str, Any]:
+                return {}
+
+            @staticmethod
+            def finish_instance(settings: Any, record: dict[str, Any]) -> dict[str, Any]:
                 sim.sched.point()
+                instance_id = record["instance"]
                 host = instance_id.removeprefix("i-")
                 if host in sim.fleet.stopped:
                     sim.start(host)
                     return {"msg": f"instance {instance_id} started", "changed": True}
                 return {
-                    "msg": f"instance {instance_id} is running: no stop-start to finish",
+                    "msg": f"instance {instance_id} is running: nothing to finish",
                     "changed": False,
                 }
 

@@ -324,12 +324,20 @@ class _NotCheckMode:
     check_mode = False
 
 
-def finish_instance(settings, region, instance_id, stop_timeout=600, start_timeout=600, poll_interval=5.0):
+def in_flight_record(settings, region, instance_id):
+    """What a later pass needs to finish a stop-start a killed run leaves half done, beyond the instance
+    and its region: nothing."""
+    return {}
+
+
+def finish_instance(settings, record, stop_timeout=600, start_timeout=600, poll_interval=5.0):
     """Finish, from the controller, a stop-start that a killed run left half done: the C(finish) option's
     ``run`` (a stopping instance waited for and started, a stopped one started, a running one left
     alone). ``remediate auto`` calls it for a stop-start a dead pass reserved and never settled, whose
-    instance an inventory of running instances no longer lists. StopStartError or aws.AwsError on failure."""
-    instance = Instance(settings, region, instance_id, poll_interval)
+    instance an inventory of running instances no longer lists; ``record``: the reservation's journal
+    (``instance``, ``region``). StopStartError or aws.AwsError on failure."""
+    instance_id = record["instance"]
+    instance = Instance(settings, record["region"], instance_id, poll_interval)
     params = {"finish": True, "stop_timeout": stop_timeout, "start_timeout": start_timeout}
     return run(_NotCheckMode(), instance, params, {"changed": False, "instance_id": instance_id})
 

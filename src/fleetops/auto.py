@@ -940,14 +940,17 @@ class _Pass:
         return malformed
 
     def finish_in_flight(self, state: StoredState) -> None:
-        """Finish every action a dead pass left half done on an EC2 instance (``Remediation.in_flight``:
-        a stop-start stopped and never started), through the collection module's ``finish_instance`` —
-        whether or not the inventory still lists the instance. One that cannot be finished now fails the
-        pass (exit 3) and is tried again by the next."""
+        """Finish every action a dead pass left half done on an EC2 instance (``Remediation.in_flight``: a
+        stop-start stopped and never started, a replace whose group may still be launching), through the
+        collection module's ``finish_instance`` — whether or not the inventory still lists the instance. A
+        finisher that names new instances (a replace's) finishes only once this pass's scan has each of
+        them clean; until then the journal keeps them. One that cannot be finished now fails the pass
+        (exit 3) and is tried again by the next."""
         finishers = {name: r.in_flight for name, r in REMEDIATIONS.items() if r.in_flight}
         result = self.result
+        changed = False
         for entry, journal in state.unfinished(finishers):
-            instance, region = str(journal["instance"]), str(journal.get("region") or "")
+            instance = str(journal["instance"])
             where = f"{entry.host} ({instance})"
             if self.inputs.connection is None:
                 result.unfinished.append(where)
@@ -956,31 +959,86 @@ class _Pass:
                     "has no EC2 source to finish it with"
                 )
                 continue
-            module = load(f"plugins.modules.{finishers[entry.action]}")
-            regions = self.inputs.connection.regions
-            try:
-                done = module.finish_instance(
-                    self.inputs.connection.settings(),
-                    region or (regions[0] if regions else "us-east-1"),
-                    instance,
-                )
-            except Exception as exc:
+            msg = ""
+            if not isinstance(journal.get("new_instances"), list):
+                regions = self.inputs.connection.regions
+                record = {
+                    **journal,
+                    "region": journal.get("region") or (regions[0] if regions else "us-east-1"),
+                    "at": entry.at,
+                }
+                module = load(f"plugins.modules.{finishers[entry.action]}")
+                try:
+                    done = module.finish_instance(self.inputs.connection.settings(), record)
+                except Exception as exc:
+                    result.unfinished.append(where)
+                    self.warn(
+                        f"{where}: failed to finish the {entry.action} a dead pass left: {exc}; the next "
+                        "pass tries again"
+                    )
+                    continue
+                msg = str(done.get("msg", "done"))
+                if done.get("new_instances"):
+                    journal["new_instances"] = [str(i) for i in done["new_instances"]]
+                    changed = True
+            why = self.not_scanned_clean(journal.get("new_instances") or [])
+            if why is not None:
                 result.unfinished.append(where)
+                told = f": {msg}; it" if msg else ""
                 self.warn(
-                    f"{where}: failed to finish the {entry.action} a dead pass left: {exc}; the next pass "
-                    "tries again"
+                    f"{where}: the {entry.action} a dead pass left{told} is not finished: {why}; the next "
+                    "pass looks again"
                 )
                 continue
             journal["finished"] = True
-            line = (
-                f"{where}: finished the {entry.action} a dead pass left half done: {done.get('msg', 'done')}"
-            )
+            changed = True
+            if journal.get("new_instances"):
+                msg = f"{msg + '; ' if msg else ''}{', '.join(journal['new_instances'])} scanned clean"
+            line = f"{where}: finished the {entry.action} a dead pass left half done: {msg or 'done'}"
             result.finished.append(line)
             self.say(line, "bold")
-        if result.finished:
+        if changed:
             state.flush()
         for entry, _journal in state.unfinished(finishers):
             self.in_flight[entry.host] = f"{entry.action} left half done"
+
+    def not_scanned_clean(self, instances: Sequence[str]) -> str | None:
+        """Why this pass's scan does not show each of ``instances`` (EC2 ids) answering with no warning or
+        critical finding (None: it does), the replace gate's test."""
+        host_of = {t.instance: h for h, t in {**self.inputs.fleet_tags, **self.inputs.tags}.items()}
+        scanned = self.inputs.scan_report.get("hosts") or {}
+        for iid in instances:
+            host = host_of.get(iid)
+            entry = scanned.get(host) if host is not None else None
+            if not isinstance(entry, Mapping):
+                return (
+                    f"its new instance {iid} is not in this pass's scan (not yet in the inventory, or outside "
+                    "its limit)"
+                )
+            if entry.get("status") != "ok":
+                status = entry.get("status") or "not scanned"
+                return f"its new instance {iid} ({host}) is {status} in this pass's scan"
+            bad = [
+                str(f.get("summary") or f.get("check"))
+                for f in entry.get("findings") or []
+                if isinstance(f, Mapping) and f.get("severity") in ("warning", "critical")
+            ]
+            if bad:
+                return f"this pass's scan of its new instance {iid} ({host}) finds: {'; '.join(bad)}"
+        return None
+
+    def in_flight_records(self, action: str, instances: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+        """host -> what a later pass needs to finish ``action`` on it should this pass die mid-batch (its
+        ``Remediation.in_flight`` module's ``in_flight_record``, read from EC2 before the batch starts)."""
+        finisher = REMEDIATIONS[action].in_flight if action in REMEDIATIONS else None
+        if finisher is None or self.inputs.connection is None or not instances:
+            return {}
+        module = load(f"plugins.modules.{finisher}")
+        settings = self.inputs.connection.settings()
+        return {
+            host: module.in_flight_record(settings, region, instance)
+            for host, (instance, region) in instances.items()
+        }
 
     def run_with_store(self, store: Store) -> None:
         inputs, result = self.inputs, self.result
@@ -1039,8 +1097,17 @@ class _Pass:
                             for d in decisions
                             if d.host in inputs.tags
                         }
+                        try:  # no in-flight record, no disruptive call: a later pass could not finish it
+                            records = self.in_flight_records(action, instances)
+                        except Exception as exc:
+                            result.store_failure = (
+                                f"{action}: could not read what a later pass would need to finish it: {exc}"
+                            )
+                            return result.store_failure
                         at = self.clock()
-                        reserved[action] = state.reserve(pass_id, action, picks, controller, at, instances)
+                        reserved[action] = state.reserve(
+                            pass_id, action, picks, controller, at, instances, records
+                        )
                         # the lease, checked with a write of its own right before acting: a pass that hung
                         # while reserving (past its lease) finds it taken and acts on nothing
                         if lease is not None:

@@ -553,11 +553,14 @@ class StoredState:
         controller: str,
         now: float,
         instances: Mapping[str, tuple[str, str]] | None = None,
+        records: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, str]:
         """Record ``action`` on each pick ``(host, group, rule, rung, check)`` as ``reserved`` by
         ``pass_id`` and write it before anything runs; {host: entry id}. ``instances``: host -> (EC2
         instance id, region), kept with the entry so a later pass can finish the action on an instance no
-        inventory lists any more. StoreFailure: not reserved, so the batch must not start."""
+        inventory lists any more; ``records``: host -> what else that finisher needs (a replace: the
+        instance's Auto Scaling group and its instances). StoreFailure: not reserved, so the batch must
+        not start."""
         ids: dict[str, str] = {}
         for host, group, rule, rung, check in picks:
             entry = self.ledger.record(action, host, group, now, controller)
@@ -570,6 +573,7 @@ class StoredState:
             }
             if instances and host in instances:
                 journal["instance"], journal["region"] = instances[host]
+                journal.update((records or {}).get(host) or {})
             self.journal[entry.id] = journal
             ids[host] = entry.id
         self.flush()

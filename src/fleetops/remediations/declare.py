@@ -176,8 +176,10 @@ class Remediation:
     # Optional: (hostvars -> why this remediation must not touch the host, or None); a refused host is
     # left out untouched, skipped with "refused: <why>" (the rollout then exits 3; it is not unhealthy)
     refuse: Callable[[Mapping[str, Any]], str | None] | None = None
-    # Optional: the collection module whose ``finish_instance(settings, region, instance_id)`` finishes this
-    # action on an EC2 instance that a killed auto pass left half done (stop-start: stopped, never started)
+    # Optional: the collection module whose ``finish_instance(settings, record)`` finishes this action on an
+    # EC2 instance that a killed auto pass left half done (stop-start: stopped, never started; replace: the
+    # group's new instance found, then scanned clean by the pass); ``record``: the reservation's journal,
+    # which keeps the module's ``in_flight_record(settings, region, instance_id)``, read before the batch
     in_flight: str | None = None
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
