@@ -376,6 +376,70 @@ def replace(module, api, result):
         time.sleep(max(0.0, min(params["poll_interval"], deadline - time.monotonic())))
 
 
+def in_flight_record(settings, region, instance_id):
+    """What a later pass needs to finish a replace of ``instance_id`` that a killed run leaves half done,
+    read right before it starts (``remediate auto`` keeps it with its reservation in the shared store):
+    the instance's group and the group's instances then, as a terminated instance soon leaves its group
+    and EC2 drops its tags ({} for an instance in no group: the replace refuses it). aws.AwsError on failure."""
+    api = Aws(settings, region)
+    entry = api.membership(instance_id)
+    if entry is None:
+        return {}
+    name = entry["AutoScalingGroupName"]
+    return {"asg": name, "members": group_view(api.group(name))["instances"]}
+
+
+def finish_instance(settings, record, timeout=600, poll_interval=5.0):
+    """Finish, from the controller, a replace that a killed run left half done. ``record``: the reservation's
+    journal (``instance``, ``region``, and ``in_flight_record``'s ``asg`` and ``members``). The old instance
+    still InService and Healthy in its group: the replace never started, nothing to wait for. Otherwise
+    waits, at most ``timeout`` seconds, for the group to be back at its desired capacity with the old
+    instance gone, and returns the instances launched since (``new_instances``, ids): the caller must see
+    them scan clean. ReplaceError or aws.AwsError on failure."""
+    instance_id, name = record["instance"], record.get("asg")
+    api = Aws(settings, record["region"])
+    entry = api.membership(instance_id)
+    state = ((api.instances([instance_id]).get(instance_id) or {}).get("State") or {}).get("Name")
+    if entry is not None and healthy(entry) and state == "running":
+        return {
+            "changed": False,
+            "new_instances": [],
+            "msg": "the replace never started: %s is InService and Healthy in group %s"
+            % (instance_id, entry["AutoScalingGroupName"]),
+        }
+    if not name:
+        if entry is None:
+            return {
+                "changed": False,
+                "new_instances": [],
+                "msg": "the replace never started: %s was in no Auto Scaling group (refused)" % instance_id,
+            }
+        raise ReplaceError("its reservation names no Auto Scaling group (%s)" % entry["AutoScalingGroupName"])
+    members = record.get("members") or []
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        group = api.group(name)
+        ids = set(i["InstanceId"] for i in group.get("Instances") or [])
+        described = api.instances(ids | set([instance_id]))
+        states = dict((iid, (inst.get("State") or {}).get("Name")) for iid, inst in described.items())
+        states.setdefault(instance_id, "terminated")  # EC2 forgets a terminated instance after a while
+        tags_of = dict((iid, describe(inst)["tags"]) for iid, inst in described.items())
+        done, why = settled(group, instance_id, members, states, tags_of, [])
+        if done:
+            new = sorted(ids - set(members))
+            return {
+                "changed": False,
+                "new_instances": new,
+                "msg": "%s was replaced by %s in group %s" % (instance_id, ", ".join(new), name),
+            }
+        if time.monotonic() >= deadline:
+            raise ReplaceError(
+                "group %s is not back at its desired capacity within %d s: %s" % (name, timeout, why)
+            )
+        time.sleep(max(0.0, min(poll_interval, deadline - time.monotonic())))
+
+
 def argument_spec():
     """The module's options: its own, then the AWS connection's (module_utils/aws.py)."""
     spec = dict(

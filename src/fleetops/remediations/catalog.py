@@ -441,6 +441,7 @@ register(
         "desired capacity, or mark it Unhealthy), then reach and scan the new one: it must scan clean",
         ladder=80,
         disruptive=True,
+        in_flight="ec2_asg_replace",
         parameters=(
             Param(
                 "timeout",
