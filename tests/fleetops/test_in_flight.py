@@ -258,3 +258,28 @@ def test_finish_instance_times_out_in_one_line_on_a_group_that_does_not_settle(m
         f"group g-stuck is not back at its desired capacity within 1 s: {old} still in the group "
         "(InService, Unhealthy)"
     )
+
+
+def test_no_in_flight_record_no_replace(tmp_path: Path) -> None:
+    """EC2 cannot be read before the batch (nothing listens): a later pass could not finish the replace,
+    so it does not start, nothing is reserved, and the pass fails (exit 3)."""
+    from fleetops_lab.ec2sim import free_port
+
+    clock = Clock(T0)
+    shared = store.Store(mu.MemoryStore(clock=clock), clock=clock)
+    runner = Runner()
+    inputs = _inputs(
+        tmp_path,
+        f"http://127.0.0.1:{free_port()}",
+        shared,
+        report(**{"gpu-1": [ecc()], "gpu-2": []}),
+        {"gpu-1": "i-0123456789abcdef0", "gpu-2": "i-0fedcba9876543210"},
+        "auto",
+    )
+    result = auto.run_pass(inputs, runner, lambda text, style: None, clock=clock)
+    assert runner.calls == [] and result.exit_code == ExitCode.FAILED
+    assert (result.store_failure or "").startswith(
+        "replace: could not read what a later pass would need to finish it: "
+    ), result.store_failure
+    assert "\n" not in (result.store_failure or "")
+    assert shared.backend.get("ledger#replace") is None  # nothing reserved, no budget spent
