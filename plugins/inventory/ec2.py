@@ -190,6 +190,10 @@ options:
         auto pass's lease, all written with compare-and-swap). Unset, there is no store.
       - The inventory itself never reads it; the fleetops CLI and its modules read this option from the
         source, so C(-i) is all a command needs.
+      - When it is set, the group C(ec2) gets the variables C(fleetops_store_table),
+        C(fleetops_store_region) and C(fleetops_store_endpoint_url) (resolved, with the defaults below),
+        which the playbooks hand to C(fleetops.node.ec2_lease), so an AWX job takes its lease in the same
+        store as the CLI.
     type: str
     env:
       - name: FLEETOPS_STORE_TABLE
@@ -291,7 +295,7 @@ from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.module_utils.common.dict_transformations import camel_dict_to_snake_dict
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
-from ansible_collections.fleetops.node.plugins.module_utils import aws
+from ansible_collections.fleetops.node.plugins.module_utils import aws, store
 
 try:
     from ansible.utils.vars import validate_variable_name
@@ -310,6 +314,8 @@ CACHE_FORMAT = 2  # 2: [hostname, host variables] per instance (1: the API's ins
 STATUS_CHUNK = 100  # DescribeInstanceStatus takes at most 100 InstanceIds
 STATUS_WORKERS = 4
 MAX_DUPLICATE_WARNINGS = 10
+# the store the source names, as variables of the ec2 group: what the playbooks hand fleetops.node.ec2_lease
+STORE_VARS = ("fleetops_store_table", "fleetops_store_region", "fleetops_store_endpoint_url")
 
 DEFAULT_STATES = ["pending", "running", "stopping", "stopped"]
 
@@ -837,6 +843,13 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             raise AnsibleParserError(to_native(e)) from None
         self._connection = connection
         s["endpoint_url"] = connection.endpoint_url or None
+        try:
+            found = store.resolve(
+                dict((name, self.get_option(name)) for name in store.OPTIONS), s["regions"], s["endpoint_url"]
+            )
+        except ValueError as e:
+            raise AnsibleParserError("fleetops.node.ec2: %s" % e)
+        s["store"] = dict((STORE_VARS[n], value) for n, value in enumerate(found or ()) if value)
         s["aws_profile"] = connection.aws_profile
         s["aws_access_key"] = connection.aws_access_key
         s["include_events"] = self.get_option("include_events")
@@ -1160,6 +1173,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         writer = _HostvarsWriter(inventory)
         default_groups = {}  # ("az" | "type", value) -> group name
         inventory.add_group("ec2")
+        for name, value in sorted(self._settings.get("store", {}).items()):
+            inventory.set_variable("ec2", name, value)  # the playbooks hand them to fleetops.node.ec2_lease
         named = []
         for hostname, hostvars in hosts:
             if not hostname:

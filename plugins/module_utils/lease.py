@@ -32,6 +32,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import calendar
+import contextlib
 import functools
 import json
 import math
@@ -39,6 +40,7 @@ import re
 import time
 
 from ansible_collections.fleetops.node.plugins.module_utils import aws
+from ansible_collections.fleetops.node.plugins.module_utils import store as sp
 
 KEY_PREFIX = "fleetops:lease:"
 DEFAULT_TTL_S = 900.0
@@ -377,3 +379,325 @@ class Ec2Tags:
     def delete(self, instance_ids, key, value):
         """DeleteTags ``key`` where it still has ``value`` (EC2 leaves a tag whose value differs)."""
         self._chunks("DeleteTags", instance_ids, key, value)
+
+
+# ---- the lease in the shared store ---------------------------------------------------------------
+#
+# With a shared store (module_utils/store.py: DynamoDB, every write conditional on the version read),
+# the store is the lease's source of truth and the tags above are its mirror:
+#
+# - ``rollout#<id>`` = {"operator", "since", "expires", "controller", "instances"}: one item per
+#   rollout; renewing writes it alone (conditional on its version).
+# - ``lease#<instance id>`` = {"rollout": id}: who holds the instance. Taken with a conditional put:
+#   when the item is absent, when its rollout's item is gone (released, or broken), or after deleting
+#   that rollout's item at the version read because it expired (or ``break_lock`` names it). Deleting
+#   the holder's item first is what fences it: its next renewal is refused, so it knows it lost.
+# - Instances are taken in sorted order, so of two takers whose sets overlap one always wins the
+#   first instance they share and the other rolls back what it took (nothing is kept) and refuses.
+# - The tags are written after the store take, with the same value a tag lease has, so a controller
+#   that still uses tags alone sees who holds the instance; a live tag of a rollout the store does not
+#   know (such a controller's) refuses the take. Releasing removes the tags, then the items.
+ROLLOUT_ITEM = "rollout#"
+INSTANCE_ITEM = "lease#"
+TAKE_TRIES = 3  # a take that meets a concurrent change reads again this many times before refusing
+
+
+class StoreLeaseError(Exception):
+    """The take is refused: another rollout holds (or took at the same time) some of the instances."""
+
+
+class StoreLeaseLost(Exception):
+    """Our rollout item was broken, taken over or is gone: we hold nothing any more."""
+
+
+def rollout_record(rollout, item):
+    """The LeaseRecord of a ``rollout#`` item (an unreadable one never expires: someone must break it)."""
+    doc = item.doc if isinstance(item.doc, dict) else None
+    try:
+        return LeaseRecord(rollout, str(doc["operator"]), float(doc["since"]), float(doc["expires"]), item.raw)
+    except (TypeError, KeyError, ValueError):
+        return LeaseRecord(rollout, UNREADABLE, 0.0, float("inf"), item.raw)
+
+
+def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False):
+    """What taking ``targets`` ({instance id: host}) in the store must do, given what was read.
+
+    ``instances``: {instance id: Item of ``lease#<id>``}; ``rollouts``: {rollout id: Item}. A dict:
+    ``conflicts`` (lines, as plan_take's), ``breaks`` ({rollout id: (version, LeaseRecord, why)}: their
+    items to delete first), ``claims`` ([(instance id, version expected or None)]: the lease items to
+    write; an instance already ours is not written: ``ours`` {instance id: version}), ``own`` (our
+    rollout Item or None) and
+    ``own_since`` (the ``since`` of our live rollout item: a resumed rollout keeps its place)."""
+    conflicts, breaks, claims, ours = [], {}, [], {}
+    own = rollouts.get(rollout)
+    own_since = None
+    if own is not None:
+        record = rollout_record(rollout, own)
+        if record.live(now) and record.expires != float("inf"):
+            own_since = record.since
+    for instance in sorted(targets):
+        host = targets[instance]
+        item = instances.get(instance)
+        if item is None:
+            claims.append((instance, None))
+            continue
+        holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
+        if not isinstance(holder, str) or not holder:
+            conflicts.append("%s: an unreadable lease item in the store (kept; remove it by hand)" % where(host, instance))
+            continue
+        if holder == rollout:
+            if own is None:  # our rollout item is gone: ours no longer (a resume takes it again)
+                claims.append((instance, item.version))
+            else:
+                ours[instance] = item.version
+            continue
+        theirs = rollouts.get(holder)
+        if theirs is None:  # released, or broken: the item is left over
+            claims.append((instance, item.version))
+            continue
+        record = rollout_record(holder, theirs)
+        if not record.live(now):
+            breaks.setdefault(holder, (theirs.version, record, "expired"))
+        elif break_lock is True or (break_lock and break_lock == holder):
+            breaks.setdefault(holder, (theirs.version, record, "broken"))
+        else:
+            conflicts.append("%s: %s" % (where(host, instance), record.describe(now)))
+            continue
+        claims.append((instance, item.version))
+    return {
+        "conflicts": conflicts,
+        "breaks": breaks,
+        "claims": claims,
+        "ours": ours,
+        "own": own,
+        "own_since": own_since,
+    }
+
+
+class StoreLease:
+    """One rollout's lease on its instances in the shared store, with the tags as its mirror.
+
+    ``backend``: module_utils/store.py's DynamoStore or MemoryStore; ``targets``: {instance id: host};
+    ``tags``: an Ec2Tags for the mirror (None: no mirror). ``acquire``, ``renew``, ``check`` (reads:
+    what a playbook checks of the CLI's lease), ``release``; ``load`` fills what a fresh process (the
+    module's renewed and released) needs. store.StoreError for a store that fails; aws.AwsError for
+    the mirror's tag calls; StoreLeaseError for a refused take; StoreLeaseLost when it is not held."""
+
+    def __init__(self, backend, rollout, targets, operator, ttl, tags=None, clock=time.time, controller=""):
+        self.backend = backend
+        self.rollout = rollout
+        self.targets = dict(targets)
+        self.operator = operator
+        self.ttl = float(ttl)
+        self.tags = tags
+        self.clock = clock
+        self.controller = controller
+        self.version = None  # our rollout item's
+        self.since = None
+        self.expires = None
+        self.created = False  # this take wrote our rollout item first (a rollback deletes it)
+        self.held = {}  # instance id -> the version of its lease item we wrote or read
+        self.taken = set()  # the lease items this take wrote (a rollback deletes them)
+        self.tag_value = None
+        self.broken = []  # lines: whose leases this take broke or took over
+
+    @property
+    def key(self):
+        return KEY_PREFIX + self.rollout
+
+    def _doc(self, since, expires):
+        return {
+            "operator": self.operator,
+            "since": since,
+            "expires": expires,
+            "controller": self.controller,
+            "instances": len(self.targets),
+        }
+
+    def _skew(self):
+        sp.check_skew(self.backend.skew)
+
+    def read(self):
+        """``({instance id: Item}, {rollout id: Item})``: our instances' lease items and every rollout item."""
+        instances = dict(
+            (i.key[len(INSTANCE_ITEM):], i)
+            for i in self.backend.items(INSTANCE_ITEM)
+            if i.key[len(INSTANCE_ITEM):] in self.targets
+        )
+        rollouts = dict((i.key[len(ROLLOUT_ITEM):], i) for i in self.backend.items(ROLLOUT_ITEM))
+        return instances, rollouts
+
+    def leases(self, instances, rollouts, now):
+        """{instance id: {rollout: LeaseRecord}} as the store has them (the module's ``leases``)."""
+        out = {}
+        for instance, item in sorted(instances.items()):
+            holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
+            if isinstance(holder, str) and holder in rollouts:
+                out[instance] = {holder: rollout_record(holder, rollouts[holder])}
+        return out
+
+    def acquire(self, break_lock=False, dry_run=False):
+        """Take every instance, or raise StoreLeaseError (nothing kept). The plan when ``dry_run``."""
+        for attempt in range(TAKE_TRIES):
+            instances, rollouts = self.read()
+            self._skew()
+            now = self.clock()
+            plan = plan_store_take(self.targets, instances, rollouts, self.rollout, now, break_lock)
+            if plan["conflicts"]:
+                raise StoreLeaseError(refusal(plan["conflicts"], "Wait for it, resume it, or break it if it is stale"))
+            mirror = self._mirror_plan(rollouts, now, break_lock)
+            since = plan["own_since"] if plan["own_since"] is not None else float(int(now))
+            if dry_run:
+                return plan
+            try:
+                self._take(plan, since, now)
+            except sp.Conflict:
+                self._rollback()
+                if attempt + 1 < TAKE_TRIES:
+                    continue
+                raise StoreLeaseError(
+                    "Failed to take the lease in the store: another rollout took some of the instances at the "
+                    "same time. Nothing was kept; try again later"
+                )
+            except Exception:
+                self._rollback()  # a store that failed midway: give back what was taken
+                raise
+            self.broken = [
+                "rollout %s: %s" % (rid, "its lease had expired" if why == "expired" else "broken (--break-lock)")
+                for rid, (_v, _record, why) in sorted(plan["breaks"].items())
+            ]
+            try:
+                self._write_mirror(mirror)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    self.release()  # the mirror could not be written: hold nothing
+                raise
+            return plan
+        raise AssertionError("unreachable")
+
+    def _take(self, plan, since, now):
+        expires = now + self.ttl
+        own = plan["own"]
+        item = self.backend.put(ROLLOUT_ITEM + self.rollout, self._doc(since, expires), own.version if own else None)
+        self.version, self.since, self.expires, self.created = item.version, since, expires, own is None
+        for rid, (version, _record, _why) in sorted(plan["breaks"].items()):
+            self.backend.delete(ROLLOUT_ITEM + rid, version)  # fences it: its next renewal is refused
+        self.held, self.taken = dict(plan["ours"]), set()
+        for instance, expect in plan["claims"]:  # sorted: see plan_store_take
+            written = self.backend.put(INSTANCE_ITEM + instance, {"rollout": self.rollout}, expect)
+            self.held[instance] = written.version
+            self.taken.add(instance)
+
+    def _rollback(self):
+        """Give back what a refused take wrote (each conditional: what someone else changed is theirs)."""
+        for instance in sorted(self.taken):
+            if instance in self.held:
+                with contextlib.suppress(sp.StoreError):
+                    self.backend.delete(INSTANCE_ITEM + instance, self.held[instance])
+        self.held, self.taken = {}, set()
+        if self.created and self.version is not None:
+            with contextlib.suppress(sp.StoreError):
+                self.backend.delete(ROLLOUT_ITEM + self.rollout, self.version)
+        self.version = None
+        self.created = False
+
+    def _mirror_plan(self, rollouts, now, break_lock):
+        """The mirror's tags read: a live tag lease of a rollout the store does not know (a controller
+        that uses tags alone) refuses; its expired ones are removed. None without a mirror."""
+        if self.tags is None:
+            return None
+        tagged = self.tags.read()
+        foreign = dict(
+            (instance, dict((rid, rec) for rid, rec in held.items() if rid not in rollouts and rid != self.rollout))
+            for instance, held in tagged.items()
+        )
+        plan = plan_take(self.targets, foreign, self.rollout, now, break_lock)
+        if plan["conflicts"]:
+            raise StoreLeaseError(refusal(plan["conflicts"], "It is a lease in EC2 tags only: wait for it"))
+        return plan
+
+    def _write_mirror(self, plan):
+        if self.tags is None:
+            return
+        for instance, record, _why in (plan or {}).get("removals", []):
+            self.tags.delete([instance], KEY_PREFIX + record.rollout, record.value)
+        self.tag_value = encode(self.operator, self.since, self.expires)
+        self.tags.write(sorted(self.targets), self.key, self.tag_value)
+
+    def load(self):
+        """Read our rollout item and lease items (a fresh process's renew, check or release); the
+        ``(instances, rollouts)`` read."""
+        instances, rollouts = self.read()
+        own = rollouts.get(self.rollout)
+        if own is not None:
+            record = rollout_record(self.rollout, own)
+            self.version, self.since, self.expires = own.version, record.since, record.expires
+        self.held = dict(
+            (i, item.version)
+            for i, item in instances.items()
+            if isinstance(item.doc, dict) and item.doc.get("rollout") == self.rollout
+        )
+        return instances, rollouts
+
+    def problems(self, instances, rollouts, now):
+        """Why the rollout does not hold every instance (lines; empty when it does)."""
+        own = rollouts.get(self.rollout)
+        if own is None:
+            return ["rollout %s has no lease in the store (released, or broken by another rollout)" % self.rollout]
+        record = rollout_record(self.rollout, own)
+        if not record.live(now):
+            return ["the lease of rollout %s expired %s" % (self.rollout, iso(record.expires))]
+        lines = []
+        for instance in sorted(self.targets):
+            item = instances.get(instance)
+            holder = item.doc.get("rollout") if item is not None and isinstance(item.doc, dict) else None
+            if holder != self.rollout:
+                lines.append(
+                    "%s: %s" % (where(self.targets[instance], instance), "held by rollout %s" % holder if holder else "not held")
+                )
+        return lines
+
+    def renew(self):
+        """Push our expiry ``ttl`` on (one conditional write), then the mirror's. StoreLeaseLost when
+        our item changed or is gone: someone broke or took over the lease."""
+        if self.version is None:
+            raise StoreLeaseLost("rollout %s holds no lease in the store" % self.rollout)
+        now = self.clock()
+        expires = now + self.ttl
+        try:
+            item = self.backend.put(ROLLOUT_ITEM + self.rollout, self._doc(self.since, expires), self.version)
+        except sp.Conflict:
+            self.version = None
+            raise StoreLeaseLost(
+                "the lease of rollout %s in the store was broken or taken over by another rollout" % self.rollout
+            )
+        self._skew()
+        self.version, self.expires = item.version, expires
+        if self.tags is not None:
+            self.tag_value = encode(self.operator, self.since, expires)
+            self.tags.write(sorted(self.targets), self.key, self.tag_value)
+
+    def release(self):
+        """Remove the mirror's tags (where they still have our value), then our lease items and our
+        rollout item, each at the version we hold: what another rollout took meanwhile is left alone.
+        The instances released."""
+        if self.tags is not None and self.tag_value is not None:
+            self.tags.delete(sorted(self.targets), self.key, self.tag_value)
+        elif self.tags is not None:  # a fresh process: the values are read
+            for instance, held in sorted(self.tags.read().items()):
+                if self.rollout in held and instance in self.targets:
+                    self.tags.delete([instance], self.key, held[self.rollout].value)
+        self.tag_value = None
+        released = []
+        for instance, version in sorted(self.held.items()):
+            try:
+                self.backend.delete(INSTANCE_ITEM + instance, version)
+                released.append(instance)
+            except sp.Conflict:
+                pass  # another rollout took it after ours was broken: theirs now
+        self.held = {}
+        if self.version is not None:
+            with contextlib.suppress(sp.Conflict):
+                self.backend.delete(ROLLOUT_ITEM + self.rollout, self.version)
+            self.version = None
+        return released

@@ -45,6 +45,7 @@ import calendar
 import email.utils
 import functools
 import json
+import os
 import time
 
 from ansible_collections.fleetops.node.plugins.module_utils import aws
@@ -80,6 +81,44 @@ OPTIONS = {
         "description": "The DynamoDB endpoint. Default: O(endpoint_url) (a local moto serves both).",
     },
 }
+
+
+def argument_spec():
+    """The store's options as an AnsibleModule argument_spec (their environment variables are read by
+    ``resolve``, which a module calls with ``module.params``)."""
+    return dict((name, {"type": option["type"]}) for name, option in OPTIONS.items())
+
+
+def resolve(options, regions=(), endpoint_url=None, environ=None):
+    """``(table, region, endpoint)`` of the store ``options`` name (each option's value, else its
+    environment variables); None when no table is named. The region defaults to the first of
+    ``regions`` (the EC2 source's), else us-east-1; the endpoint to ``endpoint_url`` (the EC2 one's).
+    ValueError for a value that is not a string."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name, option in OPTIONS.items():
+        value = options.get(name)
+        if value in (None, ""):
+            value = next((environ[e] for e in option.get("env", []) if environ.get(e)), None)
+        if value is not None and not isinstance(value, str):
+            raise ValueError("%s must be a string, got %r" % (name, value))
+        values[name] = value
+    if not values["store_table"]:
+        return None
+    region = values["store_region"] or (list(regions)[0] if regions else "") or "us-east-1"
+    return values["store_table"], region, values["store_endpoint_url"] or endpoint_url
+
+
+def open_backend(options, settings, regions=(), environ=None, user_agent="fleetops.store"):
+    """The DynamoStore the options name, with ``settings``' credentials and retry budget (module_utils/
+    aws.py's ConnectionSettings, the EC2 source's) and its endpoint unless the store names its own;
+    None without a table. ValueError / aws.AwsSettingsError for options that cannot work."""
+    found = resolve(options, regions, settings.endpoint_url, environ)
+    if found is None:
+        return None
+    table, region, endpoint = found
+    own = aws.ConnectionSettings(**dict(settings.as_dict(), endpoint_url=endpoint))
+    return DynamoStore(own, table, region, user_agent=user_agent)
 
 
 class StoreError(Exception):

@@ -43,6 +43,15 @@ description:
     re-reads (EC2's tag API is eventually consistent) and the controllers' clocks agree; it is not a
     consensus protocol. A lease is only as long as its O(ttl); renew it between batches that may take
     longer.
+  - With a shared store (O(store_table), which the C(fleetops.node.ec2) inventory publishes as the
+    C(fleetops_store_table) variable when its source names one) the lease lives in the store's DynamoDB
+    table, with compare-and-swap, and the tags are its mirror. One item per rollout holds its expiry,
+    one item per instance names its holder; each is written only at the version read, and the
+    instances are taken in sorted order, so of two takers one wins and the other gives back what it
+    took and fails. An expired lease is taken over, and then its holder's next renewal fails. The
+    mirror tags carry the same value as a tag lease, so a controller that still uses tags alone sees
+    the lease; a live tag lease of a rollout the store does not know refuses the take. There is no
+    O(settle) wait. The controller's clock must agree with the store's within 30 seconds.
 options:
   state:
     description:
@@ -93,14 +102,36 @@ options:
     type: float
     default: 900.0
   settle:
-    description: Seconds between writing the tags and reading them back (V(acquired)), at most 300.
+    description:
+      - Seconds between writing the tags and reading them back (V(acquired)), at most 300. Not used with
+        a store.
     type: float
     default: 2.0
+  store_table:
+    description:
+      - The DynamoDB table of the shared store; the lease is taken there and the tags mirror it. Default
+        C(FLEETOPS_STORE_TABLE); unset, the lease is the tags alone.
+      - The playbooks pass the C(fleetops_store_table) variable the C(fleetops.node.ec2) inventory sets.
+    type: str
+  store_region:
+    description:
+      - The store table's region. Default C(FLEETOPS_STORE_REGION), else O(region), else C(AWS_REGION),
+        C(AWS_DEFAULT_REGION) or C(us-east-1).
+    type: str
+  store_endpoint_url:
+    description:
+      - The store's DynamoDB endpoint. Default C(FLEETOPS_STORE_ENDPOINT_URL), else
+        C(AWS_ENDPOINT_URL_DYNAMODB), else O(endpoint_url).
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - fleetops.node.aws
 notes:
   - "IAM: C(ec2:DescribeTags), C(ec2:CreateTags) and C(ec2:DeleteTags) on the instances."
+  - >-
+    IAM with a store: C(dynamodb:DescribeTable), C(dynamodb:CreateTable) (the table is created on first
+    use), C(dynamodb:GetItem), C(dynamodb:PutItem), C(dynamodb:DeleteItem) and C(dynamodb:Scan) on the
+    table.
 attributes:
   check_mode:
     support: full
@@ -180,10 +211,15 @@ leases:
   returned: always
   type: dict
 released:
-  description: The instances whose tag was removed (V(released)).
+  description: The instances whose tag (or, with a store, lease item) was removed (V(released)).
   returned: state is released
   type: list
   elements: str
+store:
+  description: The store the lease lives in, when there is one.
+  returned: with a store
+  type: str
+  sample: DynamoDB table fleetops in us-east-1
 """
 
 import getpass
@@ -194,6 +230,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.fleetops.node.plugins.module_utils import aws
 from ansible_collections.fleetops.node.plugins.module_utils import lease as lp
+from ansible_collections.fleetops.node.plugins.module_utils import store as sp
 
 
 def default_operator():
@@ -340,6 +377,74 @@ class Runner:
         self.module.fail_json(msg=msg, **self.result)
 
 
+class StoreRunner(Runner):
+    """The same states with the lease in the shared store (module_utils/lease.py's StoreLease), the
+    tags its mirror."""
+
+    def __init__(self, module, tags, hosts, backend, operator, ttl):
+        Runner.__init__(self, module, tags, hosts)
+        self.backend = backend
+        self.lease = lp.StoreLease(backend, self.rollout, hosts, operator, ttl, tags=tags, controller="ansible")
+        self.result["store"] = backend.where()
+
+    def _read_store(self):
+        instances, rollouts = self.lease.load()
+        now = time.time()
+        leases = self.lease.leases(instances, rollouts, now)
+        self.result["leases"] = dict(
+            (instance, dict((rid, rec.as_dict(now)) for rid, rec in sorted(held.items())))
+            for instance, held in sorted(leases.items())
+        )
+        return instances, rollouts, now
+
+    def acquired(self, ttl, settle, operator):
+        if not self.module.check_mode:
+            self.backend.ensure()
+        try:
+            plan = self.lease.acquire(dry_run=self.module.check_mode)
+        except lp.StoreLeaseError as e:
+            self.fail(str(e))
+        self.result["taken_over"] = [
+            "rollout %s (%s)" % (rid, why) for rid, (_v, _record, why) in sorted(plan["breaks"].items())
+        ]
+        lease = self.lease
+        if self.module.check_mode:
+            now = time.time()
+            since = plan["own_since"] if plan["own_since"] is not None else float(int(now))
+            self._wrote(lp.encode(operator, since, now + ttl), since, now + ttl)
+        else:
+            self._wrote(lease.tag_value, lease.since, lease.expires)
+
+    def renewed(self, ttl, operator):
+        instances, rollouts, now = self._read_store()
+        problems = self.lease.problems(instances, rollouts, now)
+        if problems:
+            self._problems("renew", problems)
+        expires = now + ttl
+        self._wrote(lp.encode(operator, self.lease.since, expires), self.lease.since, expires)
+        if not self.module.check_mode:
+            try:
+                self.lease.renew()
+            except lp.StoreLeaseLost as e:
+                self.fail(str(e))
+            self._wrote(self.lease.tag_value, self.lease.since, self.lease.expires)
+
+    def checked(self):
+        instances, rollouts, now = self._read_store()
+        problems = self.lease.problems(instances, rollouts, now)
+        if problems:
+            self._problems("check", problems)
+        self.result.update(since=lp.iso(self.lease.since), expires=lp.iso(self.lease.expires))
+
+    def released(self):
+        self._read_store()
+        mine = sorted(self.lease.held)
+        self.result["changed"] = bool(mine) or self.lease.version is not None
+        self.result["released"] = mine
+        if not self.module.check_mode:
+            self.result["released"] = self.lease.release()
+
+
 def main():
     argument_spec = dict(
         state=dict(type="str", choices=["acquired", "renewed", "checked", "released"], default="acquired"),
@@ -353,6 +458,7 @@ def main():
         settle=dict(type="float", default=lp.DEFAULT_SETTLE_S),
     )
     argument_spec.update(aws.argument_spec())
+    argument_spec.update(sp.argument_spec())
     argument_spec["aws_access_key"]["no_log"] = False  # an access key id is not a secret (the secret key is)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
@@ -383,9 +489,19 @@ def main():
         settings = aws.ConnectionSettings.from_options(params, environ=os.environ)
     except aws.AwsSettingsError as e:
         module.fail_json(msg="Failed to read the EC2 connection: %s" % e)
-    runner = Runner(module, lp.Ec2Tags(settings, regions, user_agent="fleetops.node.ec2_lease"), hosts)
-    runner.result["instances"] = instances
     operator = params["operator"] or default_operator()
+    tags = lp.Ec2Tags(settings, regions, user_agent="fleetops.node.ec2_lease")
+    try:
+        backend = sp.open_backend(
+            params, settings, [params["region"] or default_region()], user_agent="fleetops.node.ec2_lease"
+        )
+    except (ValueError, aws.AwsSettingsError) as e:
+        module.fail_json(msg="Failed to read the store options: %s" % e)
+    if backend is None:
+        runner = Runner(module, tags, hosts)
+    else:
+        runner = StoreRunner(module, tags, hosts, backend, operator, ttl)
+    runner.result["instances"] = instances
     try:
         if state == "acquired":
             runner.acquired(ttl, settle, operator)
@@ -395,6 +511,10 @@ def main():
             runner.checked()
         else:
             runner.released()
+    except sp.StoreError as e:
+        runner.fail("Failed to %s the lease in the store: %s" % (
+            {"acquired": "take", "renewed": "renew", "checked": "check", "released": "release"}[state], e,
+        ))  # fmt: skip
     except aws.AwsError as e:
         runner.fail("Failed to %s the EC2 lease: %s" % (
             {"acquired": "take", "renewed": "renew", "checked": "check", "released": "release"}[state], e,

@@ -110,20 +110,14 @@ class StoreConfig:
     def from_config(cls, config: Mapping[str, Any], source: str = "") -> StoreConfig | None:
         """The store a fleetops.node.ec2 source names (its options, else their environment variables,
         module_utils/store.py's OPTIONS); None when it names none."""
-        options: dict[str, str | None] = {}
-        for name, option in _mu().OPTIONS.items():
-            value = config.get(name)
-            if value in (None, ""):
-                value = next((os.environ[e] for e in option.get("env", []) if os.environ.get(e)), None)
-            if value is not None and not isinstance(value, str):
-                raise UsageError(f"{source}: {name} must be a string, got {value!r}")
-            options[name] = value
-        table = options["store_table"]
-        if not table:
-            return None
         ec2 = Ec2Connection.from_config(config, source=source)
-        region = options["store_region"] or (ec2.regions[0] if ec2.regions else "") or "us-east-1"
-        endpoint = options["store_endpoint_url"] or ec2.endpoint_url
+        try:
+            found = _mu().resolve(config, ec2.regions, ec2.endpoint_url)
+        except ValueError as exc:
+            raise UsageError(f"{source}: {exc}") from None
+        if found is None:
+            return None
+        table, region, endpoint = found
         return cls(table, region, dataclasses.replace(ec2, endpoint_url=endpoint), source)
 
 

@@ -228,7 +228,9 @@ class Ec2Lease:
     since: float = 0.0
     expires: float = 0.0
     lost: str | None = None
+    store: Any = None  # module_utils/store.py's backend: the lease lives there, the tags are its mirror
     _tags: Any = None  # module_utils/lease.py Ec2Tags
+    _held: Any = None  # module_utils/lease.py StoreLease, with a store
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -239,6 +241,17 @@ class Ec2Lease:
         self._tags = _protocol().Ec2Tags(
             self.connection.settings(), regions, user_agent="fleetops.rollout.lease"
         )
+        if self.store is not None:
+            self._held = _protocol().StoreLease(
+                self.store,
+                self.rollout,
+                self._targets(),
+                self.operator,
+                self.ttl,
+                tags=self._tags,
+                clock=self.clock,
+                controller=f"{os.uname().nodename}:{os.getpid()}",
+            )
 
     @property
     def key(self) -> str:
@@ -285,9 +298,38 @@ class Ec2Lease:
 
     # ---- the protocol ----------------------------------------------------------------------
 
+    def _stored(self, func: Callable[..., Any], *args: Any) -> Any:
+        """One of StoreLease's calls; a failing store or tag call as LeaseApiError, a refused take as
+        LeaseError."""
+        lease, store = _protocol(), module_utils("store")
+        try:
+            return func(*args)
+        except lease.StoreLeaseError as exc:
+            raise LeaseError(str(exc)) from None
+        except store.StoreError as exc:
+            raise LeaseApiError(f"Failed to use the shared store ({self.store.where()}): {exc}") from None
+        except _aws().AwsError as exc:
+            raise LeaseApiError(str(exc)) from None
+
+    def _acquire_stored(self, break_lock: bool | str) -> None:
+        held = self._held
+        self._stored(self.store.ensure)  # the table is created on first use
+        self._stored(held.acquire, break_lock)  # nothing is kept when it fails
+        for line in held.broken:
+            self.say(f"lease: {line}: its instances taken over")
+        self.value, self.since, self.expires = held.tag_value, held.since, held.expires
+        self.say(
+            f"lease: took {len(self.instances)} instance(s) in the shared store ({self.store.where()}) as "
+            f"rollout {self.rollout} until {_iso(self.expires)} (renewed every {self.ttl / 3:.0f}s; tags "
+            f"{self.key} mirror it)"
+        )
+
     def acquire(self, break_lock: bool | str = False) -> None:
         """Take the lease on every instance, or raise LeaseError naming who holds it (nothing kept)."""
         if not self.instances:
+            return
+        if self._held is not None:
+            self._acquire_stored(break_lock)
             return
         now = self.clock()
         targets = self._targets()
@@ -332,6 +374,9 @@ class Ec2Lease:
         """Re-read, then extend our lease; marks it lost when it was broken or overtaken."""
         if self.lost is not None or self.value is None:
             return
+        if self._held is not None:
+            self._renew_stored()
+            return
         now = self.clock()
         try:
             beaten = self._beaten(self.read(), now)
@@ -348,6 +393,20 @@ class Ec2Lease:
                 self.say(f"lease: renewing failed (will retry; it expires {_iso(self.expires)}): {exc}")
             return
         self.value, self.expires = value, expires
+
+    def _renew_stored(self) -> None:
+        try:
+            self._stored(self._held.renew)
+        except LeaseApiError as exc:
+            if self.clock() >= self.expires:
+                self.lost = f"the lease expired: renewing it failed: {exc}"
+            else:
+                self.say(f"lease: renewing failed (will retry; it expires {_iso(self.expires)}): {exc}")
+            return
+        except _protocol().StoreLeaseLost as exc:
+            self.lost = str(exc)
+            return
+        self.value, self.expires = self._held.tag_value, self._held.expires
 
     def check(self) -> str | None:
         """Why the rollout must not start another batch (lease lost or expired); None when held."""
@@ -377,6 +436,13 @@ class Ec2Lease:
             self._thread.join(timeout=max(self.connection.read_timeout, 5.0) * 2)
             self._thread = None
         if self.value is None:
+            return
+        if self._held is not None:
+            self.value = None
+            try:
+                self._stored(self._held.release)
+            except (LeaseApiError, LeaseError) as exc:
+                self.say(f"lease: could not release it in the store (it expires {_iso(self.expires)}): {exc}")
             return
         value, self.value = self.value, None
         for region, ids in self._tags.by_region().items():

@@ -305,7 +305,17 @@ def _ec2_lease(rollout: Rollout, hosts: Sequence[str], say: Callable[[str], None
     if connection is None:
         tell("lease: no fleetops.node.ec2 inventory source found: no EC2 lease (the local lock still holds)")
         return None
+    from fleetops.ansible.collection import module_utils
+    from fleetops.store import config_for
+
+    stored = config_for([Path(p) for p in rollout.inventory])
+    store = None
+    if stored is not None:
+        store = module_utils("store").DynamoStore(
+            stored.connection.settings(), stored.table, stored.region, user_agent="fleetops.rollout.lease"
+        )
     return Ec2Lease(
+        store=store,
         connection=connection,
         instances=instances,
         rollout=rollout.id,

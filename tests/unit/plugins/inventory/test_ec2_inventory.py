@@ -353,6 +353,35 @@ def test_hostnames_preference_first_value_wins(tmp_path: Path, proxy: Ec2Proxy) 
     assert proxy.calls == {"DescribeInstances": 1}  # include_events: false -> no DescribeInstanceStatus
 
 
+def test_the_store_a_source_names_is_published_on_the_ec2_group(tmp_path: Path, proxy: Ec2Proxy) -> None:
+    """store_table (with the defaults applied: the first region, the source's endpoint) becomes the ec2
+    group's fleetops_store_* variables, which the playbooks hand to fleetops.node.ec2_lease; without it
+    there are none."""
+    base = {"regions": [REGION], "endpoint_url": proxy.url, "include_events": False}
+    listing = run_inventory(tmp_path, {**base, "store_table": "fleet-store"})
+    assert listing.rc == 0, listing.stderr
+    published = {
+        "fleetops_store_table": "fleet-store",
+        "fleetops_store_region": REGION,
+        "fleetops_store_endpoint_url": proxy.url,
+    }
+    assert listing.hostvars and all(
+        {k: v for k, v in hv.items() if k.startswith("fleetops_store_")} == published
+        for hv in listing.hostvars.values()
+    )
+    own = run_inventory(
+        tmp_path,
+        {**base, "store_table": "t", "store_region": "eu-west-1", "store_endpoint_url": "http://127.0.0.1:1"},
+    )
+    for hv in own.hostvars.values():
+        assert (
+            hv["fleetops_store_region"] == "eu-west-1"
+            and hv["fleetops_store_endpoint_url"] == "http://127.0.0.1:1"
+        )
+    without = run_inventory(tmp_path, base)
+    assert not any(k.startswith("fleetops_store_") for hv in without.hostvars.values() for k in hv)
+
+
 def test_shared_hostnames_are_made_unique_with_the_instance_id_never_dropped(
     tmp_path: Path, proxy: Ec2Proxy, fleet: dict[str, str]
 ) -> None:

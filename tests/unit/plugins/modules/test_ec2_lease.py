@@ -273,6 +273,9 @@ LEASE_BLOCK = """\
         instance_regions: >-
           {{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_region', default=''))) }}
         ttl: "{{ fleetops_lease_ttl | default(omit) }}"
+        store_table: "{{ fleetops_store_table | default(omit) }}"
+        store_region: "{{ fleetops_store_region | default(omit) }}"
+        store_endpoint_url: "{{ fleetops_store_endpoint_url | default(omit) }}"
       delegate_to: localhost
       run_once: true
       become: false
@@ -286,6 +289,9 @@ LEASE_BLOCK = """\
         instances: "{{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_instance_id'))) }}"
         instance_regions: >-
           {{ dict(fleetops_lease_names | zip(fleetops_lease_ec2 | map(attribute='ec2_region', default=''))) }}
+        store_table: "{{ fleetops_store_table | default(omit) }}"
+        store_region: "{{ fleetops_store_region | default(omit) }}"
+        store_endpoint_url: "{{ fleetops_store_endpoint_url | default(omit) }}"
       delegate_to: localhost
       run_once: true
       become: false
@@ -469,3 +475,82 @@ def test_the_shared_protocol_writes_and_reads_what_the_cli_does(operator: str) -
         )  # fmt: skip
         assert mine.describe(now) == theirs.describe(now) and mine.live(now) == theirs.live(now)
         assert mine.order() == theirs.order()
+
+
+# ---- with a shared store -------------------------------------------------------------------------
+
+
+def _store(url: str, table: str) -> Any:
+    from fleetops.ansible.collection import module_utils
+
+    aws, mu = module_utils("aws"), module_utils("store")
+    settings = aws.ConnectionSettings(endpoint_url=url, aws_access_key="testing", aws_secret_key="testing")
+    return mu.DynamoStore(settings, table, REGION)
+
+
+def _held(url: str, table: str) -> dict[str, str]:
+    """{instance: rollout} as the store's lease items name them."""
+    return {i.key[len("lease#") :]: i.doc["rollout"] for i in _store(url, table).items("lease#")}
+
+
+def test_with_a_store_the_module_takes_the_lease_there_and_the_cli_honours_it(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, ids = moto
+    table = "module-leases"
+    rc, would = _run(tmp_path, url, ids[:2], "--check", rollout="awx-job-11", store_table=table)
+    assert rc == 0 and would["changed"] is True and _held(url, table) == {}  # check mode writes nothing
+    rc, taken = _run(tmp_path, url, ids[:2], rollout="awx-job-11", store_table=table)
+    assert rc == 0 and taken["store"] == f"DynamoDB table {table} in {REGION}", taken
+    assert _held(url, table) == {ids[0]: "awx-job-11", ids[1]: "awx-job-11"}
+    assert all(
+        t == {KEY_PREFIX + "awx-job-11": taken["value"]} for t in _tags(url, ids[:2]).values()
+    )  # mirror
+    conn = Ec2Connection(
+        endpoint_url=url, aws_access_key="testing", aws_secret_key="testing", regions=(REGION,)
+    )
+    instances = {"host-1": {"instance": ids[1], "region": REGION}}
+    with pytest.raises(LeaseError, match="awx-job-11"):
+        Ec2Lease(conn, instances, CLI_A, "bob@laptop", store=_store(url, table)).acquire()
+    rc, checked = _run(tmp_path, url, ids[:2], rollout="awx-job-11", state="checked", store_table=table)
+    assert rc == 0 and checked["expires"] == taken["expires"], checked
+    time.sleep(1.1)
+    rc, renewed = _run(
+        tmp_path, url, ids[:2], rollout="awx-job-11", state="renewed", ttl=1200, store_table=table
+    )
+    assert rc == 0 and renewed["since"] == taken["since"] and renewed["expires"] > taken["expires"], renewed
+    rc, released = _run(tmp_path, url, ids[:2], rollout="awx-job-11", state="released", store_table=table)
+    assert rc == 0 and released["released"] == sorted(ids[:2]), released
+    assert _held(url, table) == {} and _tags(url, ids[:2]) == {i: {} for i in ids[:2]}
+    rc, gone = _run(tmp_path, url, ids[:2], rollout="awx-job-11", state="checked", store_table=table)
+    assert rc != 0 and "has no lease in the store" in gone["msg"]
+
+
+def test_a_playbook_reads_the_store_from_the_inventory_and_is_refused_by_a_lease_held_there(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    """The lease held in the store has no mirror tag here, so only a playbook that reads the store can
+    be refused by it; the variables are those the fleetops.node.ec2 inventory publishes."""
+    from fleetops.ansible.collection import module_utils
+
+    url, ids = moto
+    table = "playbook-leases"
+    inventory, playbook, out = _playbook(tmp_path, url, ids[:3])
+    hosts = yaml.safe_load(inventory.read_text())
+    hosts["all"]["vars"] = {"fleetops_store_table": table, "fleetops_store_endpoint_url": url}
+    inventory.write_text(yaml.safe_dump(hosts))
+    backend = _store(url, table)
+    backend.ensure()
+    held = module_utils("lease").StoreLease(backend, CLI_A, {ids[2]: "gpu-2"}, "bob@laptop", 600)
+    held.acquire()
+    try:
+        proc = _playbook_run(inventory, playbook, url, "-e", "awx_job_id=80")
+        assert proc.returncode != 0 and f"gpu-2 ({ids[2]}): rollout {CLI_A} by bob@laptop" in proc.stdout
+        assert _snapshots(out) == [] and _held(url, table) == {ids[2]: CLI_A}
+    finally:
+        held.release()
+    proc = _playbook_run(inventory, playbook, url, "-e", "awx_job_id=81")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = _snapshots(out)
+    assert len(seen) == 4 and all(len(s["tags"]) == 3 for s in seen)  # the mirror, during every change
+    assert _held(url, table) == {} and _tags(url, ids[:3]) == {i: {} for i in ids[:3]}  # released

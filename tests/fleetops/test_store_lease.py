@@ -1,0 +1,378 @@
+"""The rollout lease in the shared store (the collection's module_utils/lease.py StoreLease, used by the
+CLI's Ec2Lease and the ec2_lease module): compare-and-swap over the store's contract in memory, with the
+interleavings forced call by call (one taker runs whole between two calls of the other), then against a
+real moto_server (DynamoDB for the store, EC2 for the mirror tags; no boto3 mocks; loopback only).
+
+moto_server does not serialise requests, so concurrency is never trusted to find a race: every race
+here is a forced interleaving, and the same interleavings with the write condition removed
+(MemoryStore(conditional=False)) let two rollouts hold one instance, which is what the condition buys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetops.ansible.collection import module_utils
+from fleetops.rollout.lease import KEY_PREFIX, Ec2Connection, Ec2Lease, LeaseApiError, LeaseError
+from fleetops_lab.ec2sim import MotoServer, client, launch_many
+
+lp = module_utils("lease")
+mu = module_utils("store")
+aws = module_utils("aws")
+REGION = "us-east-1"
+A, B, C = "20260101T000000Z-aaaaaa", "20260101T000001Z-bbbbbb", "20260101T000002Z-cccccc"
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class View:
+    """One controller's calls on a shared MemoryStore: the same items, with hooks that run another
+    controller's whole step just before this one's N-th call (counted over every call)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls = 0
+        self.hooks: dict[int, Callable[[], None]] = {}
+        self.fail_at: dict[int, Exception] = {}
+
+    @property
+    def skew(self) -> float:
+        return float(self.store.skew)
+
+    def _before(self) -> None:
+        self.calls += 1
+        hook = self.hooks.pop(self.calls, None)
+        if hook is not None:
+            hook()
+        if self.calls in self.fail_at:
+            raise self.fail_at.pop(self.calls)
+
+    def where(self) -> str:
+        return "memory store"
+
+    def ensure(self) -> bool:
+        return False
+
+    def get(self, key: str) -> Any:
+        self._before()
+        return self.store.get(key)
+
+    def put(self, key: str, doc: Any, expect: int | None) -> Any:
+        self._before()
+        return self.store.put(key, doc, expect)
+
+    def delete(self, key: str, expect: int) -> None:
+        self._before()
+        self.store.delete(key, expect)
+
+    def items(self, prefix: str) -> list[Any]:
+        self._before()
+        return list(self.store.items(prefix))
+
+
+def lease(view: Any, rollout: str, ids: list[str], clock: Clock, ttl: float = 60.0) -> Any:
+    targets = {i: f"host-{i}" for i in ids}
+    return lp.StoreLease(view, rollout, targets, f"op-{rollout[-1]}@ctl", ttl, clock=clock, controller="test")
+
+
+def holders(store: Any) -> dict[str, str]:
+    """{instance: rollout} as the lease items name them."""
+    return {i.key[len(lp.INSTANCE_ITEM) :]: i.doc["rollout"] for i in store.items(lp.INSTANCE_ITEM)}
+
+
+def live_rollouts(store: Any, now: float) -> set[str]:
+    return {
+        i.key[len(lp.ROLLOUT_ITEM) :]
+        for i in store.items(lp.ROLLOUT_ITEM)
+        if lp.rollout_record(i.key[len(lp.ROLLOUT_ITEM) :], i).live(now)
+    }
+
+
+# ------------------------------------------------------------------------------ the protocol, in memory
+
+
+def test_a_take_refuses_a_second_rollout_which_writes_nothing_and_release_frees_them() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    a = lease(View(store), A, ["i-1", "i-2"], clock)
+    a.acquire()
+    assert holders(store) == {"i-1": A, "i-2": A} and a.expires == T0 + 60
+    before = dict(store.data)
+    b = lease(View(store), B, ["i-2", "i-3"], clock)
+    with pytest.raises(lp.StoreLeaseError, match=r"host-i-2 \(i-2\): rollout .*aaaaaa by op-a@ctl, expires"):
+        b.acquire()
+    assert store.data == before  # the refused take wrote nothing
+    assert sorted(a.release()) == ["i-1", "i-2"]
+    assert store.data == {}
+    b.acquire()
+    assert holders(store) == {"i-2": B, "i-3": B}
+
+
+def test_a_taker_that_read_before_another_wrote_is_refused_and_keeps_nothing() -> None:
+    """Both read the instances free; A takes them whole between B's read and B's first write. B's
+    conditional puts are refused, B gives back its rollout item and, reading again, refuses."""
+    store, clock = mu.MemoryStore(), Clock()
+    a, bv = lease(View(store), A, ["i-1", "i-2"], clock), View(store)
+    b = lease(bv, B, ["i-1", "i-2"], clock)
+    bv.hooks[3] = a.acquire  # B's calls: 2 scans, then its rollout item's put
+    with pytest.raises(lp.StoreLeaseError, match="aaaaaa"):
+        b.acquire()
+    assert holders(store) == {"i-1": A, "i-2": A}
+    assert live_rollouts(store, clock.now) == {A} and store.conflicts >= 1
+
+
+def test_without_the_write_condition_the_same_interleaving_lets_both_hold_an_instance() -> None:
+    """What the condition buys: the interleaving above against a store that ignores it."""
+    store, clock = mu.MemoryStore(conditional=False), Clock()
+    a, bv = lease(View(store), A, ["i-1", "i-2"], clock), View(store)
+    b = lease(bv, B, ["i-1", "i-2"], clock)
+    bv.hooks[3] = a.acquire
+    b.acquire()  # not refused
+    assert a.held and b.held and set(a.held) == set(b.held)  # both believe they hold i-1 and i-2
+    assert live_rollouts(store, clock.now) == {A, B}
+
+
+def _quietly(step: Callable[[], Any]) -> None:
+    """Another controller's take, run inside this one's call: its refusal is its own."""
+    with contextlib.suppress(lp.StoreLeaseError):
+        step()
+
+
+def _explore(conditional: bool, first: list[str], second: list[str]) -> list[tuple[int, bool, bool]]:
+    """Run the first taker whole before each call of the second in turn; after each run, the lease
+    items and what each taker believes must agree. ``(point, first held, second held)`` per run."""
+    runs = []
+    point = 1
+    while True:
+        store, clock = mu.MemoryStore(conditional=conditional), Clock()
+        one, twov = lease(View(store), A, first, clock), View(store)
+        two = lease(twov, B, second, clock)
+        twov.hooks[point] = lambda one=one: _quietly(one.acquire)
+        with contextlib.suppress(lp.StoreLeaseError):
+            two.acquire()
+        if point > twov.calls:  # the second taker finished before the hook's call: all points seen
+            break
+        named = holders(store)
+        for who in (one, two):
+            for instance in who.held:
+                assert named.get(instance) == who.rollout, (point, instance, named)
+        assert not (set(one.held) & set(two.held)), point
+        assert one.held or two.held, point  # sorted order: one of them always wins
+        runs.append((point, bool(one.held), bool(two.held)))
+        point += 1
+    return runs
+
+
+def test_overlapping_takers_never_share_an_instance_wherever_one_cuts_in() -> None:
+    # the second taker's calls: 2 scans, its rollout item, then i-2 and i-3: whoever puts i-2 first wins
+    runs = _explore(True, ["i-1", "i-2"], ["i-2", "i-3"])
+    assert runs == [(1, True, False), (2, True, False), (3, True, False), (4, True, False), (5, False, True)]
+    # here i-1 then i-2: cut in before the put of i-2, the first wins and the second gives i-1 back
+    runs = _explore(True, ["i-2", "i-3"], ["i-1", "i-2"])
+    assert [(one, two) for _p, one, two in runs] == [(True, False)] * 5
+    with pytest.raises(AssertionError):
+        _explore(False, ["i-1", "i-2"], ["i-2", "i-3"])  # without the condition the invariant breaks
+
+
+def test_an_expired_lease_is_taken_over_and_its_holder_learns_it_lost_on_renewal() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    a = lease(View(store), A, ["i-1", "i-2"], clock)
+    a.acquire()
+    clock.now += 61  # A's controller hung past its TTL
+    b = lease(View(store), B, ["i-2"], clock)
+    b.acquire()
+    assert b.broken == [f"rollout {A}: its lease had expired"]
+    assert holders(store) == {"i-1": A, "i-2": B}
+    with pytest.raises(lp.StoreLeaseLost, match="broken or taken over"):
+        a.renew()
+    assert a.release() == ["i-1"]  # its own leftover; B's instance is left alone
+    assert holders(store) == {"i-2": B}
+
+
+def test_a_live_lease_is_broken_only_when_named() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    lease(View(store), A, ["i-1"], clock).acquire()
+    with pytest.raises(lp.StoreLeaseError):
+        lease(View(store), B, ["i-1"], clock).acquire(break_lock=C)  # names another rollout
+    b = lease(View(store), B, ["i-1"], clock)
+    b.acquire(break_lock=A)
+    assert b.broken == [f"rollout {A}: broken (--break-lock)"] and holders(store) == {"i-1": B}
+
+
+def test_a_renewal_racing_a_break_one_way_and_the_other() -> None:
+    # the break lands between A's decision to renew and its write: A's write is refused, A has lost
+    store, clock = mu.MemoryStore(), Clock()
+    av = View(store)
+    a = lease(av, A, ["i-1"], clock)
+    a.acquire()
+    c = lease(View(store), C, ["i-1"], clock)
+    av.hooks[av.calls + 1] = lambda: c.acquire(break_lock=A)
+    with pytest.raises(lp.StoreLeaseLost):
+        a.renew()
+    assert holders(store) == {"i-1": C}
+
+    # the renewal lands between the breaker's read and its delete: the delete is refused, the breaker
+    # reads again and breaks the renewed lease (it was asked to); A's next renewal fails
+    store, clock = mu.MemoryStore(), Clock()
+    a = lease(View(store), A, ["i-1"], clock)
+    a.acquire()
+    cv = View(store)
+    c = lease(cv, C, ["i-1"], clock)
+    cv.hooks[4] = a.renew  # C's calls: 2 scans, its rollout put, then the delete of A's item
+    c.acquire(break_lock=A)
+    assert store.conflicts == 1 and holders(store) == {"i-1": C}
+    with pytest.raises(lp.StoreLeaseLost):
+        a.renew()
+
+
+def test_two_takers_of_one_expired_lease_one_wins() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    lease(View(store), A, ["i-1", "i-2"], clock).acquire()
+    clock.now += 61
+    bv = View(store)
+    b = lease(bv, B, ["i-1", "i-2"], clock)
+    c = lease(View(store), C, ["i-1", "i-2"], clock)
+    bv.hooks[4] = c.acquire  # both found A expired; C deletes A's item first
+    with pytest.raises(lp.StoreLeaseError, match="cccccc"):
+        b.acquire()
+    assert holders(store) == {"i-1": C, "i-2": C} and live_rollouts(store, clock.now) == {C}
+
+
+def test_a_store_failing_midway_gives_back_what_was_taken() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    view = View(store)
+    a = lease(view, A, ["i-1", "i-2", "i-3"], clock)
+    view.fail_at[5] = mu.StoreError("Failed to call dynamodb:PutItem in us-east-1: Throttling")
+    with pytest.raises(mu.StoreError, match="Throttling"):
+        a.acquire()  # 2 scans, rollout put, i-1, then i-2 fails
+    assert store.data == {}
+
+
+def test_unreadable_items_are_kept_and_hold() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    store.data["lease#i-1"] = (1, "not json")
+    store.data["lease#i-2"] = (1, json.dumps({"rollout": C}))
+    store.data["rollout#" + C] = (1, "{truncated")
+    with pytest.raises(lp.StoreLeaseError) as refused:
+        lease(View(store), A, ["i-1", "i-2"], clock).acquire()
+    assert "host-i-1 (i-1): an unreadable lease item" in str(refused.value)
+    assert f"rollout {C} (unknown (unreadable lease tag))" in str(refused.value)
+    assert store.data["lease#i-1"] == (1, "not json") and store.data["rollout#" + C] == (1, "{truncated")
+
+
+def test_a_controller_whose_clock_is_off_the_store_takes_nothing() -> None:
+    store, clock = mu.MemoryStore(), Clock()
+    store.skew = 95.0
+    with pytest.raises(mu.SkewError, match=r"\+95 s off the store's"):
+        lease(View(store), A, ["i-1"], clock).acquire()
+    assert store.data == {}
+
+
+# ------------------------------------------------------------------------------ moto: DynamoDB + EC2 tags
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[tuple[str, list[str]]]:
+    server = MotoServer()
+    url = server.start()
+    try:
+        yield url, launch_many(url, REGION, 3)
+    finally:
+        server.stop()  # SIGINT to its PID
+
+
+def _conn(url: str) -> Ec2Connection:
+    return Ec2Connection(
+        endpoint_url=url,
+        aws_access_key="testing",
+        aws_secret_key="testing",
+        regions=(REGION,),
+        max_attempts=3,
+        initial_backoff=0.01,
+        max_backoff=0.05,
+    )
+
+
+def _cli(
+    url: str, ids: list[str], rollout: str, table: str | None, lines: list[str] | None = None
+) -> Ec2Lease:
+    instances = {f"host-{n}": {"instance": i, "region": REGION} for n, i in enumerate(ids)}
+    store = None
+    if table is not None:
+        store = mu.DynamoStore(_conn(url).settings(), table, REGION)
+    say = lines.append if lines is not None else (lambda _line: None)
+    return Ec2Lease(_conn(url), instances, rollout, f"op-{rollout[-1]}@ctl", settle=0.2, store=store, say=say)
+
+
+def _tags(url: str, ids: list[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {i: set() for i in ids}
+    for tag in client(url, REGION).describe_tags(Filters=[{"Name": "resource-id", "Values": ids}])["Tags"]:
+        if tag["Key"].startswith(KEY_PREFIX):
+            out[tag["ResourceId"]].add(tag["Key"][len(KEY_PREFIX) :])
+    return out
+
+
+def test_the_cli_lease_lives_in_dynamodb_and_the_tags_mirror_it(moto: tuple[str, list[str]]) -> None:
+    url, ids = moto
+    lines: list[str] = []
+    a = _cli(url, ids[:2], A, "leases", lines)
+    a.acquire()
+    table = mu.DynamoStore(_conn(url).settings(), "leases", REGION)
+    assert holders(table) == {ids[0]: A, ids[1]: A}
+    assert _tags(url, ids[:2]) == {ids[0]: {A}, ids[1]: {A}}  # the mirror, readable by tag-only controllers
+    assert any("in the shared store (DynamoDB table leases in us-east-1)" in line for line in lines)
+    with pytest.raises(LeaseError, match="aaaaaa"):
+        _cli(url, ids[1:], B, "leases").acquire()  # refused by the store
+    with pytest.raises(LeaseError, match="aaaaaa"):
+        _cli(url, ids[1:], B, None).acquire()  # a controller that uses tags alone sees the mirror
+    assert holders(table) == {ids[0]: A, ids[1]: A} and _tags(url, ids) == {
+        ids[0]: {A},
+        ids[1]: {A},
+        ids[2]: set(),
+    }
+    a.renew()
+    assert a.check() is None
+    a.release()
+    assert holders(table) == {} and _tags(url, ids) == {i: set() for i in ids}
+
+
+def test_a_tag_only_lease_refuses_a_store_take_which_keeps_nothing(moto: tuple[str, list[str]]) -> None:
+    url, ids = moto
+    old = _cli(url, ids[1:], C, None)
+    old.acquire()  # a controller not yet upgraded: tags alone
+    try:
+        with pytest.raises(LeaseError, match="EC2 tags only"):
+            _cli(url, ids, A, "leases-2").acquire()
+        table = mu.DynamoStore(_conn(url).settings(), "leases-2", REGION)
+        assert holders(table) == {} and table.items(lp.ROLLOUT_ITEM) == []
+        assert _tags(url, ids) == {ids[0]: set(), ids[1]: {C}, ids[2]: {C}}
+    finally:
+        old.release()
+
+
+def test_a_store_that_cannot_be_reached_takes_nothing(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, ids = moto
+    instances = {"host-0": {"instance": ids[0], "region": REGION}}
+    dead = mu.DynamoStore(
+        aws.ConnectionSettings(
+            endpoint_url="http://127.0.0.1:9", aws_access_key="x", aws_secret_key="y", max_attempts=1
+        ),
+        "t",
+        REGION,
+    )
+    held = Ec2Lease(_conn(url), instances, A, "op@ctl", store=dead)
+    with pytest.raises(LeaseApiError, match="Failed to use the shared store"):
+        held.acquire()
+    assert _tags(url, ids[:1]) == {ids[0]: set()}
