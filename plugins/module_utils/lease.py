@@ -399,6 +399,11 @@ class Ec2Tags:
 #   know (such a controller's) refuses the take. Releasing removes the tags, then the items.
 ROLLOUT_ITEM = "rollout#"
 INSTANCE_ITEM = "lease#"
+BROKEN_WHY = {
+    "expired": "its lease had expired",
+    "dead": "its process on this controller is gone",
+    "broken": "broken (--break-lock)",
+}
 TAKE_TRIES = 3  # a take that meets a concurrent change reads again this many times before refusing
 
 
@@ -419,7 +424,7 @@ def rollout_record(rollout, item):
         return LeaseRecord(rollout, UNREADABLE, 0.0, float("inf"), item.raw)
 
 
-def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False):
+def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False, dead=None):
     """What taking ``targets`` ({instance id: host}) in the store must do, given what was read.
 
     ``instances``: {instance id: Item of ``lease#<id>``}; ``rollouts``: {rollout id: Item}. A dict:
@@ -427,7 +432,9 @@ def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False
     items to delete first), ``claims`` ([(instance id, version expected or None)]: the lease items to
     write; an instance already ours is not written: ``ours`` {instance id: version}), ``own`` (our
     rollout Item or None) and
-    ``own_since`` (the ``since`` of our live rollout item: a resumed rollout keeps its place)."""
+    ``own_since`` (the ``since`` of our live rollout item: a resumed rollout keeps its place).
+    ``dead``: a predicate on a holder's ``controller``: True when its process is known to be gone (on
+    this host), so its live lease is taken over at once instead of waited out."""
     conflicts, breaks, claims, ours = [], {}, [], {}
     own = rollouts.get(rollout)
     own_since = None
@@ -458,6 +465,8 @@ def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False
         record = rollout_record(holder, theirs)
         if not record.live(now):
             breaks.setdefault(holder, (theirs.version, record, "expired"))
+        elif dead is not None and isinstance(theirs.doc, dict) and dead(theirs.doc.get("controller")):
+            breaks.setdefault(holder, (theirs.version, record, "dead"))
         elif break_lock is True or (break_lock and break_lock == holder):
             breaks.setdefault(holder, (theirs.version, record, "broken"))
         else:
@@ -483,7 +492,9 @@ class StoreLease:
     module's renewed and released) needs. store.StoreError for a store that fails; aws.AwsError for
     the mirror's tag calls; StoreLeaseError for a refused take; StoreLeaseLost when it is not held."""
 
-    def __init__(self, backend, rollout, targets, operator, ttl, tags=None, clock=time.time, controller=""):
+    def __init__(
+        self, backend, rollout, targets, operator, ttl, tags=None, clock=time.time, controller="", dead=None
+    ):
         self.backend = backend
         self.rollout = rollout
         self.targets = dict(targets)
@@ -492,6 +503,7 @@ class StoreLease:
         self.tags = tags
         self.clock = clock
         self.controller = controller
+        self.dead = dead  # see plan_store_take
         self.version = None  # our rollout item's
         self.since = None
         self.expires = None
@@ -542,7 +554,7 @@ class StoreLease:
             instances, rollouts = self.read()
             self._skew()
             now = self.clock()
-            plan = plan_store_take(self.targets, instances, rollouts, self.rollout, now, break_lock)
+            plan = plan_store_take(self.targets, instances, rollouts, self.rollout, now, break_lock, self.dead)
             if plan["conflicts"]:
                 raise StoreLeaseError(refusal(plan["conflicts"], "Wait for it, resume it, or break it if it is stale"))
             mirror = self._mirror_plan(rollouts, now, break_lock)
@@ -563,8 +575,7 @@ class StoreLease:
                 self._rollback()  # a store that failed midway: give back what was taken
                 raise
             self.broken = [
-                "rollout %s: %s" % (rid, "its lease had expired" if why == "expired" else "broken (--break-lock)")
-                for rid, (_v, _record, why) in sorted(plan["breaks"].items())
+                "rollout %s: %s" % (rid, BROKEN_WHY[why]) for rid, (_v, _record, why) in sorted(plan["breaks"].items())
             ]
             try:
                 self._write_mirror(mirror)

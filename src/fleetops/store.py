@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import secrets
 import threading
 import time
@@ -52,6 +51,7 @@ from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
 from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.lease import Ec2Connection
+from fleetops.util import dead_here, process_id
 
 PAUSE_KEY = "pause"
 LEASE_KEY = "auto#lease"
@@ -286,28 +286,6 @@ class Store:
 # ------------------------------------------------------------------------------ the auto pass's lease
 
 
-def _controller() -> str:
-    """``<hostname>:<pid>``: the process holding a lease (so this host can tell that it died)."""
-    return f"{os.uname().nodename}:{os.getpid()}"
-
-
-def _dead_here(controller: Any) -> bool:
-    """Whether ``controller`` (``host:pid``) is a process of this host that no longer runs: its lease
-    needs no waiting out (a pass killed with SIGKILL here is finished by the next one at once)."""
-    if not isinstance(controller, str) or controller.count(":") != 1:
-        return False
-    host, _, pid = controller.partition(":")
-    if host != os.uname().nodename or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # it runs, as another user
-    return False
-
-
 @dataclass
 class PassLease:
     """The store's ``auto#lease`` held by one pass: ``take``, a renewing thread, ``release``; ``lost``
@@ -329,7 +307,7 @@ class PassLease:
         return {
             "pass": self.pass_id,
             "operator": self.operator,
-            "controller": _controller(),
+            "controller": process_id(),
             "since": since,
             "expires": now + self.ttl,
         }
@@ -345,7 +323,7 @@ class PassLease:
             live = not isinstance(expires, (int, float)) or expires > now  # unreadable: held
             if not live and doc.get("pass") not in (None, self.pass_id):
                 self.took_over = f"pass {doc.get('pass')}'s lease had expired (its controller died or hung)"
-            if live and doc.get("pass") != self.pass_id and _dead_here(doc.get("controller")):
+            if live and doc.get("pass") != self.pass_id and dead_here(doc.get("controller")):
                 self.took_over = (
                     f"pass {doc.get('pass', '?')} of this controller ({doc.get('controller')}) is dead"
                 )

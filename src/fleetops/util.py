@@ -189,3 +189,25 @@ def pid_alive(pid: int) -> bool:
     # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
     fields = stat[stat.rfind(")") + 1 :].split()
     return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def process_id() -> str:
+    """``<hostname>:<pid>``: the process holding a lease (so this host can tell that it died)."""
+    return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def dead_here(controller: object) -> bool:
+    """Whether ``controller`` (``host:pid``, ``process_id``) is a process of this host that no longer runs:
+    its lease needs no waiting out (a pass or rollout killed with SIGKILL here is taken over at once)."""
+    if not isinstance(controller, str) or controller.count(":") != 1:
+        return False
+    host, _, pid = controller.partition(":")
+    if host != os.uname().nodename or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it runs, as another user
+    return False

@@ -376,3 +376,33 @@ def test_a_store_that_cannot_be_reached_takes_nothing(moto: tuple[str, list[str]
     with pytest.raises(LeaseApiError, match="Failed to use the shared store"):
         held.acquire()
     assert _tags(url, ids[:1]) == {ids[0]: set()}
+
+
+def test_a_live_lease_whose_process_on_this_controller_is_gone_is_taken_over_at_once() -> None:
+    """A rollout killed with SIGKILL here holds its lease until its TTL; the next one here need not wait:
+    its rollout item names ``host:pid`` (fleetops.util.process_id), and that pid is gone."""
+    import subprocess
+
+    from fleetops.util import dead_here, process_id
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    store, clock = mu.MemoryStore(), Clock()
+    host = process_id().split(":")[0]
+    for controller, taken in (
+        (f"{host}:{gone.pid}", True),
+        (process_id(), False),
+        (f"elsewhere:{gone.pid}", False),
+    ):
+        store.data.clear()
+        a = lp.StoreLease(View(store), A, {"i-1": "h"}, "op@ctl", 600, clock=clock, controller=controller)
+        a.acquire()
+        b = lp.StoreLease(View(store), B, {"i-1": "h"}, "op@ctl", 600, clock=clock, dead=dead_here)
+        if taken:
+            b.acquire()
+            assert b.broken == [f"rollout {A}: its process on this controller is gone"], controller
+            assert holders(store) == {"i-1": B}
+        else:  # alive (this process), or on another host: waited out
+            with pytest.raises(lp.StoreLeaseError):
+                b.acquire()
+            assert holders(store) == {"i-1": A}

@@ -55,7 +55,7 @@ from typing import Any
 from fleetops.ansible.collection import constant, module_utils
 from fleetops.ansible.runner import ec2_sources
 from fleetops.errors import FleetopsError, UsageError
-from fleetops.util import ROLLOUT_ID_PATTERN
+from fleetops.util import ROLLOUT_ID_PATTERN, dead_here, process_id
 
 
 # The protocol (tag key and value, who wins, the tag calls) is the collection's module_utils/lease.py,
@@ -250,7 +250,8 @@ class Ec2Lease:
                 self.ttl,
                 tags=self._tags,
                 clock=self.clock,
-                controller=f"{os.uname().nodename}:{os.getpid()}",
+                controller=process_id(),
+                dead=dead_here,
             )
 
     @property
