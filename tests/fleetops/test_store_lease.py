@@ -406,3 +406,48 @@ def test_a_live_lease_whose_process_on_this_controller_is_gone_is_taken_over_at_
             with pytest.raises(lp.StoreLeaseError):
                 b.acquire()
             assert holders(store) == {"i-1": A}
+
+
+def test_a_rollout_whose_inventory_names_a_store_holds_its_lease_there_during_every_batch(
+    moto: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's lock (fleetops.rollout.locks.locked) reads store_table from the same EC2 source: the
+    store's lease items name the rollout while each batch runs, and are gone after it."""
+    from fleetops.ansible.runner import PlaybookRun, TaskResult
+    from fleetops.rollout.engine import Engine
+    from fleetops.rollout.locks import locked
+    from fleetops.rollout.state import new_rollout
+
+    url, ids = moto
+    table = "rollout-leases"
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    inventory = tmp_path / "inv.ec2.yml"
+    inventory.write_text(
+        f"plugin: fleetops.node.ec2\nendpoint_url: {url}\naws_access_key: testing\n"
+        f"aws_secret_key: testing\nregions: [{REGION}]\nstore_table: {table}\n"
+    )
+    hosts = ["host-0", "host-1"]
+    rollout = new_rollout(action="reclaim", apply=True, inventory=[inventory], extravars={},
+                          plan={"batches": [hosts[:1], hosts[1:]], "hosts": 2}, max_failures=0,
+                          cooldown=0, gate=False, state_path=tmp_path / "state.json")  # fmt: skip
+    rollout.lease = {"ttl": 60, "settle": 0.1,
+                     "instances": {h: {"instance": ids[i], "region": REGION} for i, h in enumerate(hosts)}}  # fmt: skip
+    backend = mu.DynamoStore(_conn(url).settings(), table, REGION)
+    seen: list[dict[str, str]] = []
+
+    def runner(batch: Any, extravars: Any, *, check: bool, on_result: Any, cancel: Any) -> Any:
+        seen.append(holders(backend))
+        run = PlaybookRun(status="successful", rc=0)
+        for host in batch:
+            run.tasks[host] = [TaskResult(host, "ok", "x", "x", {"changed": True})]
+        return run
+
+    lines: list[str] = []
+    with locked(rollout, hosts, False, say=lines.append) as held:
+        engine = Engine(rollout=rollout, actions=("x",), runner=runner,
+                        scanner=lambda hs: {h: {"status": "ok", "findings": []} for h in hs},
+                        guard=held.guard, ec2_stop=held.ec2_stop)  # fmt: skip
+        engine.run()
+    assert seen == [{ids[0]: rollout.id, ids[1]: rollout.id}] * 2
+    assert any(f"in the shared store (DynamoDB table {table}" in line for line in lines), lines
+    assert holders(backend) == {} and backend.items(lp.ROLLOUT_ITEM) == []

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetops.errors import FleetopsError
+from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout import killswitch
 from fleetops.rollout.state import Rollout, state_home
@@ -306,14 +306,19 @@ def _ec2_lease(rollout: Rollout, hosts: Sequence[str], say: Callable[[str], None
         tell("lease: no fleetops.node.ec2 inventory source found: no EC2 lease (the local lock still holds)")
         return None
     from fleetops.ansible.collection import module_utils
-    from fleetops.store import config_for
+    from fleetops.ansible.runner import ec2_sources
 
-    stored = config_for([Path(p) for p in rollout.inventory])
-    store = None
-    if stored is not None:
-        store = module_utils("store").DynamoStore(
-            stored.connection.settings(), stored.table, stored.region, user_agent="fleetops.rollout.lease"
+    # the store the same source names (store_table; its region and endpoint default to the source's)
+    source = next(ec2_sources([Path(p) for p in rollout.inventory]), None)
+    try:
+        store = module_utils("store").open_backend(
+            source[1] if source else {},
+            connection.settings(),
+            connection.regions,
+            user_agent="fleetops.rollout.lease",
         )
+    except ValueError as exc:
+        raise UsageError(f"{connection.source}: {exc}") from None
     return Ec2Lease(
         store=store,
         connection=connection,
