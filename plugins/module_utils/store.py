@@ -51,6 +51,7 @@ import time
 from ansible_collections.fleetops.node.plugins.module_utils import aws
 
 DEFAULT_TABLE = "fleetops"
+PAUSE_KEY = "pause"  # fleetops pause: {"operator", "since", "reason"}; while it is there nothing acts
 KEY = "pk"
 VERSION = "v"
 DOC = "doc"
@@ -119,6 +120,19 @@ def open_backend(options, settings, regions=(), environ=None, user_agent="fleeto
     table, region, endpoint = found
     own = aws.ConnectionSettings(**dict(settings.as_dict(), endpoint_url=endpoint))
     return DynamoStore(own, table, region, user_agent=user_agent)
+
+
+def pause_line(item):
+    """``automation is paused by OPERATOR since TIME: REASON`` for the pause item (an unreadable one is
+    still a pause), or None when there is none."""
+    if item is None:
+        return None
+    doc = item.doc if isinstance(item.doc, dict) else {}
+    try:
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(doc["since"])))
+        return "automation is paused by %s since %s: %s" % (doc["operator"], since, doc.get("reason") or "")
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return "automation is paused (an unreadable pause item: still paused)"
 
 
 class StoreError(Exception):

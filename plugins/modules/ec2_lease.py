@@ -29,6 +29,9 @@ description:
     Taking a lease the rollout already holds renews it and keeps its place (its C(since)).
   - V(renewed) fails when our lease was removed or a lease taken earlier appeared (the lease is
     lost), else pushes its expiry O(ttl) seconds on.
+  - With a store, V(acquired) and V(renewed) also fail while automation is paused (C(fleetops pause)
+    writes the store's C(pause) item), naming who paused it, when and why; the playbooks take the lease
+    before each batch, so a paused AWX job stops before its next batch, as a CLI rollout does.
   - V(checked) changes nothing and fails unless the rollout holds a live lease on every instance and
     was first there (a playbook that the CLI runs checks the CLI's lease this way).
   - V(released) removes our tag where it still has the value read (a tag rewritten by someone else in
@@ -397,7 +400,15 @@ class StoreRunner(Runner):
         )
         return instances, rollouts, now
 
+    def _not_paused(self):
+        """``fleetops pause`` holds every rollout, AWX's too: no lease is taken or renewed while it is
+        there, so a playbook stops before its first batch or its next one."""
+        paused = sp.pause_line(self.backend.get(sp.PAUSE_KEY))
+        if paused is not None:
+            self.fail("Failed to take the lease of rollout %s: %s ('fleetops unpause' lifts it)" % (self.rollout, paused))
+
     def acquired(self, ttl, settle, operator):
+        self._not_paused()
         if not self.module.check_mode:
             self.backend.ensure()
         try:
@@ -416,6 +427,7 @@ class StoreRunner(Runner):
             self._wrote(lease.tag_value, lease.since, lease.expires)
 
     def renewed(self, ttl, operator):
+        self._not_paused()
         instances, rollouts, now = self._read_store()
         problems = self.lease.problems(instances, rollouts, now)
         if problems:

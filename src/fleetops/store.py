@@ -53,7 +53,7 @@ from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.lease import Ec2Connection
 from fleetops.util import dead_here, process_id
 
-PAUSE_KEY = "pause"
+PAUSE_KEY: str = constant("store", "PAUSE_KEY")
 LEASE_KEY = "auto#lease"
 SEEDED_KEY = "seeded"
 AUDIT_PREFIX = "audit#"
@@ -530,9 +530,9 @@ class StoredState:
         """Record ``action`` on each pick ``(host, group, rule, rung, check)`` as ``reserved`` by
         ``pass_id`` and write it before anything runs; {host: entry id}. ``instances``: host -> (EC2
         instance id, region), kept with the entry so a later pass can finish the action on an instance no
-        inventory lists any more; ``records``: host -> what else that finisher needs (a replace: the
-        instance's Auto Scaling group and its instances). StoreFailure: not reserved, so the batch must
-        not start."""
+        inventory lists any more; ``records``: host -> what else a later pass needs to finish it (a
+        replace: the instance's Auto Scaling group and its instances; a quarantine with evict: ``rerun``,
+        the parameters to run it again with). StoreFailure: not reserved, so the batch must not start."""
         ids: dict[str, str] = {}
         for host, group, rule, rung, check in picks:
             entry = self.ledger.record(action, host, group, now, controller)
@@ -545,7 +545,7 @@ class StoredState:
             }
             if instances and host in instances:
                 journal["instance"], journal["region"] = instances[host]
-                journal.update((records or {}).get(host) or {})
+            journal.update((records or {}).get(host) or {})
             self.journal[entry.id] = journal
             ids[host] = entry.id
         self.flush()
@@ -620,6 +620,22 @@ class StoredState:
                 if state == RESERVED
                 else f"{e.action} left half done by {journal.get('pass') or 'a dead pass'}"
             )
+        return out
+
+    def reruns(self, unsettled: bool = False) -> list[tuple[LedgerEntry, dict[str, Any]]]:
+        """The in-doubt entries reserved with the parameters to run them again (``rerun``), not yet
+        finished: a dead pass may have cut their batch off (a drain). ``unsettled``: the ``reserved`` ones
+        too (a dry run, which does not recover, shows what an applying pass would find)."""
+        states = {IN_DOUBT, RESERVED} if unsettled else {IN_DOUBT}
+        out = []
+        for e in sorted(self.ledger.entries, key=lambda e: (e.at, e.id)):
+            journal = self.journal.get(e.id) or {}
+            if (
+                journal.get("state") in states
+                and isinstance(journal.get("rerun"), dict)
+                and not journal.get("finished")
+            ):
+                out.append((e, journal))
         return out
 
     def unfinished(self, actions: Iterable[str]) -> list[tuple[LedgerEntry, dict[str, Any]]]:

@@ -554,3 +554,36 @@ def test_a_playbook_reads_the_store_from_the_inventory_and_is_refused_by_a_lease
     seen = _snapshots(out)
     assert len(seen) == 4 and all(len(s["tags"]) == 3 for s in seen)  # the mirror, during every change
     assert _held(url, table) == {} and _tags(url, ids[:3]) == {i: {} for i in ids[:3]}  # released
+
+
+def test_a_pause_in_the_store_stops_an_awx_job_before_its_next_batch(
+    moto: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    """`fleetops pause` (fleetops.store.Store.pause, the CLI's own call) holds AWX's playbooks too: their
+    lease is taken before each batch, and neither a take nor a renewal passes while paused; releasing
+    still works. After unpause the take goes through."""
+    from fleetops import store as cli_store
+
+    url, ids = moto
+    table = "paused-leases"
+    rc, taken = _run(tmp_path, url, ids[:1], rollout="awx-job-21", store_table=table)
+    assert rc == 0, taken
+    paused = cli_store.Store(_store(url, table))
+    paused.pause("carol@laptop", "driver rollout")
+    try:
+        rc, renewed = _run(tmp_path, url, ids[:1], rollout="awx-job-21", state="renewed", store_table=table)
+        assert rc != 0 and "automation is paused by carol@laptop since " in renewed["msg"], renewed
+        assert renewed["msg"].endswith(": driver rollout ('fleetops unpause' lifts it)")
+        rc, refused = _run(tmp_path, url, ids[1:2], rollout="awx-job-22", store_table=table)
+        assert (
+            rc != 0
+            and "automation is paused" in refused["msg"]
+            and _held(url, table) == {ids[0]: "awx-job-21"}
+        )
+        rc, released = _run(tmp_path, url, ids[:1], rollout="awx-job-21", state="released", store_table=table)
+        assert rc == 0 and released["released"] == [ids[0]] and _held(url, table) == {}
+    finally:
+        paused.unpause("carol@laptop", "done")
+    rc, after = _run(tmp_path, url, ids[1:2], rollout="awx-job-22", store_table=table)
+    assert rc == 0 and _held(url, table) == {ids[1]: "awx-job-22"}, after
+    _run(tmp_path, url, ids[1:2], rollout="awx-job-22", state="released", store_table=table)
