@@ -483,6 +483,19 @@ def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False
     }
 
 
+def store_leases(backend, now):
+    """Every rollout lease in the store, for people: ``[(LeaseRecord, [instance ids])]`` sorted by when
+    it was taken; a lease item whose rollout item is gone (released or broken midway) is left out."""
+    rollouts = dict((i.key[len(ROLLOUT_ITEM):], i) for i in backend.items(ROLLOUT_ITEM))
+    held = {}
+    for item in backend.items(INSTANCE_ITEM):
+        holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
+        if holder in rollouts:
+            held.setdefault(holder, []).append(item.key[len(INSTANCE_ITEM):])
+    records = [rollout_record(rid, item) for rid, item in rollouts.items()]
+    return [(r, sorted(held.get(r.rollout, []))) for r in sorted(records, key=LeaseRecord.order)]
+
+
 class StoreLease:
     """One rollout's lease on its instances in the shared store, with the tags as its mirror.
 

@@ -279,6 +279,12 @@ class Store:
         )
         return lifted is not None
 
+    def rollout_leases(self, now: float) -> list[tuple[Any, list[str]]]:
+        """The rollouts' leases held in the store (module_utils/lease.py's ``store_leases``): ``[(LeaseRecord,
+        [instance ids])]``, live or not."""
+        leases: list[tuple[Any, list[str]]] = self.call(module_utils("lease").store_leases, self.backend, now)
+        return leases
+
     def audit_trail(self) -> list[dict[str, Any]]:
         return [i.doc for i in self.call(self.backend.items, AUDIT_PREFIX) if isinstance(i.doc, dict)]
 

@@ -451,3 +451,32 @@ def test_a_rollout_whose_inventory_names_a_store_holds_its_lease_there_during_ev
     assert seen == [{ids[0]: rollout.id, ids[1]: rollout.id}] * 2
     assert any(f"in the shared store (DynamoDB table {table}" in line for line in lines), lines
     assert holders(backend) == {} and backend.items(lp.ROLLOUT_ITEM) == []
+
+
+def test_store_status_lists_the_rollouts_leases(moto: tuple[str, list[str]], tmp_path: Path) -> None:
+    from fleetops import api
+
+    url, ids = moto
+    table = "status-leases"
+    inventory = tmp_path / "inv.ec2.yml"
+    inventory.write_text(
+        f"plugin: fleetops.node.ec2\nendpoint_url: {url}\naws_access_key: testing\n"
+        f"aws_secret_key: testing\nregions: [{REGION}]\nstore_table: {table}\n"
+    )
+    backend = mu.DynamoStore(_conn(url).settings(), table, REGION)
+    backend.ensure()
+    held = lp.StoreLease(backend, A, {ids[1]: "h1", ids[0]: "h0"}, "alice@bastion", 600)
+    held.acquire()
+    try:
+        result = api.store(api.StoreRequest(inventory=[inventory], verb="status", reason=""))
+    finally:
+        held.release()
+    assert result.exit_code == 0
+    line = next(line for line in result.lines if line.startswith("lease: "))
+    assert line.startswith(f"lease: rollout {A} by alice@bastion, expires ") and line.endswith(
+        f": 2 instance(s) {' '.join(sorted(ids[:2]))}"
+    )
+    [doc] = result.document["leases"]
+    assert doc["rollout"] == A and doc["live"] is True and doc["instances"] == sorted(ids[:2])
+    after = api.store(api.StoreRequest(inventory=[inventory], verb="status", reason=""))
+    assert after.document["leases"] == [] and not any(line.startswith("lease: ") for line in after.lines)

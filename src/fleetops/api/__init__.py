@@ -414,13 +414,16 @@ def _auto(
     others = [h for h in listing.every if h.name not in selection]  # outside the limit or --exclude
     fleet_tags = _tag_targets(others) if connection is not None else {}
 
+    limited = {h.name for h in listing.hosts}
+
     def run_action(action: str, names: Sequence[str], params: Mapping[str, Any]) -> auto_mod.ActionRun:
-        # the pass's caps and limits, unchanged, for each action's rollout over exactly its hosts
+        # the pass's caps and limits, unchanged, for each action's rollout over exactly its hosts; a host
+        # outside the limit (a drain a dead pass cut off, run again) is named in the whole inventory
         result = remediate(
             RemediationRequest(
                 action=action,
                 inventory=inventories,
-                limit=request.limit,
+                limit=request.limit if set(names) <= limited else None,
                 hosts=list(names),
                 params=params,
                 apply=request.apply,
@@ -582,10 +585,20 @@ def store(request: StoreRequest) -> StoreResult:
     found.check_clock()
     pause = found.paused()
     lines = [f"shared store: {found.where()}", pause.describe() if pause else "automation is not paused"]
+    now = time.time()
+    leases = found.rollout_leases(now)
+    for record, instances in leases:
+        lines.append(f"lease: {record.describe(now)}: {len(instances)} instance(s) {' '.join(instances[:5])}"
+                     + (" ..." if len(instances) > 5 else ""))  # fmt: skip
     return StoreResult(
         lines,
         ExitCode.PAUSED if pause else ExitCode.OK,
-        {"store": found.where(), "paused": vars(pause) if pause else None, "skew_s": found.backend.skew},
+        {
+            "store": found.where(),
+            "paused": vars(pause) if pause else None,
+            "skew_s": found.backend.skew,
+            "leases": [{**record.as_dict(now), "instances": instances} for record, instances in leases],
+        },
     )
 
 

@@ -48,7 +48,8 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "store",
         help="the shared store: create its table, or show whether automation is paused",
         description="'init' creates the store's DynamoDB table (the first auto pass does it too); "
-        "'status' says whether automation is paused (exit 5 when it is) and the clock's skew.",
+        "'status' says whether automation is paused (exit 5 when it is), the clock's skew and the rollouts' "
+        "leases held in the store.",
     )
     store.add_argument("verb", choices=["init", "status"])
     _inventory(store)
