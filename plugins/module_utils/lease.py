@@ -450,7 +450,12 @@ def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False
             continue
         holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
         if not isinstance(holder, str) or not holder:
-            conflicts.append("%s: an unreadable lease item in the store (kept; remove it by hand)" % where(host, instance))
+            if break_lock is True:  # --break-lock without a rollout: any stale lock, this one too
+                claims.append((instance, item.version))
+            else:
+                conflicts.append(
+                    "%s: an unreadable lease item in the store (kept; --break-lock takes it)" % where(host, instance)
+                )
             continue
         if holder == rollout:
             if own is None:  # our rollout item is gone: ours no longer (a resume takes it again)
@@ -584,17 +589,17 @@ class StoreLease:
                     "Failed to take the lease in the store: another rollout took some of the instances at the "
                     "same time. Nothing was kept; try again later"
                 )
-            except Exception:
-                self._rollback()  # a store that failed midway: give back what was taken
+            except BaseException:  # a store that failed midway, or a signal: give back what was taken
+                self._rollback()
                 raise
             self.broken = [
                 "rollout %s: %s" % (rid, BROKEN_WHY[why]) for rid, (_v, _record, why) in sorted(plan["breaks"].items())
             ]
             try:
                 self._write_mirror(mirror)
-            except Exception:
+            except BaseException:  # the mirror could not be written (or a signal): hold nothing
                 with contextlib.suppress(Exception):
-                    self.release()  # the mirror could not be written: hold nothing
+                    self.release()
                 raise
             return plan
         raise AssertionError("unreachable")

@@ -270,6 +270,20 @@ def test_unreadable_items_are_kept_and_hold() -> None:
     assert "host-i-1 (i-1): an unreadable lease item" in str(refused.value)
     assert f"rollout {C} (unknown (unreadable lease tag))" in str(refused.value)
     assert store.data["lease#i-1"] == (1, "not json") and store.data["rollout#" + C] == (1, "{truncated")
+    taker = lease(View(store), A, ["i-1", "i-2"], clock)
+    taker.acquire(break_lock=True)  # a person said: any stale lock
+    assert holders(store) == {"i-1": A, "i-2": A} and "rollout#" + C not in store.data
+
+
+def test_a_signal_during_the_take_gives_back_what_was_taken() -> None:
+    """SIGTERM (the CLI raises it in the main thread) between two writes of the take: nothing stays."""
+    store, clock = mu.MemoryStore(), Clock()
+    view = View(store)
+    a = lease(view, A, ["i-1", "i-2"], clock)
+    view.fail_at[5] = KeyboardInterrupt()  # after the rollout item and i-1
+    with pytest.raises(KeyboardInterrupt):
+        a.acquire()
+    assert store.data == {}
 
 
 def test_a_controller_whose_clock_is_off_the_store_takes_nothing() -> None:
