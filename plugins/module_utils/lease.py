@@ -700,8 +700,8 @@ class StoreLease:
             raise StoreLeaseLost(
                 "the lease of rollout %s in the store was broken or taken over by another rollout" % self.rollout
             )
-        self._skew()
         self.version, self.expires = item.version, expires
+        self._skew()
         if self.tags is not None:
             self.tag_value = encode(self.operator, self.since, expires)
             self.tags.write(sorted(self.targets), self.key, self.tag_value)
