@@ -64,6 +64,7 @@ from fleetops.policy import (
     BudgetLedger,
     Decision,
     LadderState,
+    LedgerEntry,
     Policy,
     StateError,
     commit,
@@ -77,7 +78,7 @@ from fleetops.policy import (
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
 from fleetops.rollout.lease import Ec2Connection
-from fleetops.store import PassLease, Store, StoredState, StoreFailure
+from fleetops.store import RESERVED, PassLease, Store, StoredState, StoreFailure
 from fleetops.util import atomic_write
 
 AUTO_SCHEMA = "fleetops.auto/v1"
@@ -1040,6 +1041,102 @@ class _Pass:
             for host, (instance, region) in instances.items()
         }
 
+    def rerun_records(self, action: str, decisions: Sequence[Decision]) -> dict[str, dict[str, Any]]:
+        """host -> ``{"rerun": params}`` for each of ``decisions`` whose parameters turn on ``action``'s
+        ``Remediation.rerun_in_doubt`` (a quarantine with evict): what a later pass runs again should this
+        pass die mid-batch. The rung's own parameters and the finding's; the operator's per-action ones
+        (kubectl, kubeconfig) are the later pass's own."""
+        flag = REMEDIATIONS[action].rerun_in_doubt if action in REMEDIATIONS else None
+        if flag is None:
+            return {}
+        return {
+            d.host: {"rerun": action_params(d, {})}
+            for d in decisions
+            if action_params(d, self.inputs.extra_params).get(flag)
+        }
+
+    def rerun_in_doubt(self, state: StoredState, lease: PassLease | None, paused: bool) -> bool:
+        """Run again each action whose batch a dead pass cut off with its ``Remediation.rerun_in_doubt`` on
+        (a quarantine with evict: the node cordoned, its work maybe still running), with the parameters it
+        was reserved with, through ``run_action`` (the rollout, locks, lease and backend hooks every action
+        takes), on its host whether or not this pass's selection has it. The same attempt: no budget is
+        spent, no ladder climbs. Done: the entry is finished. Not done, or the host no longer in the
+        inventory: the pass fails (exit 3) and the next tries again. A dry run, or a pause, runs nothing
+        and says what would run. False when the pass must act no further (a signal, the kill switch, the
+        store or its lease lost)."""
+        inputs, result = self.inputs, self.result
+
+        def named(action: str) -> str:  # "quarantine (evict)"
+            flag = REMEDIATIONS[action].rerun_in_doubt if action in REMEDIATIONS else None
+            return f"{action} ({flag})" if flag else action
+
+        groups: dict[tuple[str, Any], tuple[dict[str, Any], list[tuple[LedgerEntry, dict[str, Any]]]]] = {}
+        for entry, journal in state.reruns(unsettled=not inputs.apply):
+            remediation = REMEDIATIONS.get(entry.action)
+            what = f"the {named(entry.action)} pass {journal.get('pass') or '?'} cut off"
+            if remediation is None or entry.host not in self.fleet:
+                why = "no such remediation" if remediation is None else "the host is not in the inventory"
+                result.unfinished.append(entry.host)
+                self.warn(f"{entry.host}: {what} cannot be run again: {why}; the next pass looks again")
+                continue
+            if not inputs.apply or paused:
+                unsettled = (
+                    " (if that pass is dead: its entry is not settled)"
+                    if journal.get("state") == RESERVED
+                    else ""
+                )
+                self.say(
+                    f"{entry.host}: {what} would be run again{unsettled}"
+                    + (" once automation is unpaused" if paused else " (dry run)"),
+                    "warning",
+                )
+                continue
+            params = {k: v for k, v in inputs.extra_params.get(entry.action, {}).items()}
+            params.update(journal["rerun"])
+            params = {k: v for k, v in params.items() if k in remediation.params}
+            group = groups.setdefault((entry.action, _freeze(params)), (params, []))
+            group[1].append((entry, journal))
+        for (action, _key), (params, entries) in groups.items():
+            if lease is not None and lease.lost is not None:
+                result.store_failure = f"the shared store's lease was lost: {lease.lost}"
+                self.warn(f"{action} not run again: {result.store_failure}")
+                return False
+            hosts = sorted({e.host for e, _j in entries})
+            self.say(
+                f"{named(action)} again on {len(hosts)} host(s) a dead pass cut off: {' '.join(hosts)}",
+                "bold",
+            )
+            try:
+                run = self.run_action(action, hosts, params)
+            except FleetopsError as exc:
+                code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
+                run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
+            result.runs.append(run)
+            for entry, journal in entries:
+                if entry.host in run.done:
+                    journal["finished"] = True
+                    line = f"{entry.host}: ran the {named(action)} a dead pass cut off again: done"
+                    result.finished.append(line)
+                    self.say(line, "bold")
+                else:
+                    result.unfinished.append(entry.host)
+                    told = f": {run.error}" if run.error else ""
+                    self.warn(
+                        f"{entry.host}: the {named(action)} a dead pass cut off, run again, did not finish"
+                        f"{told}; the next pass tries again"
+                    )
+            try:
+                state.flush()
+            except StoreFailure as exc:
+                result.store_failure = str(exc)
+                self.warn(str(exc))
+                return False
+            if run.exit_code in SIGNAL_CODES or run.stop_requested is not None:
+                why = run.stop_requested or run.exit_code.name.lower()
+                self.say(f"{action}: {why}; the pass starts no further action", "warning")
+                return False
+        return True
+
     def run_with_store(self, store: Store) -> None:
         inputs, result = self.inputs, self.result
         result.store = store.where()
@@ -1076,6 +1173,7 @@ class _Pass:
             if pause is not None:
                 result.paused = pause.describe()
                 self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+            go_on = self.rerun_in_doubt(state, lease, paused=pause is not None)
             reserved: dict[str, dict[str, str]] = {}
             controller = controller_id()
 
@@ -1104,6 +1202,8 @@ class _Pass:
                                 f"{action}: could not read what a later pass would need to finish it: {exc}"
                             )
                             return result.store_failure
+                        for host, rerun in self.rerun_records(action, decisions).items():
+                            records[host] = {**(records.get(host) or {}), **rerun}
                         at = self.clock()
                         reserved[action] = state.reserve(
                             pass_id, action, picks, controller, at, instances, records
@@ -1129,7 +1229,13 @@ class _Pass:
             attempted: set[tuple[str, str]] = set()
             try:
                 self.decide_and_act(
-                    state.ladder, state.ledger, self.clock(), attempted, before, after, act=pause is None
+                    state.ladder,
+                    state.ledger,
+                    self.clock(),
+                    attempted,
+                    before,
+                    after,
+                    act=pause is None and go_on,
                 )
             finally:
                 if inputs.apply:

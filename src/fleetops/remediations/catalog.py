@@ -321,6 +321,7 @@ register(
         disruptive=True,
         protects=True,  # a storm brake lets it go on: it keeps new work off a host, within its budget
         kubernetes="cordon",
+        rerun_in_doubt="evict",  # a drain a dead pass cut off is drained again (the playbook is idempotent)
         parameters=(
             Param(
                 "finding",

@@ -181,6 +181,11 @@ class Remediation:
     # group's new instance found, then scanned clean by the pass); ``record``: the reservation's journal,
     # which keeps the module's ``in_flight_record(settings, region, instance_id)``, read before the batch
     in_flight: str | None = None
+    # Optional: the flag parameter with which a batch a dead auto pass cut off is run again by the next pass
+    # on each host it left in doubt, with the rung's parameters it was reserved with (quarantine's evict:
+    # the cordon is done at once, the drain may have been cut off with the node's work still running); the
+    # same attempt, its budget not spent again
+    rerun_in_doubt: str | None = None
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +197,9 @@ class Remediation:
                 raise ValueError(
                     f"remediation {self.name}: {p.name} is passed when {p.when!r}, not a parameter"
                 )
+        rerun = by_name.get(self.rerun_in_doubt) if self.rerun_in_doubt is not None else None
+        if self.rerun_in_doubt is not None and (rerun is None or rerun.kind != "flag"):
+            raise ValueError(f"remediation {self.name}: rerun_in_doubt {self.rerun_in_doubt!r} is not a flag")
         object.__setattr__(self, "_by_name", by_name)
 
     @property
