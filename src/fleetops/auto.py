@@ -599,6 +599,19 @@ class _Pass:
         self.result.malformed_tags = sorted(f"{h}: {key}" for h, key in malformed if h in self.inputs.tags)
         return malformed
 
+    def run_or_fail(
+        self, action: str, hosts: Sequence[str], params: Mapping[str, Any], tell: bool = False
+    ) -> ActionRun:
+        """``run_action``; one that raised (FleetopsError) as a failed ActionRun with its exit code and
+        error (said as an error line when ``tell``)."""
+        try:
+            return self.run_action(action, hosts, params)
+        except FleetopsError as exc:
+            code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
+            if tell:
+                self.say(f"{action}: {exc}", "error")
+            return ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
+
     def decide_and_act(
         self,
         ladder: LadderState,
@@ -641,12 +654,7 @@ class _Pass:
                 + ("" if inputs.apply else " (dry run)"),
                 "bold",
             )
-            try:
-                run = self.run_action(action, hosts, params)
-            except FleetopsError as exc:
-                code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
-                run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
-                say(f"{action}: {exc}", "error")
+            run = self.run_or_fail(action, hosts, params, tell=True)
             result.runs.append(run)
             attempted.update((h, action) for h in run.attempted | run.cannot_act)
             if after is not None:
@@ -1106,11 +1114,7 @@ class _Pass:
                 f"{named(action)} again on {len(hosts)} host(s) a dead pass cut off: {' '.join(hosts)}",
                 "bold",
             )
-            try:
-                run = self.run_action(action, hosts, params)
-            except FleetopsError as exc:
-                code = exc.exit_code if exc.exit_code in set(ExitCode) else ExitCode.FAILED
-                run = ActionRun(action, tuple(hosts), params, exit_code=ExitCode(code), error=str(exc))
+            run = self.run_or_fail(action, hosts, params)
             result.runs.append(run)
             for entry, journal in entries:
                 if entry.host in run.done:

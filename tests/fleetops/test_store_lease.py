@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from fleetops.ansible.collection import module_utils
-from fleetops.rollout.lease import KEY_PREFIX, Ec2Connection, Ec2Lease, LeaseApiError, LeaseError
+from fleetops.rollout.lease import KEY_PREFIX, Ec2Lease, LeaseApiError, LeaseError
 from fleetops_lab.ec2sim import MotoServer, client, launch_many
+from tests.fleetops.test_lease import _conn
 
 lp = module_utils("lease")
 mu = module_utils("store")
@@ -305,18 +306,6 @@ def moto() -> Iterator[tuple[str, list[str]]]:
         yield url, launch_many(url, REGION, 3)
     finally:
         server.stop()  # SIGINT to its PID
-
-
-def _conn(url: str) -> Ec2Connection:
-    return Ec2Connection(
-        endpoint_url=url,
-        aws_access_key="testing",
-        aws_secret_key="testing",
-        regions=(REGION,),
-        max_attempts=3,
-        initial_backoff=0.01,
-        max_backoff=0.05,
-    )
 
 
 def _cli(
