@@ -530,6 +530,7 @@ class StoreLease:
         self.taken = set()  # the lease items this take wrote (a rollback deletes them)
         self.tag_value = None
         self.broken = []  # lines: whose leases this take broke or took over
+        self.seen = ({}, {})  # what the last take read: ({instance id: Item}, {rollout id: Item})
 
     @property
     def key(self):
@@ -569,7 +570,7 @@ class StoreLease:
     def acquire(self, break_lock=False, dry_run=False):
         """Take every instance, or raise StoreLeaseError (nothing kept). The plan when ``dry_run``."""
         for attempt in range(TAKE_TRIES):
-            instances, rollouts = self.read()
+            instances, rollouts = self.seen = self.read()
             self._skew()
             now = self.clock()
             plan = plan_store_take(self.targets, instances, rollouts, self.rollout, now, break_lock, self.dead)

@@ -390,15 +390,19 @@ class StoreRunner(Runner):
         self.lease = lp.StoreLease(backend, self.rollout, hosts, operator, ttl, tags=tags, controller="ansible")
         self.result["store"] = backend.where()
 
-    def _read_store(self):
-        instances, rollouts = self.lease.load()
+    def _leases(self, instances, rollouts):
+        """The result's ``leases``: as the store had them when read."""
         now = time.time()
         leases = self.lease.leases(instances, rollouts, now)
         self.result["leases"] = dict(
             (instance, dict((rid, rec.as_dict(now)) for rid, rec in sorted(held.items())))
             for instance, held in sorted(leases.items())
         )
-        return instances, rollouts, now
+        return now
+
+    def _read_store(self):
+        instances, rollouts = self.lease.load()
+        return instances, rollouts, self._leases(instances, rollouts)
 
     def _not_paused(self):
         """``fleetops pause`` holds every rollout, AWX's too: no lease is taken or renewed while it is
@@ -414,7 +418,9 @@ class StoreRunner(Runner):
         try:
             plan = self.lease.acquire(dry_run=self.module.check_mode)
         except lp.StoreLeaseError as e:
+            self._leases(*self.lease.seen)
             self.fail(str(e))
+        self._leases(*self.lease.seen)
         self.result["taken_over"] = [
             "rollout %s (%s)" % (rid, why) for rid, (_v, _record, why) in sorted(plan["breaks"].items())
         ]

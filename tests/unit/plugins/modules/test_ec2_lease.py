@@ -502,7 +502,7 @@ def test_with_a_store_the_module_takes_the_lease_there_and_the_cli_honours_it(
     assert rc == 0 and would["changed"] is True and _held(url, table) == {}  # check mode writes nothing
     rc, taken = _run(tmp_path, url, ids[:2], rollout="awx-job-11", store_table=table)
     assert rc == 0 and taken["store"] == f"DynamoDB table {table} in {REGION}", taken
-    assert _held(url, table) == {ids[0]: "awx-job-11", ids[1]: "awx-job-11"}
+    assert _held(url, table) == {ids[0]: "awx-job-11", ids[1]: "awx-job-11"} and taken["leases"] == {}
     assert all(
         t == {KEY_PREFIX + "awx-job-11": taken["value"]} for t in _tags(url, ids[:2]).values()
     )  # mirror
@@ -514,6 +514,10 @@ def test_with_a_store_the_module_takes_the_lease_there_and_the_cli_honours_it(
         Ec2Lease(conn, instances, CLI_A, "bob@laptop", store=_store(url, table)).acquire()
     rc, checked = _run(tmp_path, url, ids[:2], rollout="awx-job-11", state="checked", store_table=table)
     assert rc == 0 and checked["expires"] == taken["expires"], checked
+    assert set(checked["leases"]) == set(ids[:2])
+    assert all(held["awx-job-11"]["live"] for held in checked["leases"].values())
+    rc, refused = _run(tmp_path, url, ids[1:3], rollout="awx-job-12", store_table=table)
+    assert rc != 0 and list(refused["leases"]) == [ids[1]] and "awx-job-11" in refused["msg"], refused
     time.sleep(1.1)
     rc, renewed = _run(
         tmp_path, url, ids[:2], rollout="awx-job-11", state="renewed", ttl=1200, store_table=table
