@@ -606,17 +606,27 @@ class StoreLease:
         raise AssertionError("unreachable")
 
     def _take(self, plan, since, now):
+        """Our rollout item, the breaks and the claims, in that order, in transactions of at most
+        TRANSACT_MAX writes: a take of up to about a hundred instances is all or nothing; a larger one
+        is given back by ``_rollback`` when a later transaction is refused."""
         expires = now + self.ttl
         own = plan["own"]
-        item = self.backend.put(ROLLOUT_ITEM + self.rollout, self._doc(since, expires), own.version if own else None)
-        self.version, self.since, self.expires, self.created = item.version, since, expires, own is None
-        for rid, (version, _record, _why) in sorted(plan["breaks"].items()):
-            self.backend.delete(ROLLOUT_ITEM + rid, version)  # fences it: its next renewal is refused
+        ops = [("put", ROLLOUT_ITEM + self.rollout, self._doc(since, expires), own.version if own else None)]
+        # deleting a holder's item fences it: its next renewal is refused
+        ops += [("delete", ROLLOUT_ITEM + rid, version) for rid, (version, _r, _w) in sorted(plan["breaks"].items())]
+        ops += [("put", INSTANCE_ITEM + instance, {"rollout": self.rollout}, expect) for instance, expect in plan["claims"]]
         self.held, self.taken = dict(plan["ours"]), set()
-        for instance, expect in plan["claims"]:  # sorted: see plan_store_take
-            written = self.backend.put(INSTANCE_ITEM + instance, {"rollout": self.rollout}, expect)
-            self.held[instance] = written.version
-            self.taken.add(instance)
+        for start in range(0, len(ops), sp.TRANSACT_MAX):
+            chunk = ops[start : start + sp.TRANSACT_MAX]
+            written = self.backend.transact(chunk)
+            for n, op in enumerate(chunk):
+                item = written[n]
+                if op[1] == ROLLOUT_ITEM + self.rollout:
+                    self.version, self.since, self.expires, self.created = item.version, since, expires, own is None
+                elif op[1].startswith(INSTANCE_ITEM):
+                    instance = op[1][len(INSTANCE_ITEM):]
+                    self.held[instance] = item.version
+                    self.taken.add(instance)
 
     def _rollback(self):
         """Give back what a refused take wrote (each conditional: what someone else changed is theirs)."""
@@ -718,16 +728,21 @@ class StoreLease:
                 if self.rollout in held and instance in self.targets:
                     self.tags.delete([instance], self.key, held[self.rollout].value)
         self.tag_value = None
-        released = []
-        for instance, version in sorted(self.held.items()):
-            try:
-                self.backend.delete(INSTANCE_ITEM + instance, version)
-                released.append(instance)
-            except sp.Conflict:
-                pass  # another rollout took it after ours was broken: theirs now
-        self.held = {}
+        ops = [("delete", INSTANCE_ITEM + instance, version) for instance, version in sorted(self.held.items())]
         if self.version is not None:
-            with contextlib.suppress(sp.Conflict):
-                self.backend.delete(ROLLOUT_ITEM + self.rollout, self.version)
-            self.version = None
+            ops.append(("delete", ROLLOUT_ITEM + self.rollout, self.version))
+        released = []
+        for start in range(0, len(ops), sp.TRANSACT_MAX):
+            chunk = ops[start : start + sp.TRANSACT_MAX]
+            try:
+                self.backend.transact(chunk)
+                done = chunk
+            except sp.Conflict:  # another rollout took some after ours was broken: theirs now
+                done = []
+                for op in chunk:
+                    with contextlib.suppress(sp.Conflict):
+                        self.backend.delete(op[1], op[2])
+                        done.append(op)
+            released += [op[1][len(INSTANCE_ITEM):] for op in done if op[1].startswith(INSTANCE_ITEM)]
+        self.held, self.version = {}, None
         return released

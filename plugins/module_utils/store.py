@@ -47,6 +47,7 @@ import functools
 import json
 import os
 import time
+import uuid
 
 from ansible_collections.fleetops.node.plugins.module_utils import aws
 
@@ -58,7 +59,10 @@ DOC = "doc"
 DOC_MAX = 350 * 1024  # bytes of JSON: DynamoDB's item limit is 400 KB, key and attribute names included
 MAX_SKEW_S = 30.0  # the controller's clock may differ from the store's by this much, no more
 CREATE_WAIT_S = 120.0  # a new table is ACTIVE within seconds on AWS; give up after this
-CONFLICT_CODES = frozenset(("ConditionalCheckFailedException",))
+# a refused condition; a transaction is cancelled as a whole when one of its conditions fails (or another
+# transaction is on one of its items): either way the writer must read again
+CONFLICT_CODES = frozenset(("ConditionalCheckFailedException", "TransactionCanceledException"))
+TRANSACT_MAX = 100  # DynamoDB's TransactWriteItems takes at most 100 actions
 MISSING_TABLE_CODES = frozenset(("ResourceNotFoundException",))
 
 # The store's options: beside the fleetops.node.ec2 source's own (the inventory plugin documents
@@ -238,7 +242,8 @@ class DynamoStore:
         except aws.AwsError as exc:
             if exc.code in CONFLICT_CODES:
                 raise Conflict(
-                    "%s: %s changed since it was read" % (self.where(), kwargs.get("Key") or "")
+                    "%s: %s changed since it was read"
+                    % (self.where(), kwargs.get("Key") or "an item of the transaction")
                 ) from None
             if exc.code in MISSING_TABLE_CODES:
                 raise MissingTable("%s (%s)" % (exc, self.where())) from None
@@ -286,34 +291,61 @@ class DynamoStore:
             return None
         return _item(item) if item else None
 
-    def put(self, key, doc, expect):
-        """Write ``doc`` at ``key`` if the item is at version ``expect`` (None: absent); the new Item.
-        Conflict when it is not."""
+    def _put_request(self, key, doc, expect):
+        """``(PutItem's arguments, the Item it writes)``: ``doc`` at ``key`` if at version ``expect``."""
         check_expect(expect)
         raw = encode(doc)
         version = 1 if expect is None else expect + 1
-        kwargs = {
+        request = {
             "TableName": self.table,
             "Item": {KEY: {"S": key}, VERSION: {"N": str(version)}, DOC: {"S": raw}},
         }
         if expect is None:
-            kwargs["ConditionExpression"] = "attribute_not_exists(%s)" % KEY
+            request["ConditionExpression"] = "attribute_not_exists(%s)" % KEY
         else:
-            kwargs["ConditionExpression"] = "%s = :v" % VERSION
-            kwargs["ExpressionAttributeValues"] = {":v": {"N": str(expect)}}
-        self._call("PutItem", **kwargs)
-        return Item(key, version, raw)
+            request["ConditionExpression"] = "%s = :v" % VERSION
+            request["ExpressionAttributeValues"] = {":v": {"N": str(expect)}}
+        return request, Item(key, version, raw)
+
+    def _delete_request(self, key, expect):
+        check_expect(expect)
+        return {
+            "TableName": self.table,
+            "Key": {KEY: {"S": key}},
+            "ConditionExpression": "%s = :v" % VERSION,
+            "ExpressionAttributeValues": {":v": {"N": str(expect)}},
+        }
+
+    def put(self, key, doc, expect):
+        """Write ``doc`` at ``key`` if the item is at version ``expect`` (None: absent); the new Item.
+        Conflict when it is not."""
+        request, item = self._put_request(key, doc, expect)
+        self._call("PutItem", **request)
+        return item
 
     def delete(self, key, expect):
         """Delete ``key`` if it is at version ``expect``; Conflict when it is not (or is gone)."""
-        check_expect(expect)
-        self._call(
-            "DeleteItem",
-            TableName=self.table,
-            Key={KEY: {"S": key}},
-            ConditionExpression="%s = :v" % VERSION,
-            ExpressionAttributeValues={":v": {"N": str(expect)}},
-        )
+        self._call("DeleteItem", **self._delete_request(key, expect))
+
+    def transact(self, ops):
+        """All of ``ops`` or none (one TransactWriteItems, at most TRANSACT_MAX): each ``("put", key, doc,
+        expect)`` or ``("delete", key, expect)``, with put's and delete's conditions. The new Item of each
+        put (None for a delete); Conflict when a condition fails. Retried with the same request token, so
+        a retry after a lost answer is not taken for a conflict."""
+        actions, out = [], []
+        for op in ops:
+            if op[0] == "put":
+                request, item = self._put_request(op[1], op[2], op[3])
+                actions.append({"Put": request})
+                out.append(item)
+            else:
+                actions.append({"Delete": self._delete_request(op[1], op[2])})
+                out.append(None)
+        if len(actions) > TRANSACT_MAX:
+            raise StoreError("a transaction of %d writes is over DynamoDB's %d" % (len(actions), TRANSACT_MAX))
+        if actions:
+            self._call("TransactWriteItems", TransactItems=actions, ClientRequestToken=uuid.uuid4().hex)
+        return out
 
     def items(self, prefix):
         """Every item whose key starts with ``prefix``, sorted by key (a consistent, paginated Scan)."""
@@ -385,21 +417,35 @@ class MemoryStore:
             self.conflicts += 1
             raise Conflict("memory store: %s changed since it was read" % key)
 
+    def _apply(self, op):
+        """One ``("put", key, doc, expect)`` or ``("delete", key, expect)``, its condition checked."""
+        if op[0] != "put":
+            self.data.pop(op[1], None)
+            return None
+        key, expect = op[1], op[3]
+        raw = encode(op[2])
+        have = self.data.get(key)
+        version = (have[0] if have else 0) + 1 if not self.conditional else (1 if expect is None else expect + 1)
+        self.data[key] = (version, raw)
+        return Item(key, version, raw)
+
     def put(self, key, doc, expect):
         self._enter("PutItem")
         self._check(key, expect)
-        raw = encode(doc)
-        have = self.data.get(key)
-        version = (
-            (have[0] if have else 0) + 1 if not self.conditional else (1 if expect is None else expect + 1)
-        )
-        self.data[key] = (version, raw)
-        return Item(key, version, raw)
+        return self._apply(("put", key, doc, expect))
 
     def delete(self, key, expect):
         self._enter("DeleteItem")
         self._check(key, expect)
-        self.data.pop(key, None)
+        self._apply(("delete", key, expect))
+
+    def transact(self, ops):
+        self._enter("TransactWriteItems")
+        if len(ops) > TRANSACT_MAX:
+            raise StoreError("a transaction of %d writes is over DynamoDB's %d" % (len(ops), TRANSACT_MAX))
+        for op in ops:  # every condition first: all or nothing
+            self._check(op[1], op[3] if op[0] == "put" else op[2])
+        return [self._apply(op) for op in ops]
 
     def items(self, prefix):
         self._enter("Scan")

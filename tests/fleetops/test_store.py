@@ -74,6 +74,31 @@ def test_conditional_writes_refuse_a_stale_version(moto_url: str) -> None:
     assert a.skew is not None and abs(a.skew) < 5  # the store's Date against this clock
 
 
+def test_a_transaction_is_all_or_nothing_and_a_refused_condition_is_a_conflict(moto_url: str) -> None:
+    """TransactWriteItems on moto_server: one failed condition cancels every write of the transaction
+    (TransactionCanceledException, a Conflict); conditional deletes and puts mix; over 100 is refused."""
+    a = dynamo(moto_url, "tx")
+    a.ensure()
+    assert [i.version for i in a.transact([("put", "a", {"n": 1}, None), ("put", "b", {"n": 1}, None)])] == [
+        1,
+        1,
+    ]
+    with pytest.raises(mu.Conflict, match="an item of the transaction changed"):
+        a.transact([("put", "c", {"n": 1}, None), ("put", "a", {"n": 2}, None)])  # a exists: nothing written
+    assert [i.key for i in a.items("")] == ["a", "b"] and a.get("a").doc == {"n": 1}
+    deleted, put = a.transact([("delete", "a", 1), ("put", "b", {"n": 2}, 1)])
+    assert deleted is None and (put.key, put.version, put.doc) == ("b", 2, a.get("b").doc) == (
+        "b",
+        2,
+        {"n": 2},
+    )
+    with pytest.raises(mu.Conflict):
+        a.transact([("delete", "b", 1)])  # b is at version 2
+    assert [(i.key, i.version) for i in a.items("")] == [("b", 2)]
+    with pytest.raises(mu.StoreError, match="over DynamoDB's 100"):
+        a.transact([("put", f"k{n}", {}, None) for n in range(101)])
+
+
 def test_a_controller_whose_clock_is_off_the_store_refuses(moto_url: str) -> None:
     import time
 

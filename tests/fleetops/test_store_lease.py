@@ -79,6 +79,10 @@ class View:
         self._before()
         self.store.delete(key, expect)
 
+    def transact(self, ops: list[tuple[Any, ...]]) -> list[Any]:
+        self._before()
+        return list(self.store.transact(ops))
+
     def items(self, prefix: str) -> list[Any]:
         self._before()
         return list(self.store.items(prefix))
@@ -177,14 +181,23 @@ def _explore(conditional: bool, first: list[str], second: list[str]) -> list[tup
 
 
 def test_overlapping_takers_never_share_an_instance_wherever_one_cuts_in() -> None:
-    # the second taker's calls: 2 scans, its rollout item, then i-2 and i-3: whoever puts i-2 first wins
+    # the second taker's calls: 2 scans, then one transaction (its rollout item, i-2, i-3): all or nothing,
+    # so whoever's transaction lands first has every instance it wanted
     runs = _explore(True, ["i-1", "i-2"], ["i-2", "i-3"])
-    assert runs == [(1, True, False), (2, True, False), (3, True, False), (4, True, False), (5, False, True)]
-    # here i-1 then i-2: cut in before the put of i-2, the first wins and the second gives i-1 back
-    runs = _explore(True, ["i-2", "i-3"], ["i-1", "i-2"])
-    assert [(one, two) for _p, one, two in runs] == [(True, False)] * 5
+    assert runs == [(1, True, False), (2, True, False), (3, True, False)]
     with pytest.raises(AssertionError):
         _explore(False, ["i-1", "i-2"], ["i-2", "i-3"])  # without the condition the invariant breaks
+
+
+def test_a_take_larger_than_one_transaction_gives_back_its_first_when_its_second_is_refused() -> None:
+    """150 instances take two transactions (at most 100 writes each); another rollout taking i-120 in
+    between makes the second one fail: the first is given back, the take read again and refused."""
+    many = [f"i-{n:03d}" for n in range(150)]
+    runs = _explore(True, ["i-120"], many)
+    # the second taker's calls: 2 scans, its first transaction (rollout item + i-000..i-098), its second
+    assert runs == [(1, True, False), (2, True, False), (3, True, False), (4, True, False)]
+    with pytest.raises(AssertionError):
+        _explore(False, ["i-120"], many)
 
 
 def test_an_expired_lease_is_taken_over_and_its_holder_learns_it_lost_on_renewal() -> None:
@@ -231,7 +244,7 @@ def test_a_renewal_racing_a_break_one_way_and_the_other() -> None:
     a.acquire()
     cv = View(store)
     c = lease(cv, C, ["i-1"], clock)
-    cv.hooks[4] = a.renew  # C's calls: 2 scans, its rollout put, then the delete of A's item
+    cv.hooks[3] = a.renew  # C's calls: 2 scans, then its transaction, which deletes A's item
     c.acquire(break_lock=A)
     assert store.conflicts == 1 and holders(store) == {"i-1": C}
     with pytest.raises(lp.StoreLeaseLost):
@@ -245,7 +258,7 @@ def test_two_takers_of_one_expired_lease_one_wins() -> None:
     bv = View(store)
     b = lease(bv, B, ["i-1", "i-2"], clock)
     c = lease(View(store), C, ["i-1", "i-2"], clock)
-    bv.hooks[4] = c.acquire  # both found A expired; C deletes A's item first
+    bv.hooks[3] = c.acquire  # both found A expired; C deletes A's item first
     with pytest.raises(lp.StoreLeaseError, match="cccccc"):
         b.acquire()
     assert holders(store) == {"i-1": C, "i-2": C} and live_rollouts(store, clock.now) == {C}
@@ -254,10 +267,10 @@ def test_two_takers_of_one_expired_lease_one_wins() -> None:
 def test_a_store_failing_midway_gives_back_what_was_taken() -> None:
     store, clock = mu.MemoryStore(), Clock()
     view = View(store)
-    a = lease(view, A, ["i-1", "i-2", "i-3"], clock)
-    view.fail_at[5] = mu.StoreError("Failed to call dynamodb:PutItem in us-east-1: Throttling")
+    a = lease(view, A, [f"i-{n:03d}" for n in range(150)], clock)
+    view.fail_at[4] = mu.StoreError("Failed to call dynamodb:TransactWriteItems in us-east-1: Throttling")
     with pytest.raises(mu.StoreError, match="Throttling"):
-        a.acquire()  # 2 scans, rollout put, i-1, then i-2 fails
+        a.acquire()  # 2 scans, the first transaction, then the second fails
     assert store.data == {}
 
 
@@ -277,11 +290,11 @@ def test_unreadable_items_are_kept_and_hold() -> None:
 
 
 def test_a_signal_during_the_take_gives_back_what_was_taken() -> None:
-    """SIGTERM (the CLI raises it in the main thread) between two writes of the take: nothing stays."""
+    """SIGTERM (the CLI raises it in the main thread) between two transactions of the take: nothing stays."""
     store, clock = mu.MemoryStore(), Clock()
     view = View(store)
-    a = lease(view, A, ["i-1", "i-2"], clock)
-    view.fail_at[5] = KeyboardInterrupt()  # after the rollout item and i-1
+    a = lease(view, A, [f"i-{n:03d}" for n in range(150)], clock)
+    view.fail_at[4] = KeyboardInterrupt()  # after the first transaction
     with pytest.raises(KeyboardInterrupt):
         a.acquire()
     assert store.data == {}
