@@ -42,7 +42,7 @@ SECONDS = {
     "test_quarantine_lab.py": 67,
     "test_drift_lab.py": 54,
     "test_protected_units_lab.py": 49,
-    "test_slurm_lab.py": 80,  # 51 s alone on 2026-12-05 with the --evict test
+    "test_slurm_lab.py": 90,  # 64 s alone on 2026-12-05 with the --evict test and its cut-off re-run
     "test_storm_lab.py": 56,  # 2026-12-03, in CI
     "test_auto_replace_lab.py": 41,
     "test_scan_leak.py": 35,

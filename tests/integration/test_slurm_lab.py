@@ -288,6 +288,13 @@ def test_evict_requeues_the_jobs_of_a_node_fleetops_drains_and_of_no_other(
         assert any(f"would requeue job(s) {ours}" in n for n in notes[OTHER]), notes
         assert _job(lab, ours)["JobState"] == "RUNNING"  # a dry run requeues nothing
 
+        # a quarantine with evict cut off after its drain (a pass killed mid-batch): the node is ours and
+        # drained, its job still running; the next pass runs the quarantine with evict again, which must
+        # requeue the job on a node fleetops already drained (issue 25: a cut-off drain is drained again)
+        first = fleetops("remediate", "quarantine", *inv, "-l", OTHER, "--canary", "0", "--finding", "gpu_health",
+                         "--apply", env=env)  # fmt: skip
+        assert first.rc == 0, first.stderr
+        assert slurm.phase(_node(lab, OTHER)) == "draining" and _job(lab, ours)["JobState"] == "RUNNING"
         done = fleetops(*quarantine, "--apply", env=env)
         assert done.rc == 0, done.stderr
         notes = {h: r["notes"] for b in json.loads(done.stdout)["batches"] for h, r in b["results"].items()}
