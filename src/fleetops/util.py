@@ -204,10 +204,4 @@ def dead_here(controller: object) -> bool:
     host, _, pid = controller.partition(":")
     if host != os.uname().nodename or not pid.isdigit() or int(pid) == os.getpid():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # it runs, as another user
-    return False
+    return not pid_alive(int(pid))  # a zombie is dead too; another user's process is alive

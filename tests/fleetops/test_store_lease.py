@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -403,10 +404,18 @@ def test_a_live_lease_whose_process_on_this_controller_is_gone_is_taken_over_at_
 
     gone = subprocess.Popen(["true"])
     gone.wait()
+    zombie = subprocess.Popen(["true"])  # exited, not yet reaped: dead, though os.kill(pid, 0) succeeds
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    asleep = subprocess.Popen(["sleep", "30"])
     store, clock = mu.MemoryStore(), Clock()
     host = process_id().split(":")[0]
     for controller, taken in (
         (f"{host}:{gone.pid}", True),
+        (f"{host}:{zombie.pid}", True),
+        (f"{host}:{asleep.pid}", False),
         (process_id(), False),
         (f"elsewhere:{gone.pid}", False),
     ):
@@ -422,6 +431,9 @@ def test_a_live_lease_whose_process_on_this_controller_is_gone_is_taken_over_at_
             with pytest.raises(lp.StoreLeaseError):
                 b.acquire()
             assert holders(store) == {"i-1": A}
+    asleep.kill()
+    asleep.wait()
+    zombie.wait()
 
 
 def test_a_rollout_whose_inventory_names_a_store_holds_its_lease_there_during_every_batch(
