@@ -392,8 +392,10 @@ class Ec2Tags:
 #   when the item is absent, when its rollout's item is gone (released, or broken), or after deleting
 #   that rollout's item at the version read because it expired (or ``break_lock`` names it). Deleting
 #   the holder's item first is what fences it: its next renewal is refused, so it knows it lost.
-# - Instances are taken in sorted order, so of two takers whose sets overlap one always wins the
-#   first instance they share and the other rolls back what it took (nothing is kept) and refuses.
+# - The writes go in transactions of at most 100 (store.TRANSACT_MAX): a take of up to about a hundred
+#   instances is all or nothing. A larger one takes its instances in sorted order, so of two takers whose
+#   sets overlap one always wins the first instance they share and the other rolls back what it took
+#   (nothing is kept) and refuses.
 # - The tags are written after the store take, with the same value a tag lease has, so a controller
 #   that still uses tags alone sees who holds the instance; a live tag of a rollout the store does not
 #   know (such a controller's) refuses the take. Releasing removes the tags, then the items.
@@ -413,6 +415,12 @@ class StoreLeaseError(Exception):
 
 class StoreLeaseLost(Exception):
     """Our rollout item was broken, taken over or is gone: we hold nothing any more."""
+
+
+def holder_of(item):
+    """The rollout a ``lease#`` item names, or None when it names none readably."""
+    holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
+    return holder if isinstance(holder, str) and holder else None
 
 
 def rollout_record(rollout, item):
@@ -448,8 +456,8 @@ def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False
         if item is None:
             claims.append((instance, None))
             continue
-        holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
-        if not isinstance(holder, str) or not holder:
+        holder = holder_of(item)
+        if holder is None:
             if break_lock is True:  # --break-lock without a rollout: any stale lock, this one too
                 claims.append((instance, item.version))
             else:
@@ -494,7 +502,7 @@ def store_leases(backend, now):
     rollouts = dict((i.key[len(ROLLOUT_ITEM):], i) for i in backend.items(ROLLOUT_ITEM))
     held = {}
     for item in backend.items(INSTANCE_ITEM):
-        holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
+        holder = holder_of(item)
         if holder in rollouts:
             held.setdefault(holder, []).append(item.key[len(INSTANCE_ITEM):])
     records = [rollout_record(rid, item) for rid, item in rollouts.items()]
@@ -505,9 +513,9 @@ class StoreLease:
     """One rollout's lease on its instances in the shared store, with the tags as its mirror.
 
     ``backend``: module_utils/store.py's DynamoStore or MemoryStore; ``targets``: {instance id: host};
-    ``tags``: an Ec2Tags for the mirror (None: no mirror). ``acquire``, ``renew``, ``check`` (reads:
-    what a playbook checks of the CLI's lease), ``release``; ``load`` fills what a fresh process (the
-    module's renewed and released) needs. store.StoreError for a store that fails; aws.AwsError for
+    ``tags``: an Ec2Tags for the mirror (None: no mirror). ``acquire``, ``renew``, ``problems`` (why it
+    is not held: what the module's checked state reads), ``release``; ``load`` fills what a fresh process
+    (the module's renewed, checked and released) needs. store.StoreError for a store that fails; aws.AwsError for
     the mirror's tag calls; StoreLeaseError for a refused take; StoreLeaseLost when it is not held."""
 
     def __init__(
@@ -562,8 +570,8 @@ class StoreLease:
         """{instance id: {rollout: LeaseRecord}} as the store has them (the module's ``leases``)."""
         out = {}
         for instance, item in sorted(instances.items()):
-            holder = item.doc.get("rollout") if isinstance(item.doc, dict) else None
-            if isinstance(holder, str) and holder in rollouts:
+            holder = holder_of(item)
+            if holder in rollouts:
                 out[instance] = {holder: rollout_record(holder, rollouts[holder])}
         return out
 
@@ -672,11 +680,7 @@ class StoreLease:
         if own is not None:
             record = rollout_record(self.rollout, own)
             self.version, self.since, self.expires = own.version, record.since, record.expires
-        self.held = dict(
-            (i, item.version)
-            for i, item in instances.items()
-            if isinstance(item.doc, dict) and item.doc.get("rollout") == self.rollout
-        )
+        self.held = dict((i, item.version) for i, item in instances.items() if holder_of(item) == self.rollout)
         return instances, rollouts
 
     def problems(self, instances, rollouts, now):
@@ -689,8 +693,7 @@ class StoreLease:
             return ["the lease of rollout %s expired %s" % (self.rollout, iso(record.expires))]
         lines = []
         for instance in sorted(self.targets):
-            item = instances.get(instance)
-            holder = item.doc.get("rollout") if item is not None and isinstance(item.doc, dict) else None
+            holder = holder_of(instances[instance]) if instance in instances else None
             if holder != self.rollout:
                 lines.append(
                     "%s: %s" % (where(self.targets[instance], instance), "held by rollout %s" % holder if holder else "not held")
