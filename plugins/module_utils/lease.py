@@ -584,7 +584,7 @@ class StoreLease:
             plan = plan_store_take(self.targets, instances, rollouts, self.rollout, now, break_lock, self.dead)
             if plan["conflicts"]:
                 raise StoreLeaseError(refusal(plan["conflicts"], "Wait for it, resume it, or break it if it is stale"))
-            mirror = self._mirror_plan(rollouts, now, break_lock)
+            mirror = self._mirror_plan(plan, rollouts, now, break_lock)
             since = plan["own_since"] if plan["own_since"] is not None else float(int(now))
             if dry_run:
                 return plan
@@ -649,9 +649,10 @@ class StoreLease:
         self.version = None
         self.created = False
 
-    def _mirror_plan(self, rollouts, now, break_lock):
+    def _mirror_plan(self, plan, rollouts, now, break_lock):
         """The mirror's tags read: a live tag lease of a rollout the store does not know (a controller
-        that uses tags alone) refuses; its expired ones are removed. None without a mirror."""
+        that uses tags alone) refuses; its expired ones are removed, and so are the mirror tags of the
+        holders ``plan`` breaks (their items go, their tags go with them). None without a mirror."""
         if self.tags is None:
             return None
         tagged = self.tags.read()
@@ -659,10 +660,16 @@ class StoreLease:
             (instance, dict((rid, rec) for rid, rec in held.items() if rid not in rollouts and rid != self.rollout))
             for instance, held in tagged.items()
         )
-        plan = plan_take(self.targets, foreign, self.rollout, now, break_lock)
-        if plan["conflicts"]:
-            raise StoreLeaseError(refusal(plan["conflicts"], "It is a lease in EC2 tags only: wait for it"))
-        return plan
+        mirror = plan_take(self.targets, foreign, self.rollout, now, break_lock)
+        if mirror["conflicts"]:
+            raise StoreLeaseError(refusal(mirror["conflicts"], "It is a lease in EC2 tags only: wait for it"))
+        mirror["removals"] += [
+            (instance, record, "broken")
+            for instance, held in sorted(tagged.items())
+            for rid, record in sorted(held.items())
+            if rid in plan["breaks"]
+        ]
+        return mirror
 
     def _write_mirror(self, plan):
         if self.tags is None:

@@ -365,6 +365,30 @@ def test_the_cli_lease_lives_in_dynamodb_and_the_tags_mirror_it(moto: tuple[str,
     assert holders(table) == {} and _tags(url, ids) == {i: set() for i in ids}
 
 
+def test_a_broken_holder_s_mirror_tags_go_with_its_items(moto: tuple[str, list[str]]) -> None:
+    """--break-lock deletes the holder's rollout item, and its mirror tags with it: the tags a tag-only
+    controller (or a person) reads name one holder, the one the store has."""
+    url, ids = moto
+    a = _cli(url, ids[:2], A, "broken-mirror")
+    a.acquire()
+    b = _cli(url, ids[1:], B, "broken-mirror")
+    try:
+        b.acquire(break_lock=A)
+        table = mu.DynamoStore(_conn(url).settings(), "broken-mirror", REGION)
+        assert holders(table) == {ids[0]: A, ids[1]: B, ids[2]: B}
+        assert _tags(url, ids) == {
+            ids[0]: {A},
+            ids[1]: {B},
+            ids[2]: {B},
+        }  # A's tag stays only where B took nothing
+        a.renew()
+        assert a.check() is not None  # fenced: A's item was deleted
+    finally:
+        b.release()
+        a.release()
+    assert _tags(url, ids) == {i: set() for i in ids}
+
+
 def test_a_tag_only_lease_refuses_a_store_take_which_keeps_nothing(moto: tuple[str, list[str]]) -> None:
     url, ids = moto
     old = _cli(url, ids[1:], C, None)
