@@ -53,6 +53,7 @@ from fleetops.ansible.collection import load, module_utils
 from fleetops.documents import DocumentError, read_json
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.fix import ACTIONABLE
 from fleetops.nodes import NodeReading
 from fleetops.policy import (
     FROM_LADDER_TAG,
@@ -1030,7 +1031,7 @@ class _Pass:
             bad = [
                 str(f.get("summary") or f.get("check"))
                 for f in entry.get("findings") or []
-                if isinstance(f, Mapping) and f.get("severity") in ("warning", "critical")
+                if isinstance(f, Mapping) and f.get("severity") in ACTIONABLE
             ]
             if bad:
                 return f"this pass's scan of its new instance {iid} ({host}) finds: {'; '.join(bad)}"
