@@ -222,6 +222,7 @@ def test_first_ctrl_c_finishes_the_batch_then_stops_with_the_state_saved(
     monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
     engine, runner, out = _engine(tmp_path, [["a"], ["b", "c"], ["d"]])
     runner.on_batch = lambda n: os.kill(os.getpid(), signal.SIGINT) if n == 2 else None
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a background job of a non-interactive shell
     rollout = _run(engine)
     assert rollout.status == "interrupted"
     assert rollout.hosts == {"a": "done", "b": "done", "c": "done", "d": "pending"}  # batch 2 completed
@@ -232,7 +233,7 @@ def test_first_ctrl_c_finishes_the_batch_then_stops_with_the_state_saved(
     assert "stopping after the current batch; Ctrl-C again to abort now" in text
     assert f"resume with: fleetops remediate --resume {tmp_path / 'state.json'}" in text
     assert "progress: batch 2/3 finished: batches done 2/3, hosts finished 3/4, failed 0" in text
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler it found is restored
     # --resume goes on from there
     resumed, again, _ = _engine(tmp_path, [])
     resumed.rollout = again.rollout = saved
@@ -695,6 +696,7 @@ def test_sigterm_and_sighup_abort_at_once_state_saved_lock_released(
 ) -> None:
     from fleetops.api import rollout_exit_code
 
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}  # SIG_IGN under nohup
     engine, _runner, rollout = _signal_run(tmp_path, signum)
     assert engine.abort_requested.is_set() and rollout.status == "interrupted"
     saved = Rollout.load(tmp_path / "state.json")
@@ -704,10 +706,7 @@ def test_sigterm_and_sighup_abort_at_once_state_saved_lock_released(
     assert saved.stopped["reason"] == f"aborted mid-batch ({signal.Signals(signum).name})"
     assert rollout_exit_code(saved) == code
     assert list((state_home / "locks").glob("*.lock")) == []
-    assert (
-        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
-    )
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers it found are restored
 
 
 def test_sigterm_ends_the_batch_s_ansible_workers(tmp_path: Path, state_home: Path) -> None:

@@ -364,7 +364,12 @@ def _stream(
 
 
 def _events(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(f.read_text()) for f in sorted((out / "artifacts" / "job_events").glob("*.json"))]
+    """The runner's events in order. Some carry no event_data: a `verbose` event (a warning ansible
+    printed outside a task, e.g. a library's deprecation warning) has only its stdout; they read as {}."""
+    events = [json.loads(f.read_text()) for f in sorted((out / "artifacts" / "job_events").glob("*.json"))]
+    for event in events:
+        event.setdefault("event_data", {})
+    return events
 
 
 def _ran(events: list[dict[str, Any]], action: str) -> list[tuple[str, str]]:
