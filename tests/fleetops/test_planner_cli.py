@@ -251,7 +251,9 @@ def test_a_fleet_sized_plan_says_what_sets_its_length_and_summarises_its_batches
     reboot = REMEDIATIONS["reboot"]
     worst = 1600 * reboot.host_timeout + 1599 * reboot.cooldown
     days, hours = divmod(round(worst) // 3600, 24)
-    assert lines[2].startswith(f"duration: at most about {days}d{hours:02d}h at the action's defaults"), lines[2]
+    assert lines[2].startswith(f"duration: at most about {days}d{hours:02d}h at the action's defaults"), (
+        lines[2]
+    )
     assert f"1,600 batch(es) x --host-timeout {reboot.host_timeout} s + 1,599 x --cooldown" in lines[2]
     assert len(lines) < 100, len(lines)  # not a 1,600-row table
     assert "1,565 more batches" in out and "26-1590" in out
