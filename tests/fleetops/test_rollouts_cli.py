@@ -86,7 +86,9 @@ def test_rollouts_lists_each_with_its_counts_newest_first_a_cut_off_one_and_an_u
     assert rows[cut.id]["status"] == "running (no process)"  # saved as running, no live process holds it
     assert (rows[cut.id]["done"], rows[cut.id]["failed"], rows[cut.id]["pending"]) == (1, 1, 1)
     assert rows[live.id]["status"] == "running"
-    assert rows["20261201T000000Z-abcdef"]["status"] == "unreadable" and rows["20261201T000000Z-abcdef"]["error"]
+    assert (
+        rows["20261201T000000Z-abcdef"]["status"] == "unreadable" and rows["20261201T000000Z-abcdef"]["error"]
+    )
     rc, out, _ = run(capsys, "rollouts")
     assert rc == 0
     assert out.index(live.id) < out.index(cut.id) < out.index(done.id)
