@@ -49,8 +49,8 @@ from fleetops.exitcodes import ExitCode
 from fleetops.policy import BudgetLedger, LadderState
 from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
-from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.lease import Ec2Connection
+from fleetops.rollout.pause import PauseRecord, reason_line
 from fleetops.util import dead_here, process_id
 
 PAUSE_KEY: str = constant("store", "PAUSE_KEY")
@@ -65,7 +65,6 @@ LEDGER_SCHEMA = "fleetops.store.ledger/v1"
 PASS_LEASE_TTL_S = 120.0  # a killed pass holds the store this long at most; renewed every third of it
 MAX_SKEW_S: float = constant("store", "MAX_SKEW_S")
 DEFAULT_TABLE: str = constant("store", "DEFAULT_TABLE")
-REASON_MAX = 500
 # journal states of a ledger entry
 RESERVED, DONE, IN_DOUBT = "reserved", "done", "in_doubt"
 
@@ -89,11 +88,6 @@ class StoreLockedError(FleetopsError):
 
 def _now_iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def _reason(text: str) -> str:
-    """A person's reason as one printable line (the kill switch's rule), or "no reason given"."""
-    return one_line(text, REASON_MAX) or "no reason given"
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -139,16 +133,6 @@ def open_store(inventories: Iterable[Path], clock: Callable[[], float] = time.ti
 
 
 # ------------------------------------------------------------------------------ the store
-
-
-@dataclass(frozen=True)
-class PauseRecord:
-    operator: str
-    since: float
-    reason: str
-
-    def describe(self) -> str:
-        return f"automation paused by {self.operator} at {_now_iso(self.since)}: {self.reason}"
 
 
 class Store:
@@ -211,7 +195,7 @@ class Store:
     def pause(self, operator: str, reason: str) -> tuple[PauseRecord, bool]:
         """Pause (audited); ``(the pause in force, whether this call set it)``."""
         self.ready()
-        record = PauseRecord(operator, self.clock(), _reason(reason))
+        record = PauseRecord(operator, self.clock(), reason_line(reason))
         mu = _mu()
         try:
             self.call(
@@ -242,7 +226,7 @@ class Store:
                 self.call(self.backend.delete, key, item.version)
             except _mu().Conflict:
                 continue  # set again meanwhile: read again
-            self.audit(event, operator, **data, reason=_reason(reason))
+            self.audit(event, operator, **data, reason=reason_line(reason))
             return item
         raise StoreFailure(f"Failed to lift {what} in {self.where()}: it kept changing")
 

@@ -559,8 +559,17 @@ def store(request: StoreRequest) -> StoreResult:
     """The shared store (``fleetops.store``): ``pause`` (every rollout stops after its batch, no auto
     pass acts), ``unpause``, ``init`` (create the table) or ``status``. UsageError (exit 2) when the
     inventory names no store."""
+    from fleetops.api import pause as here
+
     inventories = paths.resolve_inventories(request.inventory)
     found = open_store(inventories)
+    if found is None and request.verb != "init":  # the pause on this controller alone
+        if request.verb == "pause":
+            return here.pause_local(request.reason)
+        if request.verb == "unpause":
+            lines = here.unpause_local(request.reason) or ["automation was not paused"]
+            return StoreResult(lines, ExitCode.OK, here.status_local().document)
+        return here.status_local()
     if found is None:
         raise UsageError(
             "no shared store: the inventory's fleetops.node.ec2 source sets no store_table "
@@ -581,10 +590,16 @@ def store(request: StoreRequest) -> StoreResult:
     if request.verb == "unpause":
         lifted = found.unpause(who, request.reason)
         line = f"pause lifted by {who} ({lifted.describe()})" if lifted else "automation was not paused"
-        return StoreResult([line], ExitCode.OK, {"store": found.where(), "paused": None})
+        return StoreResult(
+            [line, *here.unpause_local(request.reason)], ExitCode.OK, {"store": found.where(), "paused": None}
+        )
     found.check_clock()
     pause = found.paused()
+    local = here.status_local()
     lines = [f"shared store: {found.where()}", pause.describe() if pause else "automation is not paused"]
+    held_here = local.exit_code == ExitCode.PAUSED
+    if held_here:
+        lines += local.lines
     now = time.time()
     leases = found.rollout_leases(now)
     for record, instances in leases:
@@ -592,10 +607,10 @@ def store(request: StoreRequest) -> StoreResult:
                      + (" ..." if len(instances) > 5 else ""))  # fmt: skip
     return StoreResult(
         lines,
-        ExitCode.PAUSED if pause else ExitCode.OK,
+        ExitCode.PAUSED if pause or held_here else ExitCode.OK,
         {
             "store": found.where(),
-            "paused": vars(pause) if pause else None,
+            "paused": vars(pause) if pause else local.document["paused"],
             "skew_s": found.backend.skew,
             "leases": [{**record.as_dict(now), "instances": instances} for record, instances in leases],
         },

@@ -3,7 +3,8 @@
 
 ``pause`` holds every controller: each running rollout stops after its current batch (as with
 ``fleetops stop``), and no ``remediate auto`` pass acts (exit 5) until ``unpause``. Both are audited in
-the store with who and why.
+the store with who and why. Without a store (the inventory names no ``store_table``) they pause this
+controller alone, in its state directory (``fleetops.rollout.pause``), audited in its audit log.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     """Add ``fleetops pause``, ``unpause`` and ``store`` to the CLI's subcommands."""
     pause = subparsers.add_parser(
         "pause",
-        help="hold all automation on every controller until 'fleetops unpause'",
-        description="Pause automation in the shared store: every running rollout stops after its current "
-        "batch, and no 'remediate auto' pass acts (exit 5) until 'fleetops unpause'. Audited (who, why).",
+        help="hold all automation until 'fleetops unpause' (every controller with a shared store, this one without)",
+        description="Pause automation: every running rollout stops after its current batch, and no "
+        "'remediate auto' pass acts (exit 5) until 'fleetops unpause'. With a shared store (the inventory's "
+        "store_table) it holds every controller; without one, this controller alone (a pause file in its "
+        "state directory). Audited (who, why). A dry run is not held.",
     )
     _inventory(pause)
     pause.add_argument("--reason", default="", metavar="TEXT", help="why (shown by every held pass)")
@@ -39,7 +42,8 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     unpause = subparsers.add_parser(
         "unpause",
         help="lift 'fleetops pause'",
-        description="Lift the pause: the next rollouts and auto passes act again. Audited (who, why).",
+        description="Lift the pause (the shared store's, and this controller's own): the next rollouts and "
+        "auto passes act again. Audited (who, why).",
     )
     _inventory(unpause)
     unpause.add_argument("--reason", default="", metavar="TEXT", help="why (kept in the store's audit)")
@@ -48,8 +52,8 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "store",
         help="the shared store: create its table, or show whether automation is paused",
         description="'init' creates the store's DynamoDB table (the first auto pass does it too); "
-        "'status' says whether automation is paused (exit 5 when it is), the clock's skew and the rollouts' "
-        "leases held in the store.",
+        "'status' says whether automation is paused (exit 5 when it is: in the store or on this controller), "
+        "the clock's skew and the rollouts' leases held in the store.",
     )
     store.add_argument("verb", choices=["init", "status"])
     _inventory(store)
