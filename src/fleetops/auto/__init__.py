@@ -21,7 +21,9 @@ The pure part is :mod:`fleetops.policy` (``decide``, ``commit``); this module ru
 
 With a shared store (``inputs.store``, :mod:`fleetops.store`), step 3 reads the ladders and the ledger
 from the store under the pass's lease instead (the state directory and the tags are read once, to seed
-it), a pause in the store holds the pass before it acts and before every action (exit 5), each action's
+it), a pause in the store holds the pass before it acts and before every action (exit 5) — what a dead
+pass left in flight or in doubt included: nothing is finished or run again, the pass says what it would
+finish (``store.would_finish``) and those hosts count against their floors —, each action's
 budget is reserved in the store before its rollout starts and settled after (ladders climb then), a dead
 pass's unsettled reservations count as attempted, and the tags are written as a mirror.
 

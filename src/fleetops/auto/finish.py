@@ -21,8 +21,26 @@ from fleetops.remediations import REMEDIATIONS
 from fleetops.store import RESERVED, PassLease, StoredState, StoreFailure
 
 
+def in_flight_modules() -> dict[str, str]:
+    """Each action a pass can finish for a dead one -> its collection module (``Remediation.in_flight``)."""
+    return {name: r.in_flight for name, r in REMEDIATIONS.items() if r.in_flight}
+
+
 class Finishers(PassBase):
     """What a pass finishes for the passes before it (see :mod:`fleetops.auto`)."""
+
+    def hold_in_flight(self, state: StoredState) -> None:
+        """While automation is paused: finish nothing a dead pass left in flight (its stopped instance stays
+        stopped; a person paused to keep the fleet as it is), say what would be finished, and count each
+        host against its group's floor as unfinished."""
+        for entry, journal in state.unfinished(in_flight_modules()):
+            line = (
+                f"{entry.host} ({journal['instance']}): the {entry.action} a dead pass left half done would be "
+                "finished once automation is unpaused"
+            )
+            self.result.would_finish.append(line)
+            self.say(line, "warning")
+            self.in_flight[entry.host] = f"{entry.action} left half done"
 
     def finish_in_flight(self, state: StoredState) -> None:
         """Finish every action a dead pass left half done on an EC2 instance (``Remediation.in_flight``: a
@@ -31,7 +49,7 @@ class Finishers(PassBase):
         finisher that names new instances (a replace's) finishes only once this pass's scan has each of
         them clean; until then the journal keeps them. One that cannot be finished now fails the pass
         (exit 3) and is tried again by the next."""
-        finishers = {name: r.in_flight for name, r in REMEDIATIONS.items() if r.in_flight}
+        finishers = in_flight_modules()
         result = self.result
         changed = False
         for entry, journal in state.unfinished(finishers):
@@ -169,11 +187,12 @@ class Finishers(PassBase):
                     if journal.get("state") == RESERVED
                     else ""
                 )
-                self.say(
-                    f"{entry.host}: {what} would be run again{unsettled}"
-                    + (" once automation is unpaused" if paused else " (dry run)"),
-                    "warning",
+                line = f"{entry.host}: {what} would be run again{unsettled}" + (
+                    " once automation is unpaused" if paused else " (dry run)"
                 )
+                if paused:
+                    result.would_finish.append(line)
+                self.say(line, "warning")
                 continue
             params = {k: v for k, v in inputs.extra_params.get(entry.action, {}).items()}
             params.update(journal["rerun"])

@@ -208,15 +208,19 @@ class _Pass(Guards, Finishers):
             malformed: set[tuple[str, str]] = set()
             if not state.seeded:
                 malformed = self.seed(state)
-            if inputs.apply:
-                for line in state.recover(pass_id):
-                    self.warn(line)
-                    result.recovered.append(line)
-                self.finish_in_flight(state)
+            # a pause holds everything, what earlier passes left included: read before anything is finished
             pause = store.paused()
             if pause is not None:
                 result.paused = pause.describe()
                 self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+            if inputs.apply:
+                for line in state.recover(pass_id):
+                    self.warn(line)
+                    result.recovered.append(line)
+                if pause is None:
+                    self.finish_in_flight(state)
+                else:
+                    self.hold_in_flight(state)
             go_on = self.rerun_in_doubt(state, lease, paused=pause is not None)
             reserved: dict[str, dict[str, str]] = {}
             controller = controller_id()

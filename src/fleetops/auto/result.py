@@ -78,6 +78,7 @@ class PassResult:
     malformed_store: list[str] = field(default_factory=list)  # store items that did not parse (kept)
     finished: list[str] = field(default_factory=list)  # actions a dead pass left half done, finished now
     unfinished: list[str] = field(default_factory=list)  # ... that could not be finished (the pass fails)
+    would_finish: list[str] = field(default_factory=list)  # ... held by a pause: what would be finished
     # the groups a capacity floor judged: size, unavailable hosts and why, taken, kept, held back
     capacity: list[dict[str, Any]] = field(default_factory=list)
     # the storm brakes in force: rule -> {"why", "since", "new"} (new: tripped by this pass)
@@ -151,6 +152,8 @@ class PassResult:
                 "unfinished": list(self.unfinished),
                 "malformed": list(self.malformed_store),
             }
+            if self.would_finish:  # absent when none: the documents of passes before it, unchanged
+                doc["store"]["would_finish"] = list(self.would_finish)
         return doc
 
     def _document(self) -> dict[str, Any]:
