@@ -557,8 +557,15 @@ def _stop_ec2(rollout: str | None, reason: str, who: str, inventories: Sequence[
 
 def store(request: StoreRequest) -> StoreResult:
     """The shared store (``fleetops.store``): ``pause`` (every rollout stops after its batch, no auto
-    pass acts), ``unpause``, ``init`` (create the table) or ``status``. UsageError (exit 2) when the
-    inventory names no store."""
+    pass acts), ``unpause``, ``init`` (create the table), ``status`` (with the journal's open records;
+    it sweeps stale lease items) or ``forget`` (close a journal record: ``fleetops.journal``). UsageError
+    (exit 2) when the inventory names no store, or ``forget`` lacks its entry or reason."""
+    from fleetops import journal
+
+    if request.verb == "forget" and not (request.entry.strip() and request.reason.strip()):
+        raise UsageError("fleetops store forget ENTRY --reason TEXT: both the entry and why are required")
+    if request.entry and request.verb != "forget":
+        raise UsageError(f"fleetops store {request.verb} takes no ENTRY (only 'forget' does)")
     inventories = paths.resolve_inventories(request.inventory)
     found = open_store(inventories)
     if found is None:
@@ -582,10 +589,14 @@ def store(request: StoreRequest) -> StoreResult:
         lifted = found.unpause(who, request.reason)
         line = f"pause lifted by {who} ({lifted.describe()})" if lifted else "automation was not paused"
         return StoreResult([line], ExitCode.OK, {"store": found.where(), "paused": None})
+    if request.verb == "forget":
+        line = journal.forget(found, request.entry, who, request.reason)
+        return StoreResult([line], ExitCode.OK, {"store": found.where(), "forgotten": request.entry})
     found.check_clock()
     pause = found.paused()
     lines = [f"shared store: {found.where()}", pause.describe() if pause else "automation is not paused"]
     now = time.time()
+    lines += journal.sweep(found, now) + journal.open_records(found)
     leases = found.rollout_leases(now)
     for record, instances in leases:
         lines.append(f"lease: {record.describe(now)}: {len(instances)} instance(s) {' '.join(instances[:5])}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fleetops import journal as journal_mod
 from fleetops.ansible.collection import load
 from fleetops.auto.actions import action_params, freeze
 from fleetops.auto.context import PassBase
@@ -29,6 +30,23 @@ def in_flight_modules() -> dict[str, str]:
 class Finishers(PassBase):
     """What a pass finishes for the passes before it (see :mod:`fleetops.auto`)."""
 
+    def not_finished(
+        self, entry: LedgerEntry, journal: dict[str, Any], where: str, why: str, next_: str = ""
+    ) -> None:
+        """A record this pass could not finish: the pass fails (exit 3), the attempt and its cause are
+        kept in the journal, and one left too long is reported as needing a person (``journal.stranded``)."""
+        self.result.unfinished.append(where)
+        self.warn(f"{where}: {why}{next_}")
+        journal_mod.failed_attempt(journal, why)
+        self.report_stranded(entry, journal)
+
+    def report_stranded(self, entry: LedgerEntry, journal: dict[str, Any]) -> None:
+        now = self.clock()
+        record = journal_mod.stranded(entry, journal, now)
+        if record is not None:
+            self.result.stranded.append(record)
+            self.warn(journal_mod.stranded_line(record, now))
+
     def hold_in_flight(self, state: StoredState) -> None:
         """While automation is paused: finish nothing a dead pass left in flight (its stopped instance stays
         stopped; a person paused to keep the fleet as it is), say what would be finished, and count each
@@ -40,6 +58,7 @@ class Finishers(PassBase):
             )
             self.result.would_finish.append(line)
             self.say(line, "warning")
+            self.report_stranded(entry, journal)
             self.in_flight[entry.host] = f"{entry.action} left half done"
 
     def finish_in_flight(self, state: StoredState) -> None:
@@ -56,11 +75,14 @@ class Finishers(PassBase):
             instance = str(journal["instance"])
             where = f"{entry.host} ({instance})"
             if self.inputs.connection is None:
-                result.unfinished.append(where)
-                self.warn(
-                    f"{where}: the {entry.action} a dead pass left may be half done, and this inventory "
-                    "has no EC2 source to finish it with"
+                self.not_finished(
+                    entry,
+                    journal,
+                    where,
+                    f"the {entry.action} a dead pass left may be half done, and this inventory has no EC2 "
+                    "source to finish it with",
                 )
+                changed = True
                 continue
             msg = ""
             if not isinstance(journal.get("new_instances"), list):
@@ -74,11 +96,14 @@ class Finishers(PassBase):
                 try:
                     done = module.finish_instance(self.inputs.connection.settings(), record)
                 except Exception as exc:
-                    result.unfinished.append(where)
-                    self.warn(
-                        f"{where}: failed to finish the {entry.action} a dead pass left: {exc}; the next "
-                        "pass tries again"
+                    self.not_finished(
+                        entry,
+                        journal,
+                        where,
+                        f"failed to finish the {entry.action} a dead pass left: {exc}",
+                        "; the next pass tries again",
                     )
+                    changed = True
                     continue
                 msg = str(done.get("msg", "done"))
                 if done.get("new_instances"):
@@ -86,12 +111,15 @@ class Finishers(PassBase):
                     changed = True
             why = self.not_scanned_clean(journal.get("new_instances") or [])
             if why is not None:
-                result.unfinished.append(where)
                 told = f": {msg}; it" if msg else ""
-                self.warn(
-                    f"{where}: the {entry.action} a dead pass left{told} is not finished: {why}; the next "
-                    "pass looks again"
+                self.not_finished(
+                    entry,
+                    journal,
+                    where,
+                    f"the {entry.action} a dead pass left{told} is not finished: {why}",
+                    "; the next pass looks again",
                 )
+                changed = True
                 continue
             journal["finished"] = True
             changed = True

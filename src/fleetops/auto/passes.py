@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fleetops import journal
 from fleetops.auto.actions import batches, check_policy_actions
 from fleetops.auto.context import After, Before, PassInputs
 from fleetops.auto.finish import Finishers
@@ -192,6 +193,9 @@ class _Pass(Guards, Finishers):
             if lease.took_over:
                 self.warn(f"took over the shared store's lease: {lease.took_over}")
         try:
+            if lease is not None:  # the rollouts' lease items expired long ago (fleetops.journal.sweep)
+                for line in journal.sweep(store, self.clock()):
+                    self.say(line, "dim")
             state = StoredState(store)
             state.load()
             for line in state.malformed:

@@ -79,6 +79,8 @@ class PassResult:
     finished: list[str] = field(default_factory=list)  # actions a dead pass left half done, finished now
     unfinished: list[str] = field(default_factory=list)  # ... that could not be finished (the pass fails)
     would_finish: list[str] = field(default_factory=list)  # ... held by a pause: what would be finished
+    # ... left unfinished too long: each needs a person (fleetops.journal.stranded's records)
+    stranded: list[dict[str, Any]] = field(default_factory=list)
     # the groups a capacity floor judged: size, unavailable hosts and why, taken, kept, held back
     capacity: list[dict[str, Any]] = field(default_factory=list)
     # the storm brakes in force: rule -> {"why", "since", "new"} (new: tripped by this pass)
@@ -154,6 +156,8 @@ class PassResult:
             }
             if self.would_finish:  # absent when none: the documents of passes before it, unchanged
                 doc["store"]["would_finish"] = list(self.would_finish)
+            if self.stranded:
+                doc["store"]["stranded"] = [dict(s) for s in self.stranded]
         return doc
 
     def _document(self) -> dict[str, Any]:
