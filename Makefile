@@ -24,7 +24,7 @@ help:
 	@echo "make check  - the inner loop: lint, sanity, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
 	@echo "make lock   - refresh constraints.txt (the pinned venv and EE) from the package index; then make test"
-	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
+	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), module sizes (700 lines), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
 	@echo "make test-ee - build it, then run fleetops.node.scan in it as AWX does (runner + execution-node stream) on the lab"
@@ -59,6 +59,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src lab tests bench extensions
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python tools/module_sizes.py
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
 sanity: $(STAMP)

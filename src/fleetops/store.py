@@ -20,7 +20,9 @@ What it holds (keys; every document is versioned, every write conditional on the
   journal record: ``reserved`` by a pass before its batch starts, then ``done`` (attempted) or
   removed (not attempted) after. A ``reserved`` entry the next pass finds was left by a pass that
   died mid-batch: it counts as attempted (``in_doubt``), its ladder climbs as if the rung ran, and
-  the budget stays spent. Entries that do not parse are kept as they are, never deleted.
+  the budget stays spent. Entries that do not parse are kept as they are, never deleted. Entries
+  leave after the longest budget window, except one a later pass must still finish (``pending``):
+  that stays until finished, or closed by a person (``fleetops store forget``, :mod:`fleetops.journal`).
 - ``ladder#<host>``: where each ladder of the host stands (``fleetops.store.ladder/v1``).
 - ``seeded``: the store was seeded from the EC2 tags and the state directory (the upgrade path: the
   first pass with a store reads them once; afterwards the tags are a mirror the pass writes).
@@ -370,6 +372,17 @@ class PassLease:
 # ------------------------------------------------------------------------------ ladders and ledger
 
 
+def pending(journal: Mapping[str, Any] | None) -> bool:
+    """A journal record a later pass must still finish (an instance left half done, a batch to run
+    again) and nobody has closed (``finished``: by a pass, or ``fleetops store forget``): never pruned."""
+    return (
+        journal is not None
+        and journal.get("state") in (RESERVED, IN_DOUBT)
+        and not journal.get("finished")
+        and (isinstance(journal.get("instance"), str) or isinstance(journal.get("rerun"), dict))
+    )
+
+
 def _entry_doc(e: LedgerEntry, journal: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": e.id,
@@ -462,8 +475,12 @@ class StoredState:
         StoreFailure when one is refused (another pass wrote it: this one has lost the store)."""
         mu = _mu()
         store = self.store
-        if now is not None:
-            keep = {e.id for e in self.ledger.entries if e.at > now - MAX_WINDOW_S}
+        if now is not None:  # by age, but never a step a dead pass left unfinished (``pending``)
+            keep = {
+                e.id
+                for e in self.ledger.entries
+                if e.at > now - MAX_WINDOW_S or pending(self.journal.get(e.id))
+            }
             self.ledger.entries = [e for e in self.ledger.entries if e.id in keep]
         try:
             for host in sorted(set(self.ladder.hosts) | set(self.written_ladders)):

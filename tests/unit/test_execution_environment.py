@@ -376,7 +376,7 @@ def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(
         entry_points = z.read(f"{info}/entry_points.txt").decode()
     assert {
         "fleetops/cli/auto.py",
-        "fleetops/auto.py",
+        "fleetops/auto/__init__.py",
         "fleetops/policy/__init__.py",
         "fleetops/policies/default.yml",
     } <= names
