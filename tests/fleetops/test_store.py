@@ -429,6 +429,38 @@ def test_a_pause_during_a_pass_stops_it_before_its_next_batch(tmp_path: Path) ->
     assert shared.backend.get("ledger#quarantine") is None
 
 
+def test_a_pause_on_this_controller_holds_a_pass_without_a_store_and_one_with_and_lifts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetops pause` with no store writes this controller's pause: a state-directory pass acts on
+    nothing (exit 5), one that is paused mid-pass starts no further action, a store pass on the same
+    controller is held too; unpause lifts it."""
+    from fleetops.rollout.pause import pause_here, unpause_here
+    from tests.fleetops.test_auto import run as run_here
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    pause_here("carol@ops", "driver rollout")
+    runner = Runner()
+    held, _ = run_here(tmp_path, report(**{"lab-01": [ecc()]}), runner, T0)
+    assert runner.calls == [] and held.exit_code == ExitCode.PAUSED and "carol@ops" in (held.paused or "")
+    shared = memory(Clock(T0))
+    held, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    assert runner.calls == [] and held.exit_code == ExitCode.PAUSED
+    assert shared.backend.get("ledger#quarantine") is None  # nothing reserved, nothing recorded
+    unpause_here()
+
+    def pauses(action: str, hosts: Sequence[str], params: Any) -> auto.ActionRun:
+        pause_here("dave@ops", "stop everything")  # a person, while this batch runs
+        return runner(action, hosts, params)
+
+    result, lines = run_here(tmp_path, report(**{"lab-01": [ecc()], "lab-02": [CRASHLOOP]}), pauses, T0 + 60)
+    assert [c[0] for c in runner.calls] == ["fix"]  # quarantine never started
+    assert result.exit_code == ExitCode.PAUSED and any("not started" in line for line in lines)
+    unpause_here()
+    acted, _ = run_here(tmp_path, report(**{"lab-01": [ecc()]}), runner, T0 + 120)
+    assert [c[0] for c in runner.calls] == ["fix", "quarantine"] and acted.exit_code == ExitCode.OK
+
+
 def test_entries_and_items_that_do_not_parse_are_kept_and_fail_the_pass(tmp_path: Path) -> None:
     clock = Clock(T0)
     shared = memory(clock)

@@ -38,10 +38,17 @@ from fleetops.policy import (
     controller_id,
     decide,
 )
+from fleetops.rollout.pause import PauseRecord, local_pause
 from fleetops.store import PassLease, Store, StoredState, StoreFailure
 
 # so the budget's window runs from when the batch really starts
 RESTAMP_S = 10.0
+
+
+def paused(store: Store | None) -> PauseRecord | None:
+    """The pause in force: this controller's (``fleetops pause`` without a store) first, then the
+    shared store's."""
+    return local_pause() or (store.paused() if store is not None else None)
 
 
 def run_pass(
@@ -73,8 +80,20 @@ def run_pass(
         ctx.trip = trip
         malformed = ctx.merge_all_tags(ladder, ledger, clock())
         attempted: set[tuple[str, str]] = set()
+        pause = paused(None)  # this controller's pause: nothing acts, before and between actions
+        if pause is not None:
+            result.paused = pause.describe()
+            say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+
+        def before(action: str, decisions: Sequence[Decision]) -> str | None:
+            held = paused(None)
+            if held is not None:
+                result.paused = held.describe()
+                return held.describe()
+            return None
+
         try:
-            ctx.decide_and_act(ladder, ledger, clock(), attempted)
+            ctx.decide_and_act(ladder, ledger, clock(), attempted, before, act=pause is None)
         finally:
             if inputs.apply:
                 with shield():
@@ -213,7 +232,7 @@ class _Pass(Guards, Finishers):
             if not state.seeded:
                 malformed = self.seed(state)
             # a pause holds everything, what earlier passes left included: read before anything is finished
-            pause = store.paused()
+            pause = paused(store)
             if pause is not None:
                 result.paused = pause.describe()
                 self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
@@ -234,10 +253,10 @@ class _Pass(Guards, Finishers):
                     result.store_failure = f"the shared store's lease was lost: {lease.lost}"
                     return result.store_failure
                 try:
-                    paused = store.paused()
-                    if paused is not None:
-                        result.paused = paused.describe()
-                        return paused.describe()
+                    held = paused(store)
+                    if held is not None:
+                        result.paused = held.describe()
+                        return held.describe()
                     if inputs.apply:
                         picks = [
                             (d.host, d.group, d.rule or "", d.rung or 0, d.check or "") for d in decisions
