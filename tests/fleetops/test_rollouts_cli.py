@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from fleetops.cli import app as cli
@@ -75,6 +76,8 @@ def test_rollouts_lists_each_with_its_counts_newest_first_a_cut_off_one_and_an_u
         locks.release()
     assert rc == 0, err
     doc: dict[str, Any] = json.loads(out)
+    schema = json.loads((Path(__file__).parents[2] / "schemas" / "rollouts.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)  # the committed schema of fleetops.rollouts/v1
     rows = {r["id"]: r for r in doc["rollouts"]}
     assert [r["id"] for r in doc["rollouts"]] == [live.id, cut.id, done.id, "20261201T000000Z-abcdef"]
     assert rows[done.id] | {"started": 0} == {

@@ -47,7 +47,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetops.documents import DocumentError, bad_numbers, field_path, got, raise_validation, read_json
-from fleetops.schemas.models import MAX_EPOCH, STATE_SCHEMA, PlanDocument, RolloutState, Severity, _Open
+from fleetops.schemas.models import (
+    MAX_EPOCH,
+    STATE_SCHEMA,
+    PlanDocument,
+    RolloutsDocument,
+    RolloutState,
+    Severity,
+    _Open,
+)
 from fleetops.schemas.reports import DriftReport, ScanHostLine, ScanPartialHeader, ScanReport
 
 __all__ = [
@@ -58,6 +66,7 @@ __all__ = [
     "DriftReport",
     "PlanDocument",
     "RolloutState",
+    "RolloutsDocument",
     "ScanHostLine",
     "ScanPartialHeader",
     "ScanReport",
@@ -86,6 +95,7 @@ MODELS: dict[str, type[_Open]] = {
     "scan-host": ScanHostLine,
     "drift-report": DriftReport,
     "plan": PlanDocument,
+    "rollouts": RolloutsDocument,
 }
 
 

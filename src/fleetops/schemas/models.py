@@ -1,5 +1,6 @@
 """The models of the documents fleetops reads back (see :mod:`fleetops.schemas`): the base, the
-plan (``fleetops.plan/v1``) and the rollout state (``fleetops.rollout.engine-state/v1``)."""
+plan (``fleetops.plan/v1``), the rollout state (``fleetops.rollout.engine-state/v1``) and the list of
+rollouts (``fleetops.rollouts/v1``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fleetops.documents import (
     FieldProblem,
 )
-from fleetops.util import PLAN_SCHEMA, ROLLOUT_ID_PATTERN
+from fleetops.util import PLAN_SCHEMA, ROLLOUT_CUT_OFF, ROLLOUT_ID_PATTERN, ROLLOUTS_SCHEMA
 
 STATE_SCHEMA = "fleetops.rollout.engine-state/v1"
 # Unix times fleetops writes: from 1970 up to the last second of year 9999 (time.localtime's range).
@@ -189,3 +190,34 @@ class RolloutState(_Open):
                 if host not in self.hosts:
                     raise FieldProblem(("hosts",), f"no entry for planned host {host!r}")
         return self
+
+
+# -------------------------------------------------------------- rollouts (fleetops.rollouts/v1)
+
+
+class RolloutRow(_Open):
+    id: str = Field(description="the rollout id, or the id part of an unreadable state file's name")
+    action: str = Field(min_length=1)
+    status: str = Field(
+        description=f"the saved status (running, done, stopped, interrupted, refused); {ROLLOUT_CUT_OFF!r} for "
+        "one saved as running that no live process of this controller holds; 'unreadable' for a state file "
+        "that does not load (error says why)"
+    )
+    apply: bool
+    started: Epoch | None
+    operator: str
+    hosts: NonNegInt
+    done: NonNegInt
+    failed: NonNegInt
+    pending: NonNegInt = Field(description="pending, running or skipped: not yet done")
+    state: str = Field(description="the state file's path (fleetops report takes it, or the id)")
+    error: str
+
+
+class RolloutsDocument(_Open):
+    """``fleetops rollouts --format json``: the rollouts this controller keeps, newest first."""
+
+    model_config = ConfigDict(title=ROLLOUTS_SCHEMA)
+
+    schema_: Literal["fleetops.rollouts/v1"] = Field(alias="schema")
+    rollouts: list[RolloutRow]
