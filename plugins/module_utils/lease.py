@@ -442,7 +442,8 @@ def plan_store_take(targets, instances, rollouts, rollout, now, break_lock=False
     rollout Item or None) and
     ``own_since`` (the ``since`` of our live rollout item: a resumed rollout keeps its place).
     ``dead``: a predicate on a holder's ``controller``: True when its process is known to be gone (on
-    this host), so its live lease is taken over at once instead of waited out."""
+    this machine, in this PID namespace: fleetops.util.dead_here), so its live lease is taken over at once
+    instead of waited out."""
     conflicts, breaks, claims, ours = [], {}, [], {}
     own = rollouts.get(rollout)
     own_since = None

@@ -12,7 +12,8 @@ controller's checks before a run (``fleetops.remediations.behaviour``), so both 
 - A node is drained with ``scontrol update NodeName=<node> State=DRAIN Reason=fleetops: <check>: <finding>``
   and resumed with ``State=RESUME``, each an argument vector (never a shell).
 - Who drained it is recorded by fleetops itself, in the node's ``Comment`` (``fleetops:`` + compact JSON,
-  ``RECORD_PREFIX``), written before the drain: Slurm appends ``[user@time]`` to reasons, and a node
+  ``RECORD_PREFIX``), written before the drain (a fresh one, time and check, whenever the node is in
+  service: an old record left there is replaced, never reused): Slurm appends ``[user@time]`` to reasons, and a node
   that reboots unexpectedly gets Slurm's own reason instead of ours, so the reason alone cannot say
   whose drain it is. The record stays on the node, kept by slurmctld with the node's own state (it
   survives a reboot, slurmctld's restart and the loss of a controller; no second copy can disagree), as
@@ -219,7 +220,12 @@ def plan_drain(node, reason):
         )
     if record is not None and node["reason"] and not reason_ours(node["reason"]) and where != "in":
         return [], "left alone: %s, reason by someone else (%s)" % (where, node["reason"])
-    steps = [] if record is not None else ["comment"]
+    # A node in service always gets a fresh record: one left there (an admin resumed our drain, an
+    # unquarantine stopped between its resume and its uncomment, a quarantine stopped before its drain)
+    # carries an old time, and the ladder's drain_wait counts from it: a reused one would be "past" at
+    # once and the next rung would act on jobs that still run. A node still out of service under our
+    # record (down under our reason) keeps it: its drain has gone on since then.
+    steps = ["comment"] if record is None or where == "in" else []
     return steps + ["drain"], "drain: %s" % reason
 
 

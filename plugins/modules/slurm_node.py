@@ -19,7 +19,8 @@ description:
     call an argument vector, never a shell.
   - >-
     V(drained) writes our record into the node's C(Comment) (C(fleetops:) and compact JSON of check, rollout
-    and time), then runs C(scontrol update NodeName=<name> State=DRAIN Reason=<reason>) with the reason
+    and time; on a node in service always a fresh one, replacing any old record of ours left there, as the
+    ladder's C(drain_wait) counts from its time), then runs C(scontrol update NodeName=<name> State=DRAIN Reason=<reason>) with the reason
     C(fleetops: <check>: <finding>), and reads the node again. Running jobs finish (the node is DRAINING,
     then DRAINED); none is cancelled.
   - A node drained, down, failed or in maintenance by someone else (no record of ours), or one with

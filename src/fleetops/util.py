@@ -193,17 +193,54 @@ def pid_alive(pid: int) -> bool:
     return bool(fields) and fields[0] not in ("Z", "X")
 
 
+# What tells two processes with the same host name apart (hostNetwork pods, containers that keep the
+# host's name): the kernel's boot (a random id per boot of a machine) and the PID namespace (its inode,
+# unique on that boot). A PID names a process only within both.
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+PID_NS_FILE = Path("/proc/self/ns/pid")
+PROC_SELF = Path("/proc/self")
+UNKNOWN_SPACE = "-"  # process_id's third part where this process's PID space cannot be read
+
+
+def pid_space() -> str | None:
+    """``<boot id>/<PID namespace inode>``: where this process's PID means this process. None when it
+    cannot be told (not Linux, /proc unreadable, or /proc mounted for another PID namespace than ours,
+    as under ``unshare --pid`` without ``--mount-proc``: its /proc/PID entries are not our PIDs)."""
+    try:
+        boot = BOOT_ID_FILE.read_text().strip()
+        namespace = os.stat(PID_NS_FILE).st_ino
+        seen_as = int(os.readlink(PROC_SELF))
+    except (OSError, ValueError):
+        return None
+    if not boot or seen_as != os.getpid():
+        return None
+    return f"{boot}/{namespace}"
+
+
 def process_id() -> str:
-    """``<hostname>:<pid>``: the process holding a lease (so this host can tell that it died)."""
-    return f"{os.uname().nodename}:{os.getpid()}"
+    """``<hostname>:<pid>:<boot id>/<PID namespace inode>`` (``pid_space``; ``-`` when unknown): the
+    process holding a lease or lock, so that a controller on the same machine and in the same PID
+    namespace can tell that it died (``dead_here``)."""
+    return f"{os.uname().nodename}:{os.getpid()}:{pid_space() or UNKNOWN_SPACE}"
+
+
+def same_pid_space(host: object, space: object) -> bool:
+    """Whether a holder recorded as running on ``host`` in ``space`` (``pid_space``) is on this machine and
+    in this PID namespace, so that its PID can be checked here. A holder of an older fleetops (no space
+    recorded: ``host:pid``) never is: another container with this host name may hold it, so only its
+    expiry or ``--break-lock`` frees it."""
+    here = pid_space()
+    return here is not None and host == os.uname().nodename and space == here
 
 
 def dead_here(controller: object) -> bool:
-    """Whether ``controller`` (``host:pid``, ``process_id``) is a process of this host that no longer runs:
-    its lease needs no waiting out (a pass or rollout killed with SIGKILL here is taken over at once)."""
-    if not isinstance(controller, str) or controller.count(":") != 1:
+    """Whether ``controller`` (``process_id``) is a process of this machine and PID namespace that no longer
+    runs: its lease needs no waiting out (a pass or rollout killed with SIGKILL here is taken over at once).
+    Another machine, another PID namespace with the same host name (a hostNetwork pod, a container that
+    keeps the host's name), an unknown space or the old ``host:pid`` format: never dead here."""
+    if not isinstance(controller, str) or controller.count(":") != 2:
         return False
-    host, _, pid = controller.partition(":")
-    if host != os.uname().nodename or not pid.isdigit() or int(pid) == os.getpid():
+    host, pid, space = controller.split(":")
+    if not pid.isdigit() or int(pid) == os.getpid() or not same_pid_space(host, space):
         return False
     return not pid_alive(int(pid))  # a zombie is dead too; another user's process is alive

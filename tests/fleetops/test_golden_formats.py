@@ -62,6 +62,7 @@ from tests.paths import FIXTURES, REPO
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DOCS = FIXTURES / "documents"
+PID_SPACE = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0/4026531836"  # util.pid_space: boot id / PID namespace
 UPDATE = os.environ.get("FLEETOPS_GOLDEN_UPDATE") == "1"
 
 T0 = 1796000000.0  # 2026-11-30T00:53:20Z: every clock of these tests starts here
@@ -323,6 +324,7 @@ def test_rollout_state_audit_log_report_and_runner_vars_of_a_reboot(
     _stand_ins(monkeypatch, runner, down={"z": "ssh: connection refused"})
     with monkeypatch.context() as patch:
         patch.setattr(locks.os, "getpid", lambda: 4242)  # the lock records the pid
+        patch.setattr(locks, "pid_space", lambda: PID_SPACE)  # and where that pid is this process
         result = api.remediate(_reboot_request(tmp_path, "reboot.json", ec2=True), handle_signals=False)
     assert result.exit_code == ExitCode.FAILED  # z was skipped: never exit 0
     golden("state-reboot-done.json", (tmp_path / "state" / "reboot.json").read_text(), tmp_path)

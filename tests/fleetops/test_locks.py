@@ -15,6 +15,7 @@ import pytest
 
 from fleetops.rollout.locks import HostLocks, LockError
 from fleetops.rollout.state import Rollout, new_rollout
+from fleetops.util import pid_space
 
 
 def _rollout(tmp_path: Path, hosts: list[str]) -> Rollout:
@@ -48,9 +49,11 @@ def dead_pid() -> int:
 
 
 def _plant(path: Path, rollout: Rollout, pid: int, machine: str | None = None, token: str = "t0") -> None:
+    """A lock of ``pid`` on ``machine`` (default: this controller, this PID namespace)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     record = {"rollout": rollout.id, "operator": "bob@ctl", "pid": pid, "token": token,
-              "machine": machine or socket.gethostname(), "state": rollout.state_path}  # fmt: skip
+              "machine": machine or socket.gethostname(), "space": pid_space(),
+              "state": rollout.state_path}  # fmt: skip
     path.write_text(json.dumps(record))
 
 
@@ -60,6 +63,7 @@ def test_a_lock_records_its_owner_and_is_created_private(tmp_path: Path) -> None
     locks.acquire(["a"], r)
     held = json.loads((tmp_path / "locks" / "a.lock").read_text())
     assert held["rollout"] == r.id and held["pid"] == os.getpid() and held["machine"] == socket.gethostname()
+    assert held["space"] == pid_space()  # where that pid is this process (test_controller_identity.py)
     assert held["token"] == locks.token and len(held["token"]) == 32
     assert (tmp_path / "locks" / "a.lock").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "locks").stat().st_mode & 0o777 == 0o700

@@ -421,7 +421,9 @@ def test_a_store_that_cannot_be_reached_takes_nothing(moto: tuple[str, list[str]
 
 def test_a_live_lease_whose_process_on_this_controller_is_gone_is_taken_over_at_once() -> None:
     """A rollout killed with SIGKILL here holds its lease until its TTL; the next one here need not wait:
-    its rollout item names ``host:pid`` (fleetops.util.process_id), and that pid is gone."""
+    its rollout item names ``host:pid:space`` (fleetops.util.process_id: this machine and PID namespace),
+    and that pid is gone. An older fleetops' ``host:pid`` names no namespace: waited out (another container
+    with this host name may hold it: tests/fleetops/test_controller_identity.py)."""
     import subprocess
 
     from fleetops.util import dead_here, process_id
@@ -435,13 +437,15 @@ def test_a_live_lease_whose_process_on_this_controller_is_gone_is_taken_over_at_
         time.sleep(0.01)
     asleep = subprocess.Popen(["sleep", "30"])
     store, clock = mu.MemoryStore(), Clock()
-    host = process_id().split(":")[0]
+    host, _pid, space = process_id().split(":")
     for controller, taken in (
-        (f"{host}:{gone.pid}", True),
-        (f"{host}:{zombie.pid}", True),
-        (f"{host}:{asleep.pid}", False),
+        (f"{host}:{gone.pid}:{space}", True),
+        (f"{host}:{zombie.pid}:{space}", True),
+        (f"{host}:{asleep.pid}:{space}", False),
         (process_id(), False),
-        (f"elsewhere:{gone.pid}", False),
+        (f"elsewhere:{gone.pid}:{space}", False),
+        (f"{host}:{gone.pid}", False),  # an older fleetops' holder
+        (f"{host}:{gone.pid}:-", False),  # its namespace unknown where it ran
     ):
         store.data.clear()
         a = lp.StoreLease(View(store), A, {"i-1": "h"}, "op@ctl", 600, clock=clock, controller=controller)

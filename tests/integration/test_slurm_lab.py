@@ -17,6 +17,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -291,10 +292,19 @@ def test_evict_requeues_the_jobs_of_a_node_fleetops_drains_and_of_no_other(
         # a quarantine with evict cut off after its drain (a pass killed mid-batch): the node is ours and
         # drained, its job still running; the next pass runs the quarantine with evict again, which must
         # requeue the job on a node fleetops already drained (issue 25: a cut-off drain is drained again)
+        # lab-01 is in service with an old record of ours in its Comment (an admin resumed our drain of it a
+        # month ago): the drain writes a fresh record, never reuses the old one, whose time would make a
+        # rung's drain_wait already past (issue 38)
+        old = slurm.encode_record("gpu_health", "20261101T000000Z-abcdef", "2026-11-01T00:00:00Z")
+        _scontrol(lab, "update", f"NodeName={OTHER}", f"Comment={old}")
         first = fleetops("remediate", "quarantine", *inv, "-l", OTHER, "--canary", "0", "--finding", "gpu_health",
                          "--apply", env=env)  # fmt: skip
         assert first.rc == 0, first.stderr
         assert slurm.phase(_node(lab, OTHER)) == "draining" and _job(lab, ours)["JobState"] == "RUNNING"
+        record = slurm.parse_record(_node(lab, OTHER)["comment"])
+        assert record is not None and record["rollout"] != "20261101T000000Z-abcdef", record
+        drained_at = datetime.strptime(record["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        assert abs(drained_at.timestamp() - time.time()) < 300, record
         done = fleetops(*quarantine, "--apply", env=env)
         assert done.rc == 0, done.stderr
         notes = {h: r["notes"] for b in json.loads(done.stdout)["batches"] for h, r in b["results"].items()}

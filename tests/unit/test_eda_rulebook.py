@@ -154,3 +154,29 @@ def test_a_burst_of_1000_alerts_for_3_hosts_runs_one_pass_per_host_and_a_locked_
     ]
     assert len(dropped) == sum(1 for n in unknown if n), dropped[:5]
     print(f"1,000 alerts posted in {posted_s:.2f} s; {len(made)} calls (3 passes, 1 retry after exit 4)")
+
+
+def test_listening_beyond_loopback_without_a_token_stops_the_rulebook_in_one_line(
+    tmp_path: Path, standin: tuple[Path, dict[str, str]]
+) -> None:
+    """fleetops_eda_listen 0.0.0.0 and no fleetops_eda_token: the source refuses to start, ansible-rulebook
+    names why and exits non-zero, and nothing listens or runs."""
+    rulebook = need_rulebook()
+    record, env = standin
+    port = free_port()
+    variables = {
+        "fleetops_eda_inventory": "/dev/null",
+        "fleetops_eda_port": port,
+        "fleetops_eda_listen": "0.0.0.0",
+    }
+    log = tmp_path / "rulebook.log"
+    proc = start_rulebook(rulebook, tmp_path, variables, env, log)
+    try:
+        rc = proc.wait(timeout=120)
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert rc != 0, text[-4000:]
+    refusal = f"fleetops.node.alertmanager: refusing to listen on 0.0.0.0:{port} without a token"
+    assert f"ValueError: {refusal}" in text, text[-4000:]
+    assert calls(record) == []

@@ -2,9 +2,11 @@
 for real on a loopback port and posted to over HTTP, as Alertmanager would, without ansible-rulebook
 (tests/unit/test_eda_rulebook.py runs it under the rulebook).
 
-What it must do with bad input (issue 27): a payload that is not JSON, lacks labels, names a host not in
+What it must do with bad input (issue 27, issue 38): a payload that does not parse (not UTF-8, not JSON, a
+nesting deep enough to raise RecursionError: 400, never 500, which Alertmanager would retry), lacks labels, names a host not in
 the inventory or names many hosts logs ONE line and queues nothing for those hosts; a label can never put
 a pattern (all, a group, a glob), a template or a shell's special characters into what a rulebook passes on.
+Listening beyond loopback without a token is refused at start, in one line.
 """
 
 from __future__ import annotations
@@ -131,13 +133,24 @@ def test_a_good_alert_is_one_event_naming_its_host_and_its_cause(caplog: pytest.
         (b"", "is not JSON (0 bytes)"),
         (b'["a list"]', "has no alerts list"),
         (b'{"alerts": {"not": "a list"}}', "has no alerts list"),
+        (b'"a string"', "has no alerts list"),
+        (b'{"alerts": [], "receiver": "\xff\xfe"}', "is not UTF-8 (32 bytes)"),
+        # json raises RecursionError on this (aiohttp answered 500, which Alertmanager sends again)
+        (b"[" * 100_000 + b"]" * 100_000, "is nested deeper than 16 levels (200000 bytes)"),
+        (
+            b'{"alerts": [{"labels": {"host": "lab-01", "x": ' + b"[" * 20 + b"]" * 20 + b"}}]}",
+            "is nested deeper than 16 levels",
+        ),
     ],
+    ids=["text", "empty", "list", "alerts-dict", "string", "utf8", "recursion", "deep-label"],
 )
 def test_a_payload_that_is_not_alertmanagers_is_one_line_and_nothing_runs(
     body: bytes, needle: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario(post: Post) -> None:
         assert await post(body) == (400, [])
+        status, events = await post(payload(alert("lab-01")))  # it still serves
+        assert status == 202 and len(events) == 1
 
     serve({"hosts": HOSTS}, scenario)
     (line,) = warnings(caplog)
@@ -213,6 +226,60 @@ def test_with_a_token_a_request_without_it_is_refused(caplog: pytest.LogCaptureF
 
     serve({"hosts": HOSTS, "token": "s3cret"}, scenario)
     assert len(warnings(caplog)) == 2
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.1.2.3", "alertmanager.example", "localhost.evil"])
+@pytest.mark.parametrize("token", [None, ""])
+def test_listening_beyond_loopback_without_a_token_is_refused_in_one_line(
+    host: str, token: str | None
+) -> None:
+    """Anyone who reaches the port could start passes: without a token (the rulebooks' default is '') the
+    source raises before it listens or lists anything, and ansible-rulebook stops with that line."""
+    args: dict[str, Any] = {"host": host, "port": _free_port(), "hosts": HOSTS}
+    if token is not None:
+        args["token"] = token
+    with pytest.raises(ValueError) as exc:  # not TimeoutError: it never listens
+        asyncio.run(asyncio.wait_for(_module()["main"](asyncio.Queue(), args), 5))
+    message = str(exc.value)
+    assert message.startswith(
+        f"fleetops.node.alertmanager: refusing to listen on {host or '(every address)'}:"
+    )
+    assert "without a token" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost", "LOCALHOST."])
+def test_loopback_needs_no_token_and_any_address_with_a_token_serves(host: str) -> None:
+    assert _module()["listen_problem"](host, 5050, None) is None
+    assert _module()["listen_problem"]("0.0.0.0", 5050, "s3cret") is None
+
+    async def serving(post: Post) -> None:
+        status, events = await post(payload(alert()), {"Authorization": "Bearer s3cret"})
+        assert status == 202 and len(events) == 1
+        assert await post(payload(alert()), {"Authorization": "Bearer s3cre"}) == (401, [])
+
+    serve({"hosts": HOSTS, "host": "0.0.0.0", "token": "s3cret"}, serving)
+
+
+def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hmac.compare_digest, not ``!=`` (which returns at the first byte that differs): the source's handler
+    calls it with what was sent and what is expected."""
+    import hmac
+
+    seen: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        seen.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+
+    async def scenario(post: Post) -> None:
+        assert (await post(payload(alert()), {"Authorization": "Bearer nope"}))[0] == 401
+        assert (await post(payload(alert()), {"Authorization": "Bearer s3cret"}))[0] == 202
+
+    serve({"hosts": HOSTS, "token": "s3cret"}, scenario)
+    assert seen == [(b"Bearer nope", b"Bearer s3cret"), (b"Bearer s3cret", b"Bearer s3cret")]
 
 
 def test_the_inventory_is_listed_with_ansible_inventory_and_its_groups_are_not_hosts(

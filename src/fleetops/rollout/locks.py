@@ -1,15 +1,19 @@
 """Host locks (one lock file per host) and, for EC2 targets, the instances' tag lease, held together.
 
-A lock file records the rollout id, its operator, the controller (hostname), the PID and a random
-token. Rules (issue 14):
+A lock file records the rollout id, its operator, the controller (hostname), the PID, where that PID
+means the process (``space``: the boot and PID namespace, ``fleetops.util.pid_space``) and a random
+token. Rules (issue 14, issue 38):
 
 - **A live holder is never overridden**: a lock whose holder process is alive on this controller is
   not taken, not by another rollout, not by ``--break-lock``, not even by a resume of the same
   rollout (two processes driving one rollout would act twice): ``LockError``, exit 4, naming the
   holder (pid, rollout, operator).
-- A lock whose holder is gone (a dead PID on this controller) is taken back by a resume of the same
-  rollout; another rollout takes it only with ``--break-lock`` (any, or that rollout's). A lock
-  from another controller cannot be checked from here: only ``--break-lock`` takes it.
+- A lock whose holder is gone (a dead PID on this controller, in this PID namespace) is taken back by a
+  resume of the same rollout; another rollout takes it only with ``--break-lock`` (any, or that
+  rollout's). A lock from another controller, or from another PID namespace with this host name (a
+  hostNetwork pod, a container that keeps the host's name), cannot be checked from here: only
+  ``--break-lock`` takes it. So does a lock of an older fleetops (no ``space``), though one whose PID
+  is alive here is taken to be live (it may be that process).
 - Locks are created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` in a 0700 directory opened without
   following a link: two rollouts racing for a host cannot both win, and a planted link is never
   written through.
@@ -35,7 +39,7 @@ from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout import killswitch
 from fleetops.rollout.state import Rollout, state_home
-from fleetops.util import pid_alive
+from fleetops.util import pid_alive, pid_space, same_pid_space
 
 MAX_LOCK_BYTES = 64 * 1024
 
@@ -87,6 +91,11 @@ class HostLocks:
             os.fchmod(fd, 0o700)
         return fd
 
+    @staticmethod
+    def _here(holder: dict[str, Any]) -> bool:
+        """The holder's PID can be checked here: this controller, this PID namespace (util.same_pid_space)."""
+        return same_pid_space(holder.get("machine"), holder.get("space"))
+
     def live_rollouts(self) -> set[str]:
         """The rollouts whose locks a live process of this controller holds now (reads only; an absent
         lock directory holds none)."""
@@ -100,13 +109,16 @@ class HostLocks:
             os.close(dir_fd)
 
     def _alive_here(self, holder: dict[str, Any]) -> bool:
-        """The holder's process is alive on this controller (and is not this very lock set)."""
+        """The holder's process is alive on this controller (and is not this very lock set). A lock of an
+        older fleetops (no ``space``) with this host name and a PID alive here counts as alive too."""
         if holder.get("machine") != socket.gethostname():
             return False
         try:
             pid = int(holder.get("pid", 0))
         except (TypeError, ValueError):
             return False
+        if not self._here(holder):
+            return "space" not in holder and pid_alive(pid)  # another PID namespace: not checkable here
         if pid == os.getpid():
             return holder.get("token") != self.token  # this process, another lock set: live
         return pid_alive(pid)
@@ -131,16 +143,18 @@ class HostLocks:
                 continue
             if self._alive_here(holder):
                 live.append(f"{host} ({_who(holder)}, running)")
-            elif holder.get("rollout") == rollout.id and holder.get("machine") == socket.gethostname():
+            elif holder.get("rollout") == rollout.id and self._here(holder):
                 stale.append((name, holder))  # our own rollout's lock from before a kill
             elif break_lock is True or (break_lock and break_lock == holder.get("rollout")):
                 stale.append((name, holder))
             else:
-                here = holder.get("machine") == socket.gethostname()
-                conflicts.append(
-                    f"{host} ({_who(holder)}, {'not running: stale?' if here else 'another controller'}, "
-                    f"state {holder.get('state')})"
-                )
+                if self._here(holder):
+                    where = "not running: stale?"
+                elif holder.get("machine") == socket.gethostname():
+                    where = "another PID namespace or an older fleetops: not checkable here"
+                else:
+                    where = "another controller"
+                conflicts.append(f"{host} ({_who(holder)}, {where}, state {holder.get('state')})")
         if live:
             raise LockError(
                 f"Failed to lock {len(live)} host(s) held by a running rollout: {'; '.join(live[:5])}"
@@ -161,6 +175,7 @@ class HostLocks:
             "operator": rollout.operator,
             "pid": os.getpid(),
             "machine": socket.gethostname(),
+            "space": pid_space(),
             "token": self.token,
             "state": rollout.state_path,
             "since": time.time(),

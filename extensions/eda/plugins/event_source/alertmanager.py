@@ -15,17 +15,24 @@ sent them: conditions may match on them; a rulebook never puts them in a templat
 events too (``fleetops.status``); the fleetops rulebooks act on firing ones only. No ``meta.hosts`` is
 set: the rulebooks run their playbook on localhost and pass the host as a value, never as a limit.
 
-A payload that is not JSON, has no ``alerts`` list, an alert without labels or host label, a host name
+A payload that does not parse (not UTF-8, not JSON, nested deeper than ``MAX_DEPTH``), has no ``alerts`` list, an alert without labels or host label, a host name
 that is no exact name of the inventory (unknown, a group, a pattern), or more than ``max_hosts``
 different hosts, is logged as ONE warning line per payload; the alerts that pass still become events,
 except over ``max_hosts``, where none does (an alert storm across the fleet is the scheduled full pass's
 to handle, and the people's: route the rulebook's receiver with ``group_by: [alertname, host]`` so a
-payload names one host). Alertmanager is answered 400 for a payload it should not retry, 202 otherwise.
+payload names one host). Alertmanager is answered 400 for a payload it should not retry, 202 otherwise:
+never 500 for what it sent (it would send it again).
+
+Listening on anything but a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``) without a
+``token`` is refused at start: the source raises, in one line, and ansible-rulebook stops. The token is
+compared in constant time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -46,7 +53,9 @@ description:
     name exactly one host of the inventory are dropped with one warning line per payload.
 options:
   host:
-    description: The address to listen on (never 0.0.0.0 unless Alertmanager runs elsewhere).
+    description:
+      - The address to listen on (never 0.0.0.0 unless Alertmanager runs elsewhere). Any but a loopback
+        address (127.0.0.0/8, ::1, localhost) requires O(token): without one the source refuses to start.
     type: str
     default: 127.0.0.1
   port:
@@ -56,7 +65,8 @@ options:
   token:
     description:
       - When set, a request must carry `Authorization: Bearer TOKEN` (Alertmanager's
-        http_config.authorization) or it is answered 401.
+        http_config.authorization) or it is answered 401 (compared in constant time). Required when
+        O(host) is not a loopback address; an empty token is no token.
     type: str
   host_label:
     description: The alert label that names the host (fleetops' gauges and alerts carry `host`).
@@ -97,6 +107,60 @@ CAUSE_MAX = 1000  # fleetops.values.CAUSE_MAX
 LABEL_MAX = 200
 MIN_RELIST_S = 60.0  # an unknown name lists the inventory again at most this often
 BODY_MAX = 4 * 1024 * 1024  # aiohttp's limit on one request body (Alertmanager's are a few kB)
+MAX_DEPTH = 16  # nesting a payload may have (Alertmanager's: payload, alerts, alert, labels: 4)
+LOOPBACK_NAMES = ("localhost",)  # host names that listen on loopback alone (else an address is needed)
+
+
+def loopback(host: str) -> bool:
+    """Whether listening on ``host`` (an address or ``localhost``) is reachable from this machine alone."""
+    if host.lower().rstrip(".") in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # another name (it may resolve to any address), empty: everything
+        return False
+
+
+def listen_problem(host: str, port: Any, token: str | None) -> str | None:
+    """Why the source must not start listening on ``host`` (one line), or None."""
+    if token is None and not loopback(host):
+        return (
+            f"fleetops.node.alertmanager: refusing to listen on {host or '(every address)'}:{port} without "
+            "a token: anyone who reaches it could start remediations; set token (Alertmanager's "
+            "http_config.authorization sends it) or listen on 127.0.0.1"
+        )
+    return None
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests deeper than ``limit`` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def parse_body(body: bytes) -> tuple[Any, str | None]:
+    """``(payload, None)``, or ``(None, why)`` for a body that does not parse: not UTF-8, not JSON, or
+    nested deeper than MAX_DEPTH (json's own RecursionError included: never a 500 Alertmanager retries)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    try:
+        payload = json.loads(text)
+    except RecursionError:
+        return None, f"nested deeper than {MAX_DEPTH} levels"
+    except ValueError:
+        return None, "not JSON"
+    if _depth_over(payload, MAX_DEPTH):
+        return None, f"nested deeper than {MAX_DEPTH} levels"
+    return payload, None
 
 
 def _safe(value: Any, limit: int = LABEL_MAX) -> str:
@@ -191,17 +255,19 @@ async def handle(
 ) -> web.Response:
     """One webhook request: its alerts as events, or one warning line saying what was dropped and why."""
     peer = request.remote or "-"
-    if token is not None and request.headers.get("Authorization", "") != f"Bearer {token}":
+    if token is not None and not hmac.compare_digest(
+        request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
+        f"Bearer {token}".encode("utf-8", "surrogateescape"),
+    ):
         LOG.warning("fleetops.node.alertmanager: request from %s without the bearer token: dropped", peer)
         return web.Response(status=401, text="bearer token required\n")
     body = await request.read()
-    try:
-        payload = json.loads(body)
-    except ValueError:
+    payload, why = parse_body(body)
+    if why is not None:
         LOG.warning(
-            "fleetops.node.alertmanager: payload from %s is not JSON (%d bytes): dropped", peer, len(body)
+            "fleetops.node.alertmanager: payload from %s is %s (%d bytes): dropped", peer, why, len(body)
         )
-        return web.Response(status=400, text="not JSON\n")
+        return web.Response(status=400, text=f"{why}\n")
     alerts = _alerts(payload)
     if alerts is None:
         LOG.warning("fleetops.node.alertmanager: payload from %s has no alerts list: dropped", peer)
@@ -262,7 +328,13 @@ def _list_arg(value: Any) -> list[str]:
 
 
 async def main(queue: Any, args: dict[str, Any]) -> None:
-    """Serve until cancelled (ansible-rulebook's shutdown)."""
+    """Serve until cancelled (ansible-rulebook's shutdown). ValueError (one line, before anything is
+    listened on or listed) when ``host`` is not loopback and no token is set."""
+    token = str(args["token"]) if args.get("token") else None  # the rulebooks' default is ''
+    host, port = str(args.get("host", "127.0.0.1")), int(args.get("port", 5050))
+    refused = listen_problem(host, port, token)
+    if refused is not None:
+        raise ValueError(refused)
     inventory = Inventory(
         _list_arg(args.get("hosts")),
         _list_arg(args.get("inventory")),
@@ -272,7 +344,6 @@ async def main(queue: Any, args: dict[str, Any]) -> None:
         LOG.warning(
             "fleetops.node.alertmanager: neither hosts nor inventory given: every alert will be dropped"
         )
-    token = args.get("token") or None
     host_label = str(args.get("host_label", "host"))
     max_hosts = int(args.get("max_hosts", 10))
     await inventory.problem("localhost")  # the first listing, before the first alert waits for it
@@ -284,13 +355,9 @@ async def main(queue: Any, args: dict[str, Any]) -> None:
     app.router.add_post("/{tail:.*}", on_post)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, str(args.get("host", "127.0.0.1")), int(args.get("port", 5050)))
+    site = web.TCPSite(runner, host, port)
     await site.start()
-    LOG.info(
-        "fleetops.node.alertmanager: listening on %s:%s",
-        args.get("host", "127.0.0.1"),
-        args.get("port", 5050),
-    )
+    LOG.info("fleetops.node.alertmanager: listening on %s:%s", host, port)
     try:
         await asyncio.Future()
     finally:

@@ -180,11 +180,29 @@ def test_a_node_we_drained_that_slurm_re_reasoned_is_still_ours_one_an_admin_re_
 
 
 def test_a_record_without_a_drain_is_finished_not_left_behind() -> None:
-    # an interrupted quarantine wrote the record and died before the drain: the next one drains
+    # an interrupted quarantine wrote the record and died before the drain: the next one drains (with a
+    # record of its own: test_a_drain_of_a_node_in_service_always_writes_a_fresh_record)
     recorded = {**_node("idle"), "comment": slurm.encode_record("gpu_health", "r1", "2026-12-03T00:00:00Z")}
-    assert slurm.plan_drain(recorded, "fleetops: gpu_health")[0] == ["drain"]
+    assert slurm.plan_drain(recorded, "fleetops: gpu_health")[0] == ["comment", "drain"]
     # someone resumed a node we drained: unquarantine removes the stale record only
     assert slurm.plan_resume(recorded)[0] == ["uncomment"]
+
+
+@pytest.mark.parametrize("capture", ["idle", "draining"])
+def test_a_drain_of_a_node_in_service_always_writes_a_fresh_record(capture: str) -> None:
+    """An old record of ours left on a node in service (an admin's RESUME of our drain, an unquarantine cut
+    off between its resume and its uncomment, a quarantine cut off before its drain) is replaced before the
+    drain, never reused: its time is what the ladder's drain_wait counts from, and an old one made the wait
+    "past" at once, so the next rung rebooted a node whose jobs still ran (issue 38)."""
+    old = slurm.encode_record("other_check", "20261101T000000Z-abcdef", "2026-11-01T00:00:00Z")
+    node = {**_node(capture), "flags": [], "reason": "", "comment": old}  # "draining" less DRAIN: jobs run
+    assert slurm.phase(node) == "in"
+    steps, note = slurm.plan_drain(node, "fleetops: gpu_health")
+    assert (steps, note) == (["comment", "drain"], "drain: fleetops: gpu_health")
+    # a node still out of service under our drain (down since, with our reason) keeps its record and time
+    down = {**_node("drained"), "state": "DOWN", "flags": []}
+    assert slurm.phase(down) == "down" and slurm.reason_ours(down["reason"])
+    assert slurm.plan_drain(down, "fleetops: gpu_health")[0] == ["drain"]
 
 
 def test_the_record_round_trips_and_foreign_comments_are_not_records() -> None:
