@@ -16,13 +16,14 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
+.PHONY: help deps venv docs demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and labs side by side, molecule (root)"
 	@echo "make check  - the inner loop: lint, sanity, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
+	@echo "make docs   - build the site (docs/ -> docs/_build/html) strictly: a warning or a broken reference fails"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
@@ -55,6 +56,12 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
+# The site: reference pages generated from the code (docs/_ext/fleetops_docs.py), guides, development notes.
+# -W --keep-going: every warning is listed, and any fails; -n: every reference must resolve.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "== the site: $(abspath docs/_build/html/index.html)"
+
 sanity: $(STAMP)
 	bash tests/sanity.sh
 
@@ -67,7 +74,7 @@ soak: $(STAMP)
 	$(PY) -m tests.simulation --days 365 --hosts 500 --seed 2
 
 # The inner loop: everything that needs no lab.
-check: lint sanity unit
+check: lint sanity docs unit
 
 # Labs side by side: FLEETOPS_TEST_WORKERS (default 3) xdist workers, each with a lab of its own, then the
 # tests marked exclusive (machine-wide kernel state) alone; fails when a test of tests/integration/ids.txt

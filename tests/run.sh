@@ -4,7 +4,8 @@
 #   - in the background from the start, each cached by its inputs and locked against a second builder
 #     (a test that needs one waits on its lock): the lab's rootfs, VM image and UCX wheels
 #     (`fleetops-lab prepare --vm --ucx`) and the execution environment (`make ee`);
-#   - lint, sanity, the unit and package suites (2 xdist workers, a whole file per worker);
+#   - lint, sanity, the site (make docs: a warning fails), the unit and package suites (2 xdist workers,
+#     a whole file per worker);
 #   - the integration suite (tests/integration/run.sh: labs side by side, then the exclusive lane);
 #   - the molecule scenarios (tests/molecule/run.sh).
 # Needs root (the lab) and the Debian packages of tools/debian-deps.sh --ee --vm.
@@ -47,6 +48,7 @@ background prepare "$bin/fleetops-lab" prepare --vm --ucx
 background ee make --no-print-directory ee
 stage lint make --no-print-directory lint
 stage sanity make --no-print-directory sanity
+stage docs make --no-print-directory docs
 stage unit "$bin/pytest" -q --durations=20 -n 2 --dist loadfile tests/unit tests/fleetops
 # shellcheck disable=SC2317  # called through stage
 integration() {  # the integration suite, its summary kept for the end of the log (the trend)
