@@ -18,7 +18,7 @@ extensions = ["myst_parser", "sphinx_antsibull_ext", "fleetops_docs"]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build", "_ext"]
 myst_heading_anchors = 4  # [text](page.md#a-heading) links, checked like any other reference
-myst_enable_extensions = ["colon_fence"]
+myst_enable_extensions = ["colon_fence", "deflist"]
 suppress_warnings = ["myst.header"]  # pages moved from the README start at ## under their title
 nitpicky = True
 
