@@ -12,6 +12,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 project = "fleetops"
 author = "fleetops maintainers"
+copyright = author
 release = version = yaml.safe_load((DOCS.parent / "galaxy.yml").read_text())["version"]
 
 extensions = ["myst_parser", "sphinx_antsibull_ext", "fleetops_docs"]
@@ -19,7 +20,7 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build", "_ext"]
 myst_heading_anchors = 4  # [text](page.md#a-heading) links, checked like any other reference
 myst_enable_extensions = ["colon_fence", "deflist"]
-suppress_warnings = ["myst.header"]  # pages moved from the README start at ## under their title
+suppress_warnings = ["myst.header"]  # some pages start at ## under their title
 nitpicky = True
 
 html_theme = "sphinx_ansible_theme"
@@ -36,3 +37,6 @@ intersphinx_mapping = {
     "ansible": ("https://docs.ansible.com/projects/ansible/latest/", str(DOCS / "reference" / "ansible.inv"))
 }
 intersphinx_timeout = 1
+
+# The theme's top bar links to the Ansible project's pages by default: none here.
+html_theme_options["topbar_links"] = {}

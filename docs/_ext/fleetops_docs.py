@@ -372,25 +372,6 @@ def generate(out: Path = OUT) -> None:
     _write(out / "playbooks.md", playbooks_markdown())
     _write(out / "exit-codes.md", exit_codes_markdown())
     _write(out / "remediations.md", remediations_markdown())
-    index = [
-        "# Reference",
-        "",
-        "Generated from the code's own declarations at every build; nothing here is written by hand.",
-        "",
-        "```{toctree}",
-        ":maxdepth: 1",
-        "",
-        "cli",
-        "remediations",
-        "policy",
-        "alerts",
-        "playbooks",
-        "Modules and inventory plugin <collection/collections/fleetops/node/index>",
-        "exit-codes",
-        "```",
-        "",
-    ]
-    _write(out / "index.md", "\n".join(index))
 
 
 def setup(app: Any) -> dict[str, Any]:

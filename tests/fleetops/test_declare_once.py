@@ -1,6 +1,6 @@
 """A remediation is declared once (``fleetops.remediations.catalog``); everything else derives from it
 or is checked against it here: the CLI, the policy's actions and schema, the ladder order, the host-timeout
-table, the playbooks' documented knobs, the AWX surveys and the README's option tables."""
+table, the playbooks' documented knobs, the AWX surveys and the docs site's option tables."""
 
 from __future__ import annotations
 

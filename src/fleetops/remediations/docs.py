@@ -8,7 +8,6 @@ from typing import Any
 from fleetops.remediations.declare import REMEDIATIONS, Param, Remediation, ladder_order
 
 
-
 def _value(param: Param) -> str:
     if param.kind == "flag":
         return "flag"
