@@ -50,8 +50,8 @@ demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src lab tests bench plugins extensions
-	$(BIN)/ruff format --check src lab tests bench extensions
+	$(BIN)/ruff check src lab tests bench plugins extensions docs
+	$(BIN)/ruff format --check src lab tests bench extensions docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
@@ -125,4 +125,4 @@ lab-down: $(STAMP)
 	$(BIN)/fleetops-lab down
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/output .ansible
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/output .ansible docs/_build docs/reference

@@ -128,7 +128,7 @@ def policy_markdown(schema: dict[str, Any]) -> str:
         "",
         f"The fields of a `{schema['title']}` file, generated from `schemas/policy.schema.json` (itself generated",
         "from the pydantic models of `src/fleetops/schemas.py` and `src/fleetops/policy*`; "
-        "`python -m fleetops.schemas --write`). `fleetops policy check FILE` validates a file against it.",
+        "`python -m fleetops.schemas --write`). `python -m fleetops.policy --check FILE` validates a file against it.",
         "The guide: [The ladder left running](../guides/ladder.md).",
         "",
         "(policy-top)=",

@@ -1,7 +1,7 @@
 """Every `fleetops ...` and `fleetops-lab ...` command the documentation shows exists and parses.
 
-The places a user copies commands from: README.md, the site's pages (docs/**/*.md; the generated reference
-is built from the parsers themselves), the example inventories (inventory/*), the playbooks' header
+The places a user copies commands from: README.md, the site's pages (docs/**/*.md, and the generated
+reference pages whose prose is not --help output), the example inventories (inventory/*), the playbooks' header
 comments and AWX as code (awx/**). A command is one in a code span (`...`), a Markdown code block, or a
 quoted YAML string that starts with the command. Each is parsed in-process by the parser of the command
 it names (fleetops.cli.app.build_parser, fleetops_lab.cli.build_parser): an unknown subcommand or an
@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import re
 import shlex
+import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -42,14 +43,27 @@ PLACEHOLDER = re.compile(r"[|\[\]<>]|\.\.|(?<![A-Za-z])[A-Z][A-Z0-9_]*(?![a-z])"
 INCOMPLETE = ("the following arguments are required", "expected one argument")
 
 
-def documents() -> Iterator[Path]:
-    yield REPO / "README.md"
-    for path in sorted((REPO / "docs").rglob("*.md")):
-        if not {"reference", "_build"} & set(path.relative_to(REPO / "docs").parts):
-            yield path
-    yield from sorted(p for p in (REPO / "inventory").iterdir() if p.is_file())
-    yield from sorted((REPO / "playbooks").glob("*.yml"))
-    yield from sorted(p for p in (REPO / "awx").rglob("*") if p.is_file())
+def documents() -> Iterator[tuple[str, str]]:
+    """(name, text) of each document: the checked-in ones, then the site's generated pages whose prose
+    names commands (the command reference is the parsers' own --help, and the modules' pages are ansible's)."""
+    paths = [REPO / "README.md"]
+    paths += [p for p in sorted((REPO / "docs").rglob("*.md")) if not {"reference", "_build"} & set(p.parts)]
+    paths += sorted(p for p in (REPO / "inventory").iterdir() if p.is_file())
+    paths += sorted((REPO / "playbooks").glob("*.yml"))
+    paths += sorted(p for p in (REPO / "awx").rglob("*") if p.is_file())
+    for path in paths:
+        text = path.read_text()
+        yield str(path.relative_to(REPO)), _header(text) if path.parent.name == "playbooks" else text
+    sys.path.insert(0, str(REPO / "docs" / "_ext"))
+    import fleetops_docs
+
+    yield (
+        "docs/reference/policy.md",
+        fleetops_docs.policy_markdown(json.loads(fleetops_docs.POLICY_SCHEMA.read_text())),
+    )
+    yield "docs/reference/alerts.md", fleetops_docs.alerts_markdown()
+    yield "docs/reference/remediations.md", fleetops_docs.remediations_markdown()
+    yield "docs/reference/exit-codes.md", fleetops_docs.exit_codes_markdown()
 
 
 def _header(text: str) -> str:
@@ -57,14 +71,12 @@ def _header(text: str) -> str:
     return "\n".join(line for line in text.split("\n- name:")[0].splitlines() if line.startswith("#"))
 
 
-def snippets(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of the code in a file: code spans, Markdown code blocks, quoted YAML strings."""
-    text = path.read_text()
-    if path.parent.name == "playbooks":
-        text = _header(text)
+def snippets(name: str, text: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the code in a document: code spans, Markdown code blocks, quoted YAML strings."""
+    markdown = name.endswith(".md")
     fenced = directive = False
     for number, line in enumerate(text.splitlines(), 1):
-        if path.suffix == ".md" and (fence := FENCE.match(line)):
+        if markdown and (fence := FENCE.match(line)):
             fenced, directive = not fenced, bool(fence.group(1)) and not fenced
             continue
         if fenced:
@@ -73,14 +85,14 @@ def snippets(path: Path) -> Iterator[tuple[int, str]]:
             continue
         for m in SPAN.finditer(line):
             yield number, m.group(1)
-        if path.suffix != ".md":
+        if not markdown:
             for m in QUOTED.finditer(line):
                 yield number, m.group(2)
 
 
-def commands(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, command line) of each fleetops / fleetops-lab command in a file."""
-    for number, snippet in snippets(path):
+def commands(name: str, text: str) -> Iterator[tuple[int, str]]:
+    """(line number, command line) of each fleetops / fleetops-lab command in a document."""
+    for number, snippet in snippets(name, text):
         inner = [m.group(1) for m in SUBSTITUTION.finditer(snippet)]
         for text in [SUBSTITUTION.sub("value", snippet), *inner]:
             for m in COMMAND.finditer(text):
@@ -160,20 +172,19 @@ def parse_error(command: str) -> str | None:
     return None
 
 
-ALL = [(path, number, command) for path in documents() for number, command in commands(path)]
+ALL = [(name, number, command) for name, text in documents() for number, command in commands(name, text)]
 
 
 def test_the_documents_show_commands() -> None:
-    shown = {path.relative_to(REPO).parts[0] for path, _, _ in ALL}
+    shown = {name.split("/")[0] for name, _, _ in ALL}
     assert {"README.md", "docs", "inventory", "playbooks", "awx"} <= shown
+    assert any(name.startswith("docs/reference/") for name, _, _ in ALL)
     assert len(ALL) >= 100
 
 
-@pytest.mark.parametrize("path,number,command", ALL, ids=[f"{p.relative_to(REPO)}:{n}" for p, n, _ in ALL])
-def test_each_documented_command_parses(path: Path, number: int, command: str) -> None:
-    assert parse_error(command) is None, (
-        f"{path.relative_to(REPO)}:{number}: {command}: {parse_error(command)}"
-    )
+@pytest.mark.parametrize("name,number,command", ALL, ids=[f"{name}:{n}" for name, n, _ in ALL])
+def test_each_documented_command_parses(name: str, number: int, command: str) -> None:
+    assert parse_error(command) is None, f"{name}:{number}: {command}: {parse_error(command)}"
 
 
 @pytest.mark.parametrize(
@@ -182,6 +193,7 @@ def test_each_documented_command_parses(path: Path, number: int, command: str) -
         ("fleetops lab up", True),  # inventory/README.md said so once: the CLI has no lab command
         ("fleetops rollout --canary 1", True),
         ("fleetops scan --no-such-option", True),
+        ("fleetops policy check FILE", True),  # the policy reference said so once: python -m fleetops.policy
         ("fleetops-lab up 3", False),
         ("fleetops remediate ACTION --help", False),
         ("fleetops scan -i fleet.yml --limit 'gpu_*'", False),
@@ -191,14 +203,15 @@ def test_the_check_tells_a_wrong_command_from_a_right_one(command: str, wrong: b
     assert (parse_error(command) is not None) == wrong, parse_error(command)
 
 
-def test_commands_are_found_where_the_user_reads_them(tmp_path: Path) -> None:
-    doc = tmp_path / "page.md"
-    doc.write_text(
+def test_commands_are_found_where_the_user_reads_them() -> None:
+    page = (
         "Run `fleetops scan -i x.yml` then\n```sh\nfleetops merge a.json b.json -o f.json | jq .  # merged\n"
         "sudo fleetops-lab down --all\n```\nfleetops scans in prose are not commands.\n"
     )
-    assert [c for _, c in commands(doc)] == [
+    assert [c for _, c in commands("page.md", page)] == [
         "fleetops scan -i x.yml",
         "fleetops merge a.json b.json -o f.json",
         "fleetops-lab down --all",
     ]
+    awx = "# the template `fleetops remediate auto` runs\nmsg: 'fleetops unpause' lifts it, the fleetops scan"
+    assert [c for _, c in commands("awx/x.yml", awx)] == ["fleetops remediate auto", "fleetops unpause"]
