@@ -21,7 +21,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and labs side by side, molecule (root)"
-	@echo "make check  - the inner loop: lint, sanity, unit and package tests (no lab, no root)"
+	@echo "make check  - the inner loop: lint, sanity, the docs site, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
 	@echo "make docs   - build the site (docs/ -> docs/_build/html) strictly: a warning or a broken reference fails"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
@@ -73,7 +73,7 @@ soak: $(STAMP)
 	$(PY) -m tests.simulation --days 30 --hosts 2000 --seed 1
 	$(PY) -m tests.simulation --days 365 --hosts 500 --seed 2
 
-# The inner loop: everything that needs no lab.
+# The inner loop: everything that needs no lab (the docs site included: a broken reference fails it).
 check: lint sanity docs unit
 
 # Labs side by side: FLEETOPS_TEST_WORKERS (default 3) xdist workers, each with a lab of its own, then the
