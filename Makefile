@@ -16,29 +16,35 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv docs demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
+.PHONY: help deps venv lock docs demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and labs side by side, molecule (root)"
 	@echo "make check  - the inner loop: lint, sanity, the docs site, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
+	@echo "make lock   - refresh constraints.txt (the pinned venv and EE) from the package index; then make test"
 	@echo "make docs   - build the site (docs/ -> docs/_build/html) strictly: a warning or a broken reference fails"
-	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
+	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), module sizes (700 lines), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
 	@echo "make test-ee - build it, then run fleetops.node.scan in it as AWX does (runner + execution-node stream) on the lab"
 	@echo "make soak   - the auto pass simulated: a month over 2,000 hosts and a year over 500 (kills, races, storms; minutes)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
-$(STAMP): pyproject.toml lab/pyproject.toml
+$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	@if [ -z "$(PYTHON)" ]; then \
 		echo "error: no Python >= 3.12 found on PATH or under pyenv (~/.pyenv/versions); install one or set PYTHON=/path/to/python3.12" >&2; exit 2; fi
 	@echo "== building $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' -e ./lab
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]' -e ./lab
 	@touch $@
+
+# Refresh the lock (constraints.txt) from the package index on purpose, then run make test on it.
+lock:
+	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=...)" >&2; exit 2; fi
+	bash tools/lock.sh $(PYTHON)
 
 venv: $(STAMP)
 
@@ -54,6 +60,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src lab tests bench extensions docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python tools/module_sizes.py
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
 # The site: reference pages generated from the code (docs/_ext/fleetops_docs.py), guides, development notes.

@@ -51,7 +51,7 @@ wheel=$("$here/wheel.sh" build/ee-wheel "$py")
 # METADATA, which holds pyproject's dependencies and the README).
 inputs=$(
   {
-    sha256sum execution-environment.yml requirements.txt bindep.txt ee/pkgmgr build/ee-trust/*
+    sha256sum execution-environment.yml requirements.txt constraints.txt bindep.txt ee/pkgmgr build/ee-trust/*
     tar -xzOf "$tarball" MANIFEST.json | sha256sum
     "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); sys.stdout.buffer.write(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))))' "$wheel" | sha256sum
     echo "wheel $(basename "$wheel")"

@@ -3,7 +3,8 @@
 # then a table of what each stage took (where CI's time goes, in CI's log).
 #   - in the background from the start, each cached by its inputs and locked against a second builder
 #     (a test that needs one waits on its lock): the lab's rootfs, VM image and UCX wheels
-#     (`fleetops-lab prepare --vm --ucx`) and the execution environment (`make ee`);
+#     (`fleetops-lab prepare --vm --ucx`), the execution environment (`make ee`) and ansible-test
+#     sanity's per-test venvs (`tests/sanity.sh --prime-venvs`);
 #   - lint, sanity, the site (make docs: a warning fails), the unit and package suites (2 xdist workers,
 #     a whole file per worker);
 #   - the integration suite (tests/integration/run.sh: labs side by side, then the exclusive lane);
@@ -46,6 +47,7 @@ joined() {  # joined NAME: wait for a background build; its failure fails the ru
 
 background prepare "$bin/fleetops-lab" prepare --vm --ucx
 background ee make --no-print-directory ee
+background sanity-venvs bash tests/sanity.sh --prime-venvs  # the sanity stage waits on its lock
 stage lint make --no-print-directory lint
 stage sanity make --no-print-directory sanity
 stage docs make --no-print-directory docs
@@ -59,6 +61,7 @@ stage integration integration  # a test that needs a build still running waits o
 wait
 joined prepare
 joined ee
+joined sanity-venvs
 stage molecule bash tests/molecule/run.sh
 
 echo "== make test: $((SECONDS - started)) s"

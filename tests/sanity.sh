@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # ansible-test sanity on the built collection (design §9): build the tarball, install it into a
 # temporary ansible_collections tree, run the sanity tests there with this venv's Python.
+#   tests/sanity.sh [ANSIBLE-TEST OPTIONS]   e.g. --prime-venvs: build the per-test venvs only (cold: about
+#   90 s from the package index; cached in ~/.ansible/test by their requirements), what make test starts in
+#   the background with the other cold builds. One at a time: a second run waits for the first.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${VENV:-$repo/.venv}
@@ -14,6 +17,8 @@ PY
 # ansible-test fetches get-pip.py from a host this machine cannot reach: give it our stand-in.
 cache=~/.ansible/test/cache
 mkdir -p "$cache"
+exec 9>"$cache/.fleetops-sanity.lock"
+flock 9
 cp "$repo/tests/get_pip_stub.py" "$cache/get_pip_${pip_version//./_}.py"
 
 work=$(mktemp -d /tmp/fleetops-sanity.XXXXXX)

@@ -43,6 +43,8 @@ from typing import Any
 
 from fleetops import auto, store
 from fleetops.ansible.collection import module_utils
+from fleetops.auto import context as auto_context
+from fleetops.auto import finish as auto_finish
 from fleetops.nodes import NodeReading, NodeState
 from fleetops.policy import Policy, default_policy_path, load_policy
 from fleetops.remediations import REMEDIATIONS
@@ -608,9 +610,9 @@ class Simulation:
                     self.violate(f"{action}: {n} in group {group} within {budget.window} (limit {limit[1]})")
 
     def run(self, days: float, step: float = HOUR) -> Stats:
-        real = auto.write_tags, auto.load, store.PassLease._renew_loop
-        auto.write_tags = lambda *a, **k: {}  # type: ignore[assignment]  # no EC2 tag mirror here
-        auto.load = lambda relative: self.finisher()  # type: ignore[assignment]
+        real = auto_context.write_tags, auto_finish.load, store.PassLease._renew_loop
+        auto_context.write_tags = lambda *a, **k: {}  # type: ignore[assignment]  # no EC2 tag mirror here
+        auto_finish.load = lambda relative: self.finisher()  # type: ignore[assignment]
         store.PassLease._renew_loop = lambda self: None  # type: ignore[method-assign]  # passes are short
         try:
             rounds = int(days * 86400 / step)
@@ -618,7 +620,7 @@ class Simulation:
                 self.round(i)
                 self.now += step - (self.now - T0) % step if (self.now - T0) % step else step
         finally:
-            auto.write_tags, auto.load, store.PassLease._renew_loop = real  # type: ignore[assignment]
+            auto_context.write_tags, auto_finish.load, store.PassLease._renew_loop = real  # type: ignore[assignment]
         return self.stats
 
 

@@ -4,16 +4,14 @@
 (``textfile`` and what it imports, stdlib only), the package markers above them and a 4-line entry point.
 Copied file by file that was about 30 module calls a host; as one archive it is a copy and an unpack, each
 idempotent (the copy by checksum, the unpack by ``tar --diff``). The archive is derived, never edited:
-``python -m fleetops.detector_runner --write`` rebuilds it from the playbook's ``fleetops_dt_module_utils``
+``python -m fleetops.cli.detector_runner --write`` (its command line, in ``cli/``) rebuilds it from the playbook's ``fleetops_dt_module_utils``
 and the module_utils' sources, ``--check`` (a unit test runs it) fails when it is stale. Its bytes depend
 only on those sources: sorted members, one fixed time, root's ids, 0644 files and 0755 folders.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import sys
 import tarfile
 from pathlib import Path
 
@@ -71,31 +69,19 @@ def build() -> bytes:
     return out.getvalue()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fleetops.detector_runner", description=__doc__.split("\n\n")[0]
-    )
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--write", action="store_true", help=f"rebuild {ARCHIVE.relative_to(REPO)}")
-    what.add_argument(
-        "--check", action="store_true", help="exit 1 when the archive is not what --write makes"
-    )
-    args = parser.parse_args(argv)
+WRITE = "python -m fleetops.cli.detector_runner --write"
+
+
+def write() -> str:
+    """Rebuild the archive; one line saying what it holds."""
     wanted = build()
-    if args.write:
-        ARCHIVE.parent.mkdir(exist_ok=True)
-        ARCHIVE.write_bytes(wanted)
-        print(f"{ARCHIVE.relative_to(REPO)}: {len(members())} members, {len(wanted)} bytes")
-        return 0
-    if not ARCHIVE.exists() or ARCHIVE.read_bytes() != wanted:
-        print(
-            f"{ARCHIVE.relative_to(REPO)} is stale (a module_utils file or the playbook's list changed): "
-            "run python -m fleetops.detector_runner --write",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    ARCHIVE.parent.mkdir(exist_ok=True)
+    ARCHIVE.write_bytes(wanted)
+    return f"{ARCHIVE.relative_to(REPO)}: {len(members())} members, {len(wanted)} bytes"
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def stale() -> str | None:
+    """Why the archive is not what ``write`` makes (None: it is)."""
+    if ARCHIVE.exists() and ARCHIVE.read_bytes() == build():
+        return None
+    return f"{ARCHIVE.relative_to(REPO)} is stale (a module_utils file or the playbook's list changed): run {WRITE}"

@@ -90,6 +90,12 @@ AUTO_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("auto_floor_held", "Hosts the last pass held back to keep their group's capacity floor", ("group",)),
     ("auto_paused", "1 when automation was paused (fleetops pause) at the last pass", ()),
     ("auto_store_failure", "1 when the last pass could not use the shared store (nothing more acted)", ()),
+    (
+        "auto_stranded",
+        "1 per disruptive step a dead pass left that passes failed to finish for too long: a person must "
+        "finish it, then 'fleetops store forget ENTRY' (cause: the last failed attempt's)",
+        ("host", "action", "entry", "cause"),
+    ),
     ("auto_unreachable", "Hosts the last pass could not reach", ()),
     (
         "auto_unreachable_tolerated",
@@ -145,6 +151,10 @@ def build_auto_registry(doc: Mapping[str, Any], ended: float) -> CollectorRegist
     shared = doc.get("store") or {}
     made["auto_paused"].set(1 if shared.get("paused") else 0)
     made["auto_store_failure"].set(1 if shared.get("failure") else 0)
+    for s in shared.get("stranded") or []:
+        made["auto_stranded"].labels(
+            s.get("host"), s.get("action"), s.get("entry"), s.get("cause") or ""
+        ).set(1)
     unreachable = doc.get("unreachable") or {}
     made["auto_unreachable"].set(len(unreachable.get("hosts") or []))
     made["auto_unreachable_tolerated"].set(1 if unreachable.get("tolerated") else 0)

@@ -142,6 +142,32 @@ class Plan:
         return self.caps.canary > 0 and bool(self.batches)
 
 
+def limiting_cap(result: Plan) -> str:
+    """Which cap sets the plan's batch count, in words: the term of the bound (module docstring) that
+    is largest after the canary, with the numbers that make it (``""`` for an empty plan)."""
+    if not result.batches:
+        return ""
+    canary = set(result.batches[0]) if result.has_canary else set()
+    left = {g: sum(h not in canary for h in names) for g, names in result.groups.items()}
+    caps = result.caps
+    rest = sum(left.values())
+    by_global = -(-rest // caps.max_parallel_hosts)
+    head = "1 canary batch, then " if canary else ""
+    if caps.per_group_max is not None and rest:
+        group, biggest = max(left.items(), key=lambda kv: kv[1])  # the first of the largest, in group order
+        by_group = -(-biggest // caps.per_group_max)
+        if by_group > by_global:
+            return (
+                f"{head}{by_group:,} batch(es) set by --per-group-max {caps.per_group_max}: the largest group, "
+                f"{group}, has {biggest:,} host(s) left (raise --per-group-max to go faster; "
+                f"--max-parallel alone would allow {by_global:,})"
+            )
+    return (
+        f"{head}{by_global:,} batch(es) set by --max-parallel {caps.max_parallel} "
+        f"({caps.max_parallel_hosts:,} host(s) a batch) over {rest:,} host(s)"
+    )
+
+
 def lower_bound(remaining: Iterable[int], max_parallel: int, per_group_max: int | None) -> int:
     """Fewest batches any plan needs for groups of these sizes: max(ceil(R/G), max ceil(r_g/P))."""
     sizes = [n for n in remaining if n > 0]

@@ -20,7 +20,9 @@ What it holds (keys; every document is versioned, every write conditional on the
   journal record: ``reserved`` by a pass before its batch starts, then ``done`` (attempted) or
   removed (not attempted) after. A ``reserved`` entry the next pass finds was left by a pass that
   died mid-batch: it counts as attempted (``in_doubt``), its ladder climbs as if the rung ran, and
-  the budget stays spent. Entries that do not parse are kept as they are, never deleted.
+  the budget stays spent. Entries that do not parse are kept as they are, never deleted. Entries
+  leave after the longest budget window, except one a later pass must still finish (``pending``):
+  that stays until finished, or closed by a person (``fleetops store forget``, :mod:`fleetops.journal`).
 - ``ladder#<host>``: where each ladder of the host stands (``fleetops.store.ladder/v1``).
 - ``seeded``: the store was seeded from the EC2 tags and the state directory (the upgrade path: the
   first pass with a store reads them once; afterwards the tags are a mirror the pass writes).
@@ -49,8 +51,8 @@ from fleetops.exitcodes import ExitCode
 from fleetops.policy import BudgetLedger, LadderState
 from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
-from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.lease import Ec2Connection
+from fleetops.rollout.pause import PauseRecord, reason_line
 from fleetops.util import dead_here, process_id
 
 PAUSE_KEY: str = constant("store", "PAUSE_KEY")
@@ -65,7 +67,6 @@ LEDGER_SCHEMA = "fleetops.store.ledger/v1"
 PASS_LEASE_TTL_S = 120.0  # a killed pass holds the store this long at most; renewed every third of it
 MAX_SKEW_S: float = constant("store", "MAX_SKEW_S")
 DEFAULT_TABLE: str = constant("store", "DEFAULT_TABLE")
-REASON_MAX = 500
 # journal states of a ledger entry
 RESERVED, DONE, IN_DOUBT = "reserved", "done", "in_doubt"
 
@@ -89,11 +90,6 @@ class StoreLockedError(FleetopsError):
 
 def _now_iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def _reason(text: str) -> str:
-    """A person's reason as one printable line (the kill switch's rule), or "no reason given"."""
-    return one_line(text, REASON_MAX) or "no reason given"
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -139,16 +135,6 @@ def open_store(inventories: Iterable[Path], clock: Callable[[], float] = time.ti
 
 
 # ------------------------------------------------------------------------------ the store
-
-
-@dataclass(frozen=True)
-class PauseRecord:
-    operator: str
-    since: float
-    reason: str
-
-    def describe(self) -> str:
-        return f"automation paused by {self.operator} at {_now_iso(self.since)}: {self.reason}"
 
 
 class Store:
@@ -211,7 +197,7 @@ class Store:
     def pause(self, operator: str, reason: str) -> tuple[PauseRecord, bool]:
         """Pause (audited); ``(the pause in force, whether this call set it)``."""
         self.ready()
-        record = PauseRecord(operator, self.clock(), _reason(reason))
+        record = PauseRecord(operator, self.clock(), reason_line(reason))
         mu = _mu()
         try:
             self.call(
@@ -242,7 +228,7 @@ class Store:
                 self.call(self.backend.delete, key, item.version)
             except _mu().Conflict:
                 continue  # set again meanwhile: read again
-            self.audit(event, operator, **data, reason=_reason(reason))
+            self.audit(event, operator, **data, reason=reason_line(reason))
             return item
         raise StoreFailure(f"Failed to lift {what} in {self.where()}: it kept changing")
 
@@ -386,6 +372,17 @@ class PassLease:
 # ------------------------------------------------------------------------------ ladders and ledger
 
 
+def pending(journal: Mapping[str, Any] | None) -> bool:
+    """A journal record a later pass must still finish (an instance left half done, a batch to run
+    again) and nobody has closed (``finished``: by a pass, or ``fleetops store forget``): never pruned."""
+    return (
+        journal is not None
+        and journal.get("state") in (RESERVED, IN_DOUBT)
+        and not journal.get("finished")
+        and (isinstance(journal.get("instance"), str) or isinstance(journal.get("rerun"), dict))
+    )
+
+
 def _entry_doc(e: LedgerEntry, journal: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": e.id,
@@ -478,8 +475,12 @@ class StoredState:
         StoreFailure when one is refused (another pass wrote it: this one has lost the store)."""
         mu = _mu()
         store = self.store
-        if now is not None:
-            keep = {e.id for e in self.ledger.entries if e.at > now - MAX_WINDOW_S}
+        if now is not None:  # by age, but never a step a dead pass left unfinished (``pending``)
+            keep = {
+                e.id
+                for e in self.ledger.entries
+                if e.at > now - MAX_WINDOW_S or pending(self.journal.get(e.id))
+            }
             self.ledger.entries = [e for e in self.ledger.entries if e.id in keep]
         try:
             for host in sorted(set(self.ladder.hosts) | set(self.written_ladders)):

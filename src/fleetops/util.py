@@ -30,6 +30,8 @@ SCAN_SCHEMA = "fleetops.scan/v1"
 SCAN_HOST_SCHEMA = "fleetops.scan.host/v1"  # one line of `fleetops scan --format ndjson`
 DRIFT_SCHEMA = "fleetops.drift/v1"
 PLAN_SCHEMA = "fleetops.plan/v1"
+ROLLOUTS_SCHEMA = "fleetops.rollouts/v1"  # `fleetops rollouts --format json`
+ROLLOUT_CUT_OFF = "running (no process)"  # `fleetops rollouts`: saved as running, no live process holds it
 # A rollout id (it names lock and lease records): rollout.lease.ROLLOUT_ID, schemas' rollout id field.
 ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
 log = logging.getLogger("fleetops")

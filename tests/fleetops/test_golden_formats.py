@@ -46,6 +46,7 @@ from fleetops import policy as policy_mod
 from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, TaskResult
 from fleetops.api import launch
+from fleetops.auto import passes as auto_passes
 from fleetops.errors import FleetopsError, Signalled, UsageError
 from fleetops.exitcodes import ExitCode, signal_exit_code
 from fleetops.policy import records as policy_records
@@ -154,7 +155,7 @@ def clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Clock:
     monkeypatch.setattr(locks, "secrets", Counter("70c"))
     monkeypatch.setattr(policy_records, "secrets", Counter("1d"))  # LedgerEntry ids
     monkeypatch.setattr(state_mod.socket, "gethostname", lambda: MACHINE)
-    monkeypatch.setattr(auto_mod, "controller_id", lambda: f"{MACHINE}:4242")
+    monkeypatch.setattr(auto_passes, "controller_id", lambda: f"{MACHINE}:4242")
     monkeypatch.delenv("SUDO_USER", raising=False)
     monkeypatch.setenv("FLEETOPS_OPERATOR", OPERATOR)
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "home"))

@@ -215,3 +215,65 @@ def test_missing_inventory_and_missing_action(capsys: pytest.CaptureFixture[str]
     assert (rc, out) == (2, "")
     assert "the following arguments are required: ACTION" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def _fleet(tmp_path: Path, per_az: dict[str, int], extra: str = "") -> Path:
+    """A YAML inventory of ``n`` hosts per AZ (gpu-<az letter>-<i>), with ``extra`` hosts lines."""
+    lines = ["all:", "  vars:", "    ansible_connection: local", "  hosts:"]
+    for az, n in per_az.items():
+        lines += [f"    gpu-{az[-1]}-{i}: {{ec2_az: {az}}}" for i in range(1, n + 1)]
+    path = tmp_path / "fleet.yml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def test_a_fleet_sized_plan_says_what_sets_its_length_and_summarises_its_batches(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3,000 hosts over two AZs at one host per AZ a batch: 1,500 batches. The summary comes first and
+    names the per-group cap and the largest group; the longest duration is the action's host timeout
+    and cooldown per batch; the table shows the first and last batches and counts the rest, and --all
+    lists every batch."""
+    from fleetops.remediations import REMEDIATIONS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    fleet = _fleet(tmp_path, {"us-east-1a": 1600, "us-east-1b": 1400})
+    rc, out, err = run(capsys, "plan", "reboot", "-i", str(fleet))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "Plan for reboot: 3,000 host(s) in 1,600 batch(es) (fewest possible: 1,600)"
+    assert lines[1].startswith(
+        "1 canary batch, then 1,599 batch(es) set by --per-group-max 1: the largest group, "
+    )
+    assert (
+        "us-east-1a, has 1,599 host(s) left" in lines[1] and "--max-parallel alone would allow 10" in lines[1]
+    )
+    reboot = REMEDIATIONS["reboot"]
+    worst = 1600 * reboot.host_timeout + 1599 * reboot.cooldown
+    days, hours = divmod(round(worst) // 3600, 24)
+    assert lines[2].startswith(f"duration: at most about {days}d{hours:02d}h at the action's defaults"), (
+        lines[2]
+    )
+    assert f"1,600 batch(es) x --host-timeout {reboot.host_timeout} s + 1,599 x --cooldown" in lines[2]
+    assert len(lines) < 100, len(lines)  # not a 1,600-row table
+    assert "1,565 more batches" in out and "26-1590" in out
+    assert "summarised: 1,600 batches (more than 50); --all lists every batch" in out
+    assert " 1600 " in out  # the last batch is shown
+    rc, everything, _ = run(capsys, "plan", "reboot", "-i", str(fleet), "--all")
+    assert rc == 0 and "more batches" not in everything
+    assert all(f" {n} " in everything for n in (26, 800, 1590))
+
+
+def test_a_plan_set_by_max_parallel_says_so_and_markup_in_names_is_shown_as_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    fleet = _fleet(tmp_path, {"us-east-1a": 5, "us-east-1b": 5}, '    odd: {ec2_az: "[red]z"}\n')
+    rc, out, err = run(
+        capsys, "plan", "reboot", "-i", str(fleet), "--per-group-max", "none", "--max-parallel", "3"
+    )
+    assert rc == 0, err
+    assert (
+        "1 canary batch, then 4 batch(es) set by --max-parallel 3 (3 host(s) a batch) over 10 host(s)" in out
+    )
+    assert "[red]z (1)" in out and "[red]z:1" in out  # a group name (a tag's value) is data, not markup

@@ -236,3 +236,23 @@ def test_api_auto_runs_it_again_on_a_host_outside_the_limit(
     # (the pass itself exits 3 here: no kubectl to read the Kubernetes nodes with, on this machine)
     assert result.result.finished and result.result.unfinished == [], result.document
     assert [(e["state"], e.get("finished")) for e in entries(shared)] == [("in_doubt", True)]
+
+
+def test_a_paused_pass_runs_no_drain_again_and_says_what_it_would_finish(tmp_path: Path) -> None:
+    """A pause holds the re-runs in doubt too: nothing runs, and the pass lists what it would run again
+    (the pass document's ``store.would_finish``); unpaused, the next pass runs it."""
+    shared = memory(Clock(T0))
+    dies_in_its_batch(tmp_path, shared, report(**{"lab-01": [ecc()]}), T0)
+    shared.pause("bob@bastion", "incident 42")
+    runner = Runner()
+    result, lines = run(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, LATER, state="fresh")
+    assert runner.calls == [] and result.exit_code == ExitCode.PAUSED, lines
+    [would] = result.would_finish
+    assert would.startswith("lab-01: the quarantine (evict) pass ") and would.endswith(
+        "would be run again once automation is unpaused"
+    )
+    assert result.document()["store"]["would_finish"] == [would]
+    shared.unpause("bob@bastion", "over")
+    again, lines = run(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, LATER + 60, state="fresh")
+    assert [(a, h) for a, h, _p in runner.calls] == [("quarantine", ["lab-01"])], lines
+    assert again.would_finish == []

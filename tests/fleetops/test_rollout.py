@@ -835,6 +835,48 @@ def test_the_kill_switch_stops_after_the_current_batch_saying_who_and_why(
     assert runner.batches == [["a"]] and "fleetops stop --all" in str(rollout.stopped)
 
 
+def test_a_pause_on_this_controller_stops_a_running_rollout_before_its_next_batch_and_holds_the_next(
+    tmp_path: Path, state_home: Path
+) -> None:
+    """No shared store: ``fleetops pause`` writes this controller's pause, and the engine's before-batch
+    check (``launch.with_pause``, as api.remediate builds it) stops a running rollout after its batch and
+    one started while paused before its first; an unreadable pause file holds too; unpause lifts it."""
+    from fleetops.api import rollout_exit_code
+    from fleetops.api.launch import with_pause
+    from fleetops.rollout.engine import STOP_KILL_SWITCH
+    from fleetops.rollout.pause import pause_here, pause_path, unpause_here
+
+    engine, runner = _scripted(tmp_path, [["a"], ["b"], ["c"]])
+    engine.ec2_stop = with_pause(None, None)
+    runner.on_batch = lambda n: pause_here("alice@bastion", "bad AMI") if n == 2 else None
+    rollout = engine.run()
+    assert runner.batches == [["a"], ["b"]] and rollout.hosts["c"] == "pending"
+    assert rollout.stopped is not None and rollout_exit_code(rollout) == 3
+    assert rollout.stopped.get("kind") == STOP_KILL_SWITCH  # asked for by a person: an auto pass ends too
+    assert re.fullmatch(
+        rf"stopped by alice@bastion at \S+Z \(fleetops pause; {re.escape(str(pause_path()))}\): bad AMI",
+        rollout.stopped["reason"],
+    )
+    # a rollout started while paused does not start its first batch
+    engine, runner = _scripted(tmp_path, [["a"], ["b"]])
+    engine.rollout.state_path = str(tmp_path / "state2.json")
+    engine.ec2_stop = with_pause(None, None)
+    assert engine.run().stopped is not None and runner.batches == []
+    # a pause file that does not parse still holds (fail safe), and says so
+    unpause_here()
+    pause_path().write_text("{not json")
+    engine, runner = _scripted(tmp_path, [["a"]])
+    engine.rollout.state_path = str(tmp_path / "state3.json")
+    engine.ec2_stop = with_pause(None, None)
+    stopped = engine.run().stopped
+    assert stopped is not None and runner.batches == [] and "unreadable pause file" in stopped["reason"]
+    assert unpause_here() is not None and not pause_path().exists()
+    engine, runner = _scripted(tmp_path, [["a"]])
+    engine.rollout.state_path = str(tmp_path / "state4.json")
+    engine.ec2_stop = with_pause(None, None)
+    assert engine.run().status == "done" and runner.batches == [["a"]]
+
+
 def test_a_kill_switch_stop_is_marked_as_asked_for_and_a_breaker_stop_is_not(
     tmp_path: Path, state_home: Path
 ) -> None:

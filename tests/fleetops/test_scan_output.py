@@ -291,6 +291,7 @@ def test_rate_and_eta_text() -> None:
     assert rate_eta(0, 10, 5.0) == "ETA ?"
     assert rate_eta(5, 7505, 10.0) == "0.5 hosts/s, ETA 4h10m"
     assert rate_eta(1, 100, 60.0) == "1.0 hosts/min, ETA 1h39m"
+    assert [duration_text(s) for s in (86399, 86400, 1811760)] == ["23h59m", "1d00h", "20d23h"]
     assert [duration_text(s) for s in (0, 59.4, 60, 125, 3600, 3725)] == [
         "0s",
         "59s",

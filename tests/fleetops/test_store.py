@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -166,11 +167,37 @@ def test_pause_and_unpause_through_the_cli_are_held_and_audited(tmp_path: Path, 
     assert all(e["operator"].startswith("alice@") for e in trail)
 
 
-def test_pause_without_a_store_is_a_usage_error(tmp_path: Path) -> None:
+def test_pause_without_a_store_pauses_this_controller_alone_audited(tmp_path: Path) -> None:
+    """No store_table: the pause lives in this controller's state directory (0600), says that it holds
+    this controller alone, is audited, and `store status` exits 5 while it holds; `store init` still
+    needs a store."""
     inv = tmp_path / "plain.fleet_ec2.yml"
     inv.write_text(f"plugin: fleetops.node.ec2\nregions: [{REGION}]\n")
-    done = _fleetops("pause", "-i", str(inv))
-    assert done.returncode == 2 and "no shared store" in done.stderr
+    state = tmp_path / "state"
+    env = {"FLEETOPS_STATE_DIR": str(state), "FLEETOPS_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "fleetops"), *args, "-i", str(inv)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "USER": "alice", **env},
+        )  # fmt: skip
+
+    assert cli("store", "status").returncode == 0
+    done = cli("pause", "--reason", "bad AMI")
+    assert done.returncode == 0, done.stderr
+    assert "automation paused by alice@" in done.stderr and "on this controller only" in done.stderr
+    assert stat.S_IMODE((state / "pause.json").stat().st_mode) == 0o600
+    again = cli("pause", "--reason", "second")
+    assert again.returncode == 0 and "(already)" in again.stderr and "bad AMI" in again.stderr
+    status = cli("store", "status")
+    assert status.returncode == int(ExitCode.PAUSED) and "bad AMI" in status.stderr
+    lifted = cli("unpause", "--reason", "fixed")
+    assert lifted.returncode == 0 and "pause on this controller lifted by alice@" in lifted.stderr
+    assert not (state / "pause.json").exists() and cli("store", "status").returncode == 0
+    trail = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["reason"]) for e in trail] == [("pause", "bad AMI"), ("unpause", "fixed")]
+    init = cli("store", "init")
+    assert init.returncode == 2 and "no shared store" in init.stderr
 
 
 # ------------------------------------------------------------------------------ the auto pass
@@ -402,6 +429,38 @@ def test_a_pause_during_a_pass_stops_it_before_its_next_batch(tmp_path: Path) ->
     assert shared.backend.get("ledger#quarantine") is None
 
 
+def test_a_pause_on_this_controller_holds_a_pass_without_a_store_and_one_with_and_lifts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetops pause` with no store writes this controller's pause: a state-directory pass acts on
+    nothing (exit 5), one that is paused mid-pass starts no further action, a store pass on the same
+    controller is held too; unpause lifts it."""
+    from fleetops.rollout.pause import pause_here, unpause_here
+    from tests.fleetops.test_auto import run as run_here
+
+    monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
+    pause_here("carol@ops", "driver rollout")
+    runner = Runner()
+    held, _ = run_here(tmp_path, report(**{"lab-01": [ecc()]}), runner, T0)
+    assert runner.calls == [] and held.exit_code == ExitCode.PAUSED and "carol@ops" in (held.paused or "")
+    shared = memory(Clock(T0))
+    held, _ = run_store(tmp_path, report(**{"lab-01": [ecc()]}), runner, shared, T0)
+    assert runner.calls == [] and held.exit_code == ExitCode.PAUSED
+    assert shared.backend.get("ledger#quarantine") is None  # nothing reserved, nothing recorded
+    unpause_here()
+
+    def pauses(action: str, hosts: Sequence[str], params: Any) -> auto.ActionRun:
+        pause_here("dave@ops", "stop everything")  # a person, while this batch runs
+        return runner(action, hosts, params)
+
+    result, lines = run_here(tmp_path, report(**{"lab-01": [ecc()], "lab-02": [CRASHLOOP]}), pauses, T0 + 60)
+    assert [c[0] for c in runner.calls] == ["fix"]  # quarantine never started
+    assert result.exit_code == ExitCode.PAUSED and any("not started" in line for line in lines)
+    unpause_here()
+    acted, _ = run_here(tmp_path, report(**{"lab-01": [ecc()]}), runner, T0 + 120)
+    assert [c[0] for c in runner.calls] == ["fix", "quarantine"] and acted.exit_code == ExitCode.OK
+
+
 def test_entries_and_items_that_do_not_parse_are_kept_and_fail_the_pass(tmp_path: Path) -> None:
     clock = Clock(T0)
     shared = memory(clock)
@@ -490,7 +549,10 @@ def test_a_paused_store_stops_a_running_rollout_before_its_next_batch() -> None:
     shared.backend.fail = outage
     request = check(T0)
     assert request is not None and "Throttling" in request.describe()
-    assert with_pause(ec2_stop, None) is ec2_stop  # no store: the kill switch alone, as before
+    shared.backend.fail = None
+    shared.unpause("erin@ops", "over")
+    alone = with_pause(ec2_stop, None)  # no store: this controller's pause, then the kill switch
+    assert alone(T0) is None and asked[-1] == T0
 
 
 # ------------------------------------------------------------------------------ in-flight actions

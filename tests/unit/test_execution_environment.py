@@ -31,7 +31,7 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-EE_FILES = ("execution-environment.yml", "requirements.txt", "bindep.txt", "ee/pkgmgr")
+EE_FILES = ("execution-environment.yml", "requirements.txt", "constraints.txt", "bindep.txt", "ee/pkgmgr")
 
 
 def _clean_env() -> dict[str, str]:
@@ -179,9 +179,42 @@ def test_containerfile_installs_core_runner_collection_and_requirements(context:
         "COPY _build/ee/pkgmgr /usr/local/bin/fleetops-pkgmgr",
         "COPY _build/trust/pip.conf /etc/pip.conf",
         "COPY _build/trust/ca-bundle.crt /etc/fleetops-ee/ca-bundle.crt",
+        # the lock pins every pip install of every stage (they all start FROM base)
+        "COPY _build/lock/constraints.txt /etc/fleetops-ee/constraints.txt",
+        "ENV PIP_CONSTRAINT=/etc/fleetops-ee/constraints.txt",
     ):
         assert -1 < text.index(step) < first_install, step
+    assert text.index("ENV PIP_CONSTRAINT=") < text.index("pip install")
     assert "pip_install $PYCMD" not in text
+
+
+def _lock() -> dict[str, str]:
+    """constraints.txt: name -> pinned version (every line a name==version; comments only besides)."""
+    pins: dict[str, str] = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==" and not req.marker and not req.url, line
+            pins[req.name.lower().replace("_", "-")] = spec.version
+    return pins
+
+
+def test_the_lock_pins_every_dependency_within_pyprojects_ranges() -> None:
+    """make venv and the EE install from the lock; the wheel keeps ranges for users. The lock must pin
+    each dependency of the product, its test extra and the lab to a version its range accepts, and hold
+    none of our own packages (they are installed from this checkout)."""
+    pins = _lock()
+    assert not {"fleetops", "fleetops-lab"} & set(pins)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lab = tomllib.loads((REPO / "lab" / "pyproject.toml").read_text())["project"]
+    reqs = [*project["dependencies"], *project["optional-dependencies"]["test"], *lab["dependencies"]]
+    for req in map(Requirement, reqs):
+        name = req.name.lower().replace("_", "-")
+        if name == "fleetops":
+            continue
+        assert name in pins, f"{name} is not in constraints.txt: run make lock"
+        assert req.specifier.contains(pins[name], prereleases=True), (name, str(req.specifier), pins[name])
 
 
 def test_build_folder_holds_requirements_bindep_and_the_tarball(context: Path) -> None:
@@ -343,7 +376,7 @@ def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(
         entry_points = z.read(f"{info}/entry_points.txt").decode()
     assert {
         "fleetops/cli/auto.py",
-        "fleetops/auto.py",
+        "fleetops/auto/__init__.py",
         "fleetops/policy/__init__.py",
         "fleetops/policies/default.yml",
     } <= names

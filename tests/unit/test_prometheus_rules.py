@@ -79,6 +79,7 @@ def _written() -> dict[str, dict[str, set[str]]]:
     report["hosts"]["local2"]["facts"].update(hardware_facts())
     text = generate_latest(build_registry(report)).decode()
     text += generate_latest(build_auto_registry(_auto_document(), 1_800_000_000.0)).decode()
+    text += generate_latest(build_auto_registry(_stranded_document(), 1_800_000_000.0)).decode()
     families: dict[str, dict[str, set[str]]] = {}
     for family in text_string_to_metric_families(text):
         labels = families.setdefault(family.name, defaultdict(set))
@@ -132,6 +133,28 @@ def _auto_document() -> dict[str, Any]:
         auto.run_pass(inputs, Runner(fail=["cpu-2"]), lambda text, style: None, clock=lambda: T0)
         doc = auto.run_pass(inputs, Runner(), lambda text, style: None, clock=lambda: T0 + 3600).document()
     return doc
+
+
+@cache
+def _stranded_document() -> dict[str, Any]:
+    """A real pass's document (with a shared store) that reports a stop-start a dead pass left unfinished
+    for too long (fleetops.journal.STRANDED_AFTER_S) as stranded."""
+    import tempfile
+    from pathlib import Path
+
+    from fleetops import journal
+    from tests.fleetops.test_auto import T0, ecc, report
+    from tests.fleetops.test_journal import Clock, a_pass, left_by_a_dead_pass, memory
+
+    shared = memory(Clock(T0))
+    left_by_a_dead_pass(shared, T0)
+    with tempfile.TemporaryDirectory() as tmp:
+        a_pass(Path(tmp), shared, T0 + 600, report(**{"lab-02": [ecc()]}))
+        result, _lines = a_pass(
+            Path(tmp), shared, T0 + journal.STRANDED_AFTER_S + 600, report(**{"lab-02": []})
+        )
+    assert result.stranded
+    return result.document()
 
 
 def _selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:

@@ -251,25 +251,31 @@ def leave_out_gone(rollout: Rollout, present: frozenset[str], observer: RolloutO
 
 def with_pause(
     ec2_stop: Callable[[float], killswitch.StopRequest | None] | None, store: Store | None
-) -> Callable[[float], killswitch.StopRequest | None] | None:
-    """The engine's before-batch stop check, with the shared store's pause first: a rollout stops after
-    its current batch when automation is paused (whenever it started), or when the store cannot be
-    read (nothing disruptive without it)."""
-    if store is None:
-        return ec2_stop
-    from fleetops.store import StoreFailure
+) -> Callable[[float], killswitch.StopRequest | None]:
+    """The engine's before-batch stop check, with the pauses first: a rollout stops after its current
+    batch when automation is paused (whenever it started) on this controller (``rollout.pause``) or in
+    the shared store, or when the store cannot be read (nothing disruptive without it)."""
+    from fleetops.rollout.pause import local_pause, pause_path
 
     def check(running_since: float) -> killswitch.StopRequest | None:
-        try:
-            pause = store.paused()
-        except StoreFailure as exc:
+        here = local_pause()
+        if here is not None:
             return killswitch.StopRequest(
-                None, "fleetops", time.time(), str(exc), store.where(), scope="the shared store"
+                None, here.operator, here.since, here.reason, str(pause_path()), scope="fleetops pause"
             )
-        if pause is not None:
-            return killswitch.StopRequest(
-                None, pause.operator, pause.since, pause.reason, store.where(), scope="fleetops pause"
-            )
+        if store is not None:
+            from fleetops.store import StoreFailure
+
+            try:
+                pause = store.paused()
+            except StoreFailure as exc:
+                return killswitch.StopRequest(
+                    None, "fleetops", time.time(), str(exc), store.where(), scope="the shared store"
+                )
+            if pause is not None:
+                return killswitch.StopRequest(
+                    None, pause.operator, pause.since, pause.reason, store.where(), scope="fleetops pause"
+                )
         return ec2_stop(running_since) if ec2_stop is not None else None
 
     return check
@@ -380,7 +386,9 @@ def execute(
             replaces_host=remediation.replaces_host,
             post_vars=remediation.post_vars(rollout.extravars) if remediation.post_vars else None,
             guard=held.guard,
-            ec2_stop=with_pause(held.ec2_stop, store if rollout.apply else None),
+            ec2_stop=with_pause(held.ec2_stop, store)
+            if rollout.apply
+            else held.ec2_stop,  # a dry run is not held
             fleet=fleet_capacity(listing, rollout.extravars, store, frozenset(rollout.hosts)),
         )
         if rollout.apply:

@@ -272,12 +272,13 @@ class StopRolloutResult:
 
 @dataclass(frozen=True)
 class StoreRequest:
-    """``fleetops pause`` / ``unpause`` / ``store init``: on the shared store the inventory's
-    fleetops.node.ec2 source names (``store_table``)."""
+    """``fleetops pause`` / ``unpause`` / ``store init`` / ``status`` / ``forget ENTRY``: on the shared store
+    the inventory's fleetops.node.ec2 source names (``store_table``)."""
 
     inventory: Sequence[Path]
-    verb: Literal["pause", "unpause", "init", "status"]
+    verb: Literal["pause", "unpause", "init", "status", "forget"]
     reason: str = ""
+    entry: str = ""  # forget: the journal record's id
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 
 ``pause`` holds every controller: each running rollout stops after its current batch (as with
 ``fleetops stop``), and no ``remediate auto`` pass acts (exit 5) until ``unpause``. Both are audited in
-the store with who and why.
+the store with who and why. Without a store (the inventory names no ``store_table``) they pause this
+controller alone, in its state directory (``fleetops.rollout.pause``), audited in its audit log.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     """Add ``fleetops pause``, ``unpause`` and ``store`` to the CLI's subcommands."""
     pause = subparsers.add_parser(
         "pause",
-        help="hold all automation on every controller until 'fleetops unpause'",
-        description="Pause automation in the shared store: every running rollout stops after its current "
-        "batch, and no 'remediate auto' pass acts (exit 5) until 'fleetops unpause'. Audited (who, why).",
+        help="hold all automation until 'fleetops unpause' (every controller with a shared store, this one without)",
+        description="Pause automation: every running rollout stops after its current batch, and no "
+        "'remediate auto' pass acts (exit 5) until 'fleetops unpause'. With a shared store (the inventory's "
+        "store_table) it holds every controller; without one, this controller alone (a pause file in its "
+        "state directory). Audited (who, why). A dry run is not held.",
     )
     _inventory(pause)
     pause.add_argument("--reason", default="", metavar="TEXT", help="why (shown by every held pass)")
@@ -39,21 +42,31 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     unpause = subparsers.add_parser(
         "unpause",
         help="lift 'fleetops pause'",
-        description="Lift the pause: the next rollouts and auto passes act again. Audited (who, why).",
+        description="Lift the pause (the shared store's, and this controller's own): the next rollouts and "
+        "auto passes act again. Audited (who, why).",
     )
     _inventory(unpause)
     unpause.add_argument("--reason", default="", metavar="TEXT", help="why (kept in the store's audit)")
     unpause.set_defaults(func=cmd_store, verb="unpause")
     store = subparsers.add_parser(
         "store",
-        help="the shared store: create its table, or show whether automation is paused",
+        help="the shared store: create its table, show whether automation is paused, close a journal record",
         description="'init' creates the store's DynamoDB table (the first auto pass does it too); "
-        "'status' says whether automation is paused (exit 5 when it is), the clock's skew and the rollouts' "
-        "leases held in the store.",
+        "'status' says whether automation is paused (exit 5 when it is: in the store or on this controller), "
+        "the rollouts' leases held in the "
+        "store and the journal's unfinished records (a disruptive step a dead pass left), and sweeps the "
+        "lease items of rollouts expired over a day ago; 'forget ENTRY --reason TEXT' closes an unfinished "
+        "record a person has handled (audited; exit 2 for an entry no unfinished record has).",
+        epilog="exit codes: 0 done; 2 bad input (no store named for init or forget, forget without ENTRY or "
+        "--reason, an entry no unfinished record has); 3 the store failed; 5 (status) automation is paused. "
+        "examples: fleetops store status -i fleet.fleet_ec2.yml; "
+        "fleetops store forget 1d2c3b4a --reason 'started i-0abc by hand' -i fleet.fleet_ec2.yml",
     )
-    store.add_argument("verb", choices=["init", "status"])
+    store.add_argument("verb", choices=["init", "status", "forget"])
+    store.add_argument("entry", nargs="?", default="", metavar="ENTRY", help="forget: the record's entry id")
+    store.add_argument("--reason", default="", metavar="TEXT", help="forget: why it is closed (audited)")
     _inventory(store)
-    store.set_defaults(func=cmd_store, reason="")
+    store.set_defaults(func=cmd_store)
 
 
 def cmd_store(args: argparse.Namespace) -> int:
@@ -61,7 +74,10 @@ def cmd_store(args: argparse.Namespace) -> int:
 
     from fleetops import api
 
-    result = api.store(api.StoreRequest(inventory=args.inventory, verb=args.verb, reason=args.reason))
+    request = api.StoreRequest(
+        inventory=args.inventory, verb=args.verb, reason=args.reason, entry=getattr(args, "entry", "")
+    )
+    result = api.store(request)
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in result.lines:
         console.print(line, markup=False)

@@ -12,8 +12,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
-from fleetops.cli.args import add_format_arg, add_target_args, argtype
-from fleetops.planner import MaxParallel, Plan, PlanError
+from fleetops.cli.args import SUMMARY_ABOVE, add_all_arg, add_format_arg, add_target_args, argtype
+from fleetops.planner import MaxParallel, Plan, PlanError, limiting_cap
 from fleetops.util import PLAN_SCHEMA
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     add_target_args(p)
     add_rollout_args(p)
     add_format_arg(p)
+    add_all_arg(p, "the first and last batches, the rest counted")
     p.set_defaults(func=cmd_plan)
 
 
@@ -134,28 +135,58 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(result.document, indent=2) + "\n")
     else:
-        render_plan(args.action, result.plan, result.group_by, Console(highlight=False, soft_wrap=True))
+        console = Console(highlight=False, soft_wrap=True)
+        render_plan(args.action, result.plan, result.group_by, console, show_all=args.all_rows)
     return 0
 
 
-def render_plan(action: str, result: Plan, group_by: str, console: Console) -> None:
+def estimate_text(action: str, batches: int) -> str:
+    """The rollout's longest duration at the action's defaults: every batch may take its host timeout,
+    with the cooldown between batches; each batch's gate scan comes on top (``""``: not a remediation)."""
+    from fleetops.cli.progress import duration_text
+    from fleetops.remediations import REMEDIATIONS
+
+    remediation = REMEDIATIONS.get(action)
+    if remediation is None or not batches:
+        return ""
+    worst = batches * remediation.host_timeout + (batches - 1) * remediation.cooldown
+    return (
+        f"duration: at most about {duration_text(worst)} at the action's defaults ({batches:,} batch(es) x "
+        f"--host-timeout {remediation.host_timeout} s + {max(0, batches - 1):,} x --cooldown "
+        f"{remediation.cooldown:g} s), plus each batch's gate scan"
+    )
+
+
+def render_plan(
+    action: str, result: Plan, group_by: str, console: Console, *, show_all: bool = False
+) -> None:
+    """The summary first (hosts, batches, the cap that sets their number, the longest duration, the
+    groups); then a row a batch, up to SUMMARY_ABOVE batches (or with ``show_all``), else the first and
+    last few with the rest counted."""
+    from rich.markup import escape
     from rich.table import Table
 
     caps = result.caps
     per_group = "no cap" if caps.per_group_max is None else str(caps.per_group_max)
     console.print(
-        f"[bold]Plan for {action}[/]: {result.hosts} host(s) in {len(result.batches)} batch(es) "
-        f"(fewest possible: {result.lower_bound})"
+        f"[bold]Plan for {escape(action)}[/]: {result.hosts:,} host(s) in {len(result.batches):,} batch(es) "
+        f"(fewest possible: {result.lower_bound:,})"
     )
+    for line in (limiting_cap(result), estimate_text(action, len(result.batches))):
+        if line:
+            console.print(line)
+    groups = list(result.groups.items())
+    shown_groups = groups if show_all or len(groups) <= SUMMARY_ABOVE else groups[:SUMMARY_ABOVE]
     console.print(
-        f"caps: max parallel {caps.max_parallel} = {caps.max_parallel_hosts} host(s), "
-        f"per group {per_group}, canary {caps.canary}; groups by {group_by}: "
-        + ", ".join(f"{g} ({len(h)})" for g, h in result.groups.items())
+        f"caps: max parallel {caps.max_parallel} = {caps.max_parallel_hosts:,} host(s), "
+        f"per group {per_group}, canary {caps.canary}; {len(groups):,} group(s) by {escape(group_by)}: "
+        + ", ".join(f"{escape(g)} ({len(h):,})" for g, h in shown_groups)
+        + (f", ... {len(groups) - len(shown_groups):,} more" if len(shown_groups) < len(groups) else "")
     )
     for note in result.notes:
-        console.print(f"[yellow]note: {note}[/]")
+        console.print(f"[yellow]note: {escape(note)}[/]")
     if result.excluded:
-        console.print(f"excluded ({len(result.excluded)}): {', '.join(result.excluded)}")
+        console.print(f"excluded ({len(result.excluded)}): {escape(', '.join(result.excluded))}")
     if not result.batches:
         console.print("nothing to do: every targeted host is excluded")
         return
@@ -165,12 +196,37 @@ def render_plan(action: str, result: Plan, group_by: str, console: Console) -> N
     table.add_column("size", justify="right")
     table.add_column("per group")
     table.add_column("hosts")
-    for i, batch in enumerate(result.batches, start=1):
-        counts: dict[str, int] = {}
-        for host in batch:
-            counts[group_of[host]] = counts.get(group_of[host], 0) + 1
-        label = f"{i} (canary)" if i == 1 and result.has_canary else str(i)
+    numbered = list(enumerate(result.batches, start=1))
+    head = tail = len(numbered)
+    if not show_all and len(numbered) > SUMMARY_ABOVE:
+        head, tail = SUMMARY_ABOVE // 2, SUMMARY_ABOVE // 5
+    for i, batch in numbered[:head]:
+        _batch_row(table, i, batch, group_of, canary=i == 1 and result.has_canary)
+    if head < len(numbered):
+        skipped = numbered[head : len(numbered) - tail]
+        hosts = sum(len(b) for _, b in skipped)
         table.add_row(
-            label, str(len(batch)), " ".join(f"{g}:{n}" for g, n in counts.items()), " ".join(batch)
+            f"{skipped[0][0]}-{skipped[-1][0]}", f"{hosts:,}", "", f"[dim]{len(skipped):,} more batches[/]"
         )
+        for i, batch in numbered[len(numbered) - tail :]:
+            _batch_row(table, i, batch, group_of, canary=False)
     console.print(table)
+    if head < len(numbered):
+        console.print(
+            f"[dim]summarised: {len(numbered):,} batches (more than {SUMMARY_ABOVE}); --all lists every batch, "
+            "--format json gives them all[/]"
+        )
+
+
+def _batch_row(table: Any, i: int, batch: list[str], group_of: dict[str, str], *, canary: bool) -> None:
+    from rich.markup import escape
+
+    counts: dict[str, int] = {}
+    for host in batch:
+        counts[group_of[host]] = counts.get(group_of[host], 0) + 1
+    table.add_row(
+        f"{i} (canary)" if canary else str(i),
+        str(len(batch)),
+        escape(" ".join(f"{g}:{n}" for g, n in counts.items())),
+        escape(" ".join(batch)),
+    )

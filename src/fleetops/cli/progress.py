@@ -41,13 +41,15 @@ REFRESHES = 100
 
 
 def duration_text(seconds: float) -> str:
-    """``45s``, ``2m05s``, ``1h02m``: a rate's time left, a run's time taken."""
+    """``45s``, ``2m05s``, ``1h02m``, ``20d23h``: a rate's time left, a run's time taken, a plan's length."""
     s = max(0, round(seconds))
     if s < 60:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def rate_eta(done: int, total: int, elapsed: float) -> str:

@@ -1,14 +1,15 @@
-"""`fleetops report STATE`: what a rollout did (batches, hosts, failures, what is left)."""
+"""`fleetops report ROLLOUT`: what a rollout did (batches, hosts, failures, what is left); `fleetops
+rollouts`: the rollouts this controller keeps (``fleetops.api.rollouts``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetops.cli.args import SUMMARY_ABOVE, add_all_arg, add_format_arg
+from fleetops.util import ROLLOUT_CUT_OFF
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -20,9 +21,18 @@ NAMED_HOSTS = 20
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
-    """Add ``fleetops report STATE`` to the CLI's subcommands."""
-    p = subparsers.add_parser("report", help="summarise a rollout from its state file")
-    p.add_argument("state", type=Path, metavar="STATE")
+    """Add ``fleetops report ROLLOUT`` and ``fleetops rollouts`` to the CLI's subcommands."""
+    p = subparsers.add_parser(
+        "report",
+        help="summarise a rollout: its id (fleetops rollouts lists them) or its state file",
+        description="What a rollout did: its batches, hosts, failures and what is left. Exit 0 only when "
+        "it is done with every host verified, else 3.",
+    )
+    p.add_argument(
+        "state",
+        metavar="ROLLOUT",
+        help="a rollout id (20261129T170102Z-3fa9c1) or the path of its state file",
+    )
     add_format_arg(p)
     add_all_arg(
         p,
@@ -31,15 +41,69 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     )
     p.set_defaults(func=cmd_report)
 
+    r = subparsers.add_parser(
+        "rollouts",
+        help="list the rollouts this controller keeps (id, action, status, hosts done/failed/pending)",
+        description="The rollouts kept in this controller's state directory, newest first: a running one "
+        f"whose process is gone shows as {ROLLOUT_CUT_OFF!r} (resume it with 'fleetops remediate --resume'). "
+        "A dry run keeps no rollout.",
+    )
+    add_format_arg(r)
+    r.set_defaults(func=cmd_rollouts)
+
+
+def cmd_rollouts(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleetops.api.rollouts import list_rollouts, rollouts_dir, rollouts_document
+
+    rows = list_rollouts()
+    if args.format == "json":
+        sys.stdout.write(json.dumps(rollouts_document(rows), indent=2) + "\n")
+        return 0
+    console = Console(highlight=False, soft_wrap=True)
+    if not rows:
+        console.print(f"no rollouts kept in {escape(str(rollouts_dir()))}")
+        return 0
+    table = Table()
+    for column in (
+        "rollout",
+        "action",
+        "status",
+        "started",
+        "operator",
+        "hosts",
+        "done",
+        "failed",
+        "pending",
+    ):
+        table.add_column(
+            column, justify="right" if column in ("hosts", "done", "failed", "pending") else "left"
+        )
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(row.started)) if row.started else ""
+        status = row.status + ("" if row.apply or row.status == "unreadable" else " (dry run)")
+        table.add_row(
+            row.id, escape(row.action), escape(status + (f": {row.error}" if row.error else "")), started,
+            escape(row.operator), *(f"{n:,}" for n in (row.hosts, row.done, row.failed, row.pending)),
+        )  # fmt: skip
+    console.print(table)
+    return 0
+
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fleetops import api
+    from fleetops.api.rollouts import resolve_rollout
     from fleetops.cli.args import check_all_arg
 
     check_all_arg(args)
-    result = api.report(args.state)
+    result = api.report(resolve_rollout(args.state))
     rollout = result.rollout
     assert rollout is not None  # a report always has its rollout
     if args.format == "json":

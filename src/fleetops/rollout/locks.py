@@ -87,6 +87,18 @@ class HostLocks:
             os.fchmod(fd, 0o700)
         return fd
 
+    def live_rollouts(self) -> set[str]:
+        """The rollouts whose locks a live process of this controller holds now (reads only; an absent
+        lock directory holds none)."""
+        if not self.dir.is_dir():
+            return set()
+        dir_fd = self._open_dir()
+        try:
+            holders = (_read_lock(dir_fd, name) for name in os.listdir(dir_fd) if name.endswith(".lock"))
+            return {str(h.get("rollout")) for h in holders if h is not None and self._alive_here(h)}
+        finally:
+            os.close(dir_fd)
+
     def _alive_here(self, holder: dict[str, Any]) -> bool:
         """The holder's process is alive on this controller (and is not this very lock set)."""
         if holder.get("machine") != socket.gethostname():

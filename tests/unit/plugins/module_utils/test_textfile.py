@@ -20,6 +20,7 @@ from ansible_collections.fleetops.node.plugins.module_utils import health, textf
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetops import detector_runner
+from fleetops.cli import detector_runner as detector_runner_cli
 from tests.paths import REPO
 
 PLAYBOOK = REPO / "playbooks" / "detector_timer.yml"
@@ -73,7 +74,7 @@ def _install(root: Path) -> Path:
 
 
 def test_the_archive_is_built_from_the_sources_as_they_are() -> None:
-    assert detector_runner.main(["--check"]) == 0, "python -m fleetops.detector_runner --write"
+    assert detector_runner_cli.main(["--check"]) == 0, detector_runner.WRITE
     assert detector_runner.build() == detector_runner.build()  # the same bytes every time
     with tarfile.open(detector_runner.ARCHIVE) as tar:
         names = tar.getnames()
@@ -86,7 +87,7 @@ def test_a_stale_archive_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     stale.write_bytes(detector_runner.ARCHIVE.read_bytes()[:-512])
     monkeypatch.setattr(detector_runner, "ARCHIVE", stale)
     monkeypatch.setattr(detector_runner, "REPO", tmp_path)
-    assert detector_runner.main(["--check"]) == 1
+    assert detector_runner_cli.main(["--check"]) == 1
 
 
 def _config(tmp_path: Path, **overrides: Any) -> Path:

@@ -1,0 +1,215 @@
+"""What holds a pass's decisions back before it acts: the unreachable hosts it tolerates, the schedulers'
+view of the nodes, a group whose capacity is unknown, a Slurm node still draining, the storm brakes and
+the capacity floors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from fleetops.auto.actions import disruptive
+from fleetops.auto.context import PassBase
+from fleetops.policy import (
+    NO_GROUP,
+    LadderState,
+    fmt_duration,
+    hold_for_brakes,
+    hold_for_floors,
+    storm_brakes,
+)
+from fleetops.remediations import REMEDIATIONS
+
+
+class Guards(PassBase):
+    """The holds of a pass (see :mod:`fleetops.auto`)."""
+
+    def count_unreachable(self) -> None:
+        """The hosts the scan could not reach; within the policy's share (``unreachable.max_pct``) they do
+        not fail the pass (the floors count them either way). One line when there are any."""
+        hosts = self.inputs.scan_report.get("hosts") or {}
+        result, share = self.result, self.inputs.policy.unreachable
+        result.unreachable = sorted(
+            h for h, e in hosts.items() if isinstance(e, Mapping) and e.get("status") == "unreachable"
+        )
+        result.unreachable_limit = share.limit(len(hosts))
+        count, limit = len(result.unreachable), result.unreachable_limit
+        if not count or not share.max_pct:  # none tolerated: each host's own line says it was not scanned
+            return
+        told = f"{count} of {len(hosts)} host(s) unreachable"
+        if count <= limit:
+            self.say(
+                f"{told}, within the policy's {share.max_pct:g}% ({limit}): reported, left at their ladders and "
+                "counted against the floors; the pass does not fail for them",
+                "warning",
+            )
+        else:
+            self.warn(
+                f"{told}, more than the policy's unreachable.max_pct {share.max_pct:g}% ({limit}): the pass fails"
+            )
+
+    def read_nodes(self) -> None:
+        """The schedulers' view (``inputs.nodes``): one line for the nodes out of scheduling, one per backend
+        that could not be read (the pass fails) or was not read."""
+        reading, result = self.inputs.nodes, self.result
+        if reading is None:
+            return
+        out = reading.out()
+        result.nodes_out = {h: s.to_dict() for h, s in sorted(out.items())}
+        if out:
+            shown = "; ".join(f"{h} {s.why()}" for h, s in sorted(out.items())[:20])
+            more = f"; and {len(out) - 20} more" if len(out) > 20 else ""
+            self.say(f"nodes out of scheduling: {len(out)} ({shown}{more})", "dim")
+        for line in reading.skipped:
+            self.say(f"nodes: {line}", "dim")
+        for line in reading.failures:
+            result.node_failures.append(line)
+            self.warn(f"nodes: {line}: the pass fails, and takes no disruptive action in its hosts' groups")
+
+    def hold_unknown_capacity(self) -> None:
+        """A disruptive rung in a group whose nodes could not be read (``inputs.nodes.unknown``) waits
+        (status ``floor``): the group's capacity is unknown."""
+        reading = self.inputs.nodes
+        if reading is None or not reading.unknown:
+            return
+        unknown = {self.group_of(h) or NO_GROUP: why for h, why in reading.unknown.items()}
+        self.result.decisions = [
+            dataclasses.replace(
+                d,
+                status="floor",
+                action=None,
+                reason=f"floor: the capacity of group {d.group} is unknown ({unknown[d.group]})",
+            )
+            if d.status == "act" and disruptive(d.action) and d.group in unknown
+            else d
+            for d in self.result.decisions
+        ]
+
+    def wait_for_drains(self, now: float) -> None:
+        """A disruptive rung (reboot, stop-start, replace) on a Slurm node that fleetops drained and whose
+        jobs still run waits (status ``wait``) until the node is DRAINED: a pass never kills a job by
+        acting before its node has drained — unless the rung's ``drain_wait`` since the drain has passed,
+        as the policy says; then it acts, and says so."""
+        reading = self.inputs.nodes
+        if reading is None:
+            return
+        decisions = []
+        for d in self.result.decisions:
+            state = reading.states.get(d.host)
+            draining = (
+                state is not None and state.backend == "slurm" and state.phase == "draining" and state.ours
+            )
+            if (
+                state is None
+                or not draining
+                or d.status != "act"
+                or d.action == "quarantine"
+                or not disruptive(d.action)
+            ):
+                decisions.append(d)
+                continue
+            rule = self.inputs.policy.rule(d.rule) if d.rule is not None else None
+            rung = rule.ladder[d.rung] if rule is not None and d.rung is not None else None
+            bound = f" or {rung.drain_wait} after the drain (drain_wait)" if rung and rung.drain_wait else ""
+            waited = now - state.since if state.since is not None else None
+            if (
+                rung is not None
+                and rung.drain_wait_s is not None
+                and waited is not None
+                and waited >= rung.drain_wait_s
+            ):
+                self.warn(
+                    f"{d.host}: Slurm node {state.node} still drains {fmt_duration(int(waited))} after fleetops "
+                    f"drained it, past the rung's drain_wait {rung.drain_wait}: {d.action} goes ahead on the jobs "
+                    "still running"
+                )
+                decisions.append(d)
+                continue
+            decisions.append(
+                dataclasses.replace(
+                    d,
+                    status="wait",
+                    action=None,
+                    reason=f"waits for Slurm node {state.node} to drain (its jobs still run): {d.rung_action} "
+                    f"starts once it is DRAINED{bound}",
+                )
+            )
+        self.result.decisions = decisions
+
+    def apply_brakes(self) -> None:
+        """The storm brake: rules this pass shows in a storm trip (recorded with ``apply``, told once), and
+        every brake in force holds its rule's braked rungs (reboot, stop-start, replace) fleet-wide."""
+        inputs, result = self.inputs, self.result
+        failed = {
+            h: self.group_of(h) or NO_GROUP
+            for h, state in (inputs.nodes.states.items() if inputs.nodes is not None else ())
+            if state.failed
+        }
+        tripped = storm_brakes(inputs.policy, result.decisions, self.sizes, failed)
+        in_force = {r: str(b.get("why") or "") for r, b in self.brakes.items()}
+        new = {r: w for r, w in tripped.items() if r not in in_force}
+        in_force.update(new)
+        if not in_force:
+            return
+        result.decisions = hold_for_brakes(
+            result.decisions, in_force, lambda a: a in REMEDIATIONS and REMEDIATIONS[a].braked
+        )
+        result.brakes = {
+            r: {"why": w, "since": self.brakes.get(r, {}).get("since"), "new": r in new}
+            for r, w in in_force.items()
+        }
+        for rule, why in sorted(in_force.items()):
+            if rule in new:
+                self.warn(
+                    f"storm brake tripped on rule {rule}: {why}; its reboot, stop-start and replace rungs are held "
+                    f"fleet-wide until a person lifts it ('fleetops remediate auto --lift-brake {rule}')"
+                )
+            else:
+                self.say(f"storm brake on rule {rule} holds: {why}", "dim")
+        if inputs.apply and new:
+            self.trip(new)
+
+    def apply_floors(self, ladder: LadderState) -> None:
+        """The capacity floors (the policy's ``floor``): per group, the hosts out of service now —
+        unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), left half
+        done by a dead pass (``in_flight``) — and the ones this pass takes; a disruptive action that would
+        leave its group below the floor waits (status ``floor``). One line per group with such an action."""
+        inputs, result = self.inputs, self.result
+        policy = inputs.policy
+        if policy.floor is None and not any(r.floor is not None for r in policy.rules):
+            return
+        unavailable: dict[str, tuple[str, str]] = {}
+        for host, entry in (inputs.scan_report.get("hosts") or {}).items():
+            if isinstance(entry, Mapping) and entry.get("status") != "ok":
+                unavailable[host] = (
+                    self.group_of(host) or NO_GROUP,
+                    str(entry.get("status") or "not scanned"),
+                )
+        quarantined = {
+            host: self.group_of(host) or NO_GROUP
+            for host, rules in ladder.hosts.items()
+            if any(rec.quarantined for rec in rules.values())
+        }
+        quarantined.update({d.host: d.group for d in result.decisions if d.still_quarantined})
+        for host, group in quarantined.items():
+            unavailable.setdefault(host, (group, "quarantined"))
+        for host, why in self.in_flight.items():
+            unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, why))
+        for host, state in (inputs.nodes.out() if inputs.nodes is not None else {}).items():
+            if state.ours:  # a quarantine of ours a cleared ladder left standing counts against the cap
+                quarantined.setdefault(host, self.group_of(host) or NO_GROUP)
+            unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, state.why()))
+        result.decisions, capacity = hold_for_floors(
+            policy,
+            result.decisions,
+            self.sizes,
+            unavailable,
+            quarantined,
+            disruptive,
+        )
+        result.capacity = [
+            {"group": c.group, "size": c.size, "unavailable": dict(c.unavailable), "taken": list(c.taken),
+             "keep": c.keep, "held": list(c.held)}
+            for c in capacity
+        ]  # fmt: skip
+        for c in capacity:
+            self.say(c.line(), "warning" if c.held else "dim")

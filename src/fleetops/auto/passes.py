@@ -1,0 +1,331 @@
+"""The pass itself: :func:`run_pass` decides and acts, with the state directory or the shared store."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fleetops import journal
+from fleetops.auto.actions import batches, check_policy_actions
+from fleetops.auto.context import After, Before, PassInputs
+from fleetops.auto.finish import Finishers
+from fleetops.auto.guards import Guards
+from fleetops.auto.result import (
+    SIGNAL_CODES,
+    ActionRun,
+    PassResult,
+    RunAction,
+    Say,
+)
+from fleetops.auto.state import (
+    BRAKES_FILE,
+    LADDER_FILE,
+    LEDGER_FILE,
+    load_brakes,
+    load_state,
+    save_brakes,
+    state_locks,
+)
+from fleetops.policy import (
+    HUMAN,
+    BudgetLedger,
+    Decision,
+    LadderState,
+    commit,
+    controller_id,
+    decide,
+)
+from fleetops.rollout.pause import PauseRecord, local_pause
+from fleetops.store import PassLease, Store, StoredState, StoreFailure
+
+# so the budget's window runs from when the batch really starts
+RESTAMP_S = 10.0
+
+
+def paused(store: Store | None) -> PauseRecord | None:
+    """The pause in force: this controller's (``fleetops pause`` without a store) first, then the
+    shared store's."""
+    return local_pause() or (store.paused() if store is not None else None)
+
+
+def run_pass(
+    inputs: PassInputs,
+    run_action: RunAction,
+    say: Say,
+    clock: Callable[[], float] = time.time,
+    shield: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> PassResult:
+    """Decide and act once (see the module's docstring); ``say`` gets one line per host, then each action.
+    ``shield``: what the commit runs under (``api.auto``: signals held until the ladder, the ledger and
+    the tags are all written, so a SIGTERM never leaves a rung recorded without its budget spent).
+    With ``inputs.store``, the ladders and the ledger are the shared store's (``_run_with_store``)."""
+    check_policy_actions(inputs.policy, inputs.policy_source)
+    result = PassResult([], [], inputs.apply, inputs.policy_source)
+    ctx = _Pass(inputs, result, run_action, say, clock, shield)
+    if inputs.store is not None:
+        ctx.run_with_store(inputs.store)
+        return result
+    with state_locks(inputs.state_dir) as (ladder_path, ledger_path):
+        ladder, ledger = load_state(ladder_path, ledger_path)
+        brakes_path = inputs.state_dir / BRAKES_FILE
+        ctx.brakes = load_brakes(brakes_path)
+
+        def trip(new: Mapping[str, str]) -> None:
+            now = clock()
+            save_brakes(brakes_path, {**ctx.brakes, **{r: {"since": now, "why": w} for r, w in new.items()}})
+
+        ctx.trip = trip
+        malformed = ctx.merge_all_tags(ladder, ledger, clock())
+        attempted: set[tuple[str, str]] = set()
+        pause = paused(None)  # this controller's pause: nothing acts, before and between actions
+        if pause is not None:
+            result.paused = pause.describe()
+            say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+
+        def before(action: str, decisions: Sequence[Decision]) -> str | None:
+            held = paused(None)
+            if held is not None:
+                result.paused = held.describe()
+                return held.describe()
+            return None
+
+        try:
+            ctx.decide_and_act(ladder, ledger, clock(), attempted, before, act=pause is None)
+        finally:
+            if inputs.apply:
+                with shield():
+                    commit(
+                        result.decisions,
+                        ladder,
+                        ledger,
+                        clock(),
+                        taken=lambda d: (d.host, d.action or "") in attempted or d.action == HUMAN,
+                        controller=controller_id(),
+                    )
+                    ladder.save(ladder_path)
+                    ledger.save(ledger_path, clock())
+                    ctx.write_mirror(ladder, ledger, malformed)
+    return result
+
+
+class _Pass(Guards, Finishers):
+    """A pass: its holds (:class:`Guards`), what it finishes (:class:`Finishers`), deciding and acting."""
+
+    def decide_and_act(
+        self,
+        ladder: LadderState,
+        ledger: BudgetLedger,
+        now: float,
+        attempted: set[tuple[str, str]],
+        before: Before | None = None,
+        after: After | None = None,
+        act: bool = True,
+    ) -> None:
+        inputs, result, say = self.inputs, self.result, self.say
+        result.decisions = decide(
+            inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
+        )
+        self.count_unreachable()
+        self.read_nodes()
+        self.apply_brakes()
+        self.hold_unknown_capacity()
+        self.wait_for_drains(now)
+        self.apply_floors(ladder)
+        for d in result.decisions:
+            style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
+                d.status, ""
+            )
+            say(d.line(), style)
+        if not act:
+            return
+        by_host = {d.host: d for d in result.decisions}
+        for action, params, hosts in batches(result.decisions, inputs.extra_params):
+            held = before(action, [by_host[h] for h in hosts]) if before is not None else None
+            if held is not None:
+                say(
+                    f"{action} on {len(hosts)} host(s) not started: {held}; the pass starts no further action",
+                    "error",
+                )
+                result.held = held
+                break
+            say(
+                f"{action} on {len(hosts)} host(s): {' '.join(hosts)}"
+                + ("" if inputs.apply else " (dry run)"),
+                "bold",
+            )
+            run = self.run_or_fail(action, hosts, params, tell=True)
+            result.runs.append(run)
+            attempted.update((h, action) for h in run.attempted | run.cannot_act)
+            if after is not None:
+                after(action, run)
+            if run.cannot_act:
+                say(
+                    f"{action}: nothing to do on {' '.join(sorted(run.cannot_act))}: the rung could not act; "
+                    "it counts as tried, and the ladder climbs after its clear time",
+                    "warning",
+                )
+            if run.exit_code in SIGNAL_CODES:  # Ctrl-C or SIGTERM stopped that rollout: stop the pass
+                say(f"{action}: {run.exit_code.name.lower()}; the pass starts no further action", "warning")
+                break
+            if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
+                say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
+                break
+
+    # ---- with the shared store
+
+    def seed(self, state: StoredState) -> set[tuple[str, str]]:
+        """The upgrade path, once per store: what the EC2 tags and this controller's state directory
+        record is merged into the store (the record tried last wins; an action within a second of one
+        already there is the same action). A dry run merges in memory only."""
+        ladder_path, ledger_path = self.inputs.state_dir / LADDER_FILE, self.inputs.state_dir / LEDGER_FILE
+        with state_locks(self.inputs.state_dir):
+            ladder, ledger = load_state(ladder_path, ledger_path)
+        for host, rules in ladder.hosts.items():
+            for rule, rec in rules.items():
+                mine = state.ladder.get(host, rule)
+                if mine is None or rec.last_tried > mine.last_tried:
+                    state.ladder.hosts.setdefault(host, {})[rule] = rec
+        for e in ledger.entries:
+            state.ledger.record_once(e.action, e.host, e.group, e.at, e.controller)
+        malformed = self.merge_all_tags(state.ladder, state.ledger, self.clock())
+        if self.inputs.apply:
+            state.flush()
+            state.mark_seeded(self.inputs.operator or controller_id())
+            self.say(
+                f"the shared store was seeded from the EC2 tags and {self.inputs.state_dir}; from now on "
+                "the tags are a mirror this pass writes",
+                "dim",
+            )
+        return malformed
+
+    def run_with_store(self, store: Store) -> None:
+        inputs, result = self.inputs, self.result
+        result.store = store.where()
+        store.ready()  # created on first use; refuses a controller whose clock is off the store's
+        pass_id = f"auto-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(self.clock()))}-{secrets.token_hex(3)}"
+        lease = PassLease(store, pass_id, inputs.operator or controller_id()) if inputs.apply else None
+        if lease is not None:
+            lease.take()
+            if lease.took_over:
+                self.warn(f"took over the shared store's lease: {lease.took_over}")
+        try:
+            if lease is not None:  # the rollouts' lease items expired long ago (fleetops.journal.sweep)
+                for line in journal.sweep(store, self.clock()):
+                    self.say(line, "dim")
+            state = StoredState(store)
+            state.load()
+            for line in state.malformed:
+                self.warn(line)
+            result.malformed_store = list(state.malformed)
+            self.brakes = store.brakes()
+            operator = inputs.operator or controller_id()
+
+            def trip(new: Mapping[str, str]) -> None:
+                for rule, why in sorted(new.items()):
+                    store.trip_brake(rule, why, operator)
+
+            self.trip = trip
+            malformed: set[tuple[str, str]] = set()
+            if not state.seeded:
+                malformed = self.seed(state)
+            # a pause holds everything, what earlier passes left included: read before anything is finished
+            pause = paused(store)
+            if pause is not None:
+                result.paused = pause.describe()
+                self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+            if inputs.apply:
+                for line in state.recover(pass_id):
+                    self.warn(line)
+                    result.recovered.append(line)
+                if pause is None:
+                    self.finish_in_flight(state)
+                else:
+                    self.hold_in_flight(state)
+            go_on = self.rerun_in_doubt(state, lease, paused=pause is not None)
+            reserved: dict[str, dict[str, str]] = {}
+            controller = controller_id()
+
+            def before(action: str, decisions: Sequence[Decision]) -> str | None:
+                if lease is not None and lease.lost is not None:
+                    result.store_failure = f"the shared store's lease was lost: {lease.lost}"
+                    return result.store_failure
+                try:
+                    held = paused(store)
+                    if held is not None:
+                        result.paused = held.describe()
+                        return held.describe()
+                    if inputs.apply:
+                        picks = [
+                            (d.host, d.group, d.rule or "", d.rung or 0, d.check or "") for d in decisions
+                        ]
+                        instances = {
+                            d.host: (inputs.tags[d.host].instance, inputs.tags[d.host].region)
+                            for d in decisions
+                            if d.host in inputs.tags
+                        }
+                        try:  # no in-flight record, no disruptive call: a later pass could not finish it
+                            records = self.in_flight_records(action, instances)
+                        except Exception as exc:
+                            result.store_failure = (
+                                f"{action}: could not read what a later pass would need to finish it: {exc}"
+                            )
+                            return result.store_failure
+                        for host, rerun in self.rerun_records(action, decisions).items():
+                            records[host] = {**(records.get(host) or {}), **rerun}
+                        at = self.clock()
+                        reserved[action] = state.reserve(
+                            pass_id, action, picks, controller, at, instances, records
+                        )
+                        # the lease, checked with a write of its own right before acting: a pass that hung
+                        # while reserving (past its lease) finds it taken and acts on nothing
+                        if lease is not None:
+                            lease.renew()
+                            if lease.lost is not None:
+                                result.store_failure = f"the shared store's lease was lost: {lease.lost}"
+                                return result.store_failure
+                        if self.clock() - at > RESTAMP_S:  # it hung, and nobody took over: spend it now
+                            state.restamp(reserved[action].values(), self.clock())
+                except StoreFailure as exc:
+                    result.store_failure = str(exc)
+                    return str(exc)
+                return None
+
+            def after(action: str, run: ActionRun) -> None:
+                if inputs.apply and action in reserved:
+                    state.settle(reserved.pop(action), run.attempted | run.cannot_act, action, self.clock())
+
+            attempted: set[tuple[str, str]] = set()
+            try:
+                self.decide_and_act(
+                    state.ladder,
+                    state.ledger,
+                    self.clock(),
+                    attempted,
+                    before,
+                    after,
+                    act=pause is None and go_on,
+                )
+            finally:
+                if inputs.apply:
+                    with self.shield():
+                        # the rungs were recorded batch by batch (settle); what is left: the resets
+                        # a clean scan showed, and the ladders that reached ``human``
+                        commit(
+                            result.decisions,
+                            state.ladder,
+                            state.ledger,
+                            self.clock(),
+                            taken=lambda d: d.action == HUMAN,
+                        )
+                        try:
+                            state.flush(self.clock())
+                        except StoreFailure as exc:
+                            result.store_failure = str(exc)
+                            self.warn(str(exc))
+                        self.write_mirror(state.ladder, state.ledger, malformed)
+        finally:
+            if lease is not None:
+                lease.release()
