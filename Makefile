@@ -16,14 +16,15 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv lock demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
+.PHONY: help deps venv lock docs demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and labs side by side, molecule (root)"
-	@echo "make check  - the inner loop: lint, sanity, unit and package tests (no lab, no root)"
+	@echo "make check  - the inner loop: lint, sanity, the docs site, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
 	@echo "make lock   - refresh constraints.txt (the pinned venv and EE) from the package index; then make test"
+	@echo "make docs   - build the site (docs/ -> docs/_build/html) strictly: a warning or a broken reference fails"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), module sizes (700 lines), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
@@ -55,12 +56,18 @@ demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src lab tests bench plugins extensions
-	$(BIN)/ruff format --check src lab tests bench extensions
+	$(BIN)/ruff check src lab tests bench plugins extensions docs
+	$(BIN)/ruff format --check src lab tests bench extensions docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python tools/module_sizes.py
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
+
+# The site: reference pages generated from the code (docs/_ext/fleetops_docs.py), guides, development notes.
+# -W --keep-going: every warning is listed, and any fails; -n: every reference must resolve.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "== the site: $(abspath docs/_build/html/index.html)"
 
 sanity: $(STAMP)
 	bash tests/sanity.sh
@@ -73,8 +80,8 @@ soak: $(STAMP)
 	$(PY) -m tests.simulation --days 30 --hosts 2000 --seed 1
 	$(PY) -m tests.simulation --days 365 --hosts 500 --seed 2
 
-# The inner loop: everything that needs no lab.
-check: lint sanity unit
+# The inner loop: everything that needs no lab (the docs site included: a broken reference fails it).
+check: lint sanity docs unit
 
 # Labs side by side: FLEETOPS_TEST_WORKERS (default 3) xdist workers, each with a lab of its own, then the
 # tests marked exclusive (machine-wide kernel state) alone; fails when a test of tests/integration/ids.txt
@@ -125,4 +132,4 @@ lab-down: $(STAMP)
 	$(BIN)/fleetops-lab down
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/output .ansible
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/output .ansible docs/_build docs/reference

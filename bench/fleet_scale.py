@@ -4,7 +4,7 @@ The fleet is the lab's simulated one (``fleetops-lab up N --addresses K --dead D
 N lab hosts each answering ssh on K addresses of its own, the inventory listing the N x K addresses as
 hosts, so the controller opens one ssh connection per inventory host as it would on a real fleet;
 D more addresses are blackholed and time out as a gone instance does. An alias is its host: the
-targets' CPU is the lab's, shared with the controller on this machine's cores (see the README).
+targets' CPU is the lab's, shared with the controller on this machine's cores (see docs/fleet-scale.md).
 
 For each size and transport (``ansible``: ansible-playbook through ansible-runner, what AWX runs;
 ``ssh``: fleetops' own ssh commands) one cold ``fleetops scan -o REPORT`` is run and measured:

@@ -1,5 +1,5 @@
 """Running the collection's event-driven rulebooks (extensions/eda/rulebooks/) in tests: ansible-rulebook as
-the README runs it, fed over HTTP as Alertmanager feeds it, stopped by its process group."""
+docs/guides/alerts.md runs it, fed over HTTP as Alertmanager feeds it, stopped by its process group."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def wait_listening(port: int, proc: subprocess.Popen[str], log: Path, seconds: f
 def start_rulebook(
     rulebook: str, tmp: Path, variables: dict[str, Any], env: dict[str, str], log: Path
 ) -> subprocess.Popen[str]:
-    """ansible-rulebook on the collection's rulebook, as the README runs it; stop() ends it."""
+    """ansible-rulebook on the collection's rulebook, as docs/guides/alerts.md runs it; stop() ends it."""
     (tmp / "vars.yml").write_text(json.dumps(variables))
     proc = subprocess.Popen(
         [rulebook, "-r", str(RULEBOOK), "-i", str(LOCALHOST), "-e", str(tmp / "vars.yml")],

@@ -5,7 +5,8 @@
 #     (a test that needs one waits on its lock): the lab's rootfs, VM image and UCX wheels
 #     (`fleetops-lab prepare --vm --ucx`), the execution environment (`make ee`) and ansible-test
 #     sanity's per-test venvs (`tests/sanity.sh --prime-venvs`);
-#   - lint, sanity, the unit and package suites (2 xdist workers, a whole file per worker);
+#   - lint, sanity, the site (make docs: a warning fails), the unit and package suites (2 xdist workers,
+#     a whole file per worker);
 #   - the integration suite (tests/integration/run.sh: labs side by side, then the exclusive lane);
 #   - the molecule scenarios (tests/molecule/run.sh).
 # Needs root (the lab) and the Debian packages of tools/debian-deps.sh --ee --vm.
@@ -49,6 +50,7 @@ background ee make --no-print-directory ee
 background sanity-venvs bash tests/sanity.sh --prime-venvs  # the sanity stage waits on its lock
 stage lint make --no-print-directory lint
 stage sanity make --no-print-directory sanity
+stage docs make --no-print-directory docs
 stage unit "$bin/pytest" -q --durations=20 -n 2 --dist loadfile tests/unit tests/fleetops
 # shellcheck disable=SC2317  # called through stage
 integration() {  # the integration suite, its summary kept for the end of the log (the trend)

@@ -140,7 +140,7 @@ def test_help_without_the_collection_leaves_its_defaults_out(no_collection: dict
     scan = _run(no_collection, "scan", "--help").stdout
     assert "default: the module's)" in " ".join(scan.split())  # not "the module's, 1000)"
     fix = " ".join(_run(no_collection, "remediate", "fix", "--help").stdout.split())
-    assert "default: the module's (README: the UCX fix)" in fix
+    assert "default: the module's (docs/guides/fixing.md: the UCX fix)" in fix
 
 
 @pytest.mark.parametrize(

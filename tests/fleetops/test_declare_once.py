@@ -1,6 +1,6 @@
 """A remediation is declared once (``fleetops.remediations.catalog``); everything else derives from it
 or is checked against it here: the CLI, the policy's actions and schema, the ladder order, the host-timeout
-table, the playbooks' documented knobs, the AWX surveys and the README's option tables."""
+table, the playbooks' documented knobs, the AWX surveys and the docs site's option tables."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from fleetops.remediations import REMEDIATIONS, ladder_order
-from fleetops.remediations.docs import options_markdown, replace_block
+from fleetops.remediations.docs import options_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,14 +148,23 @@ def test_awx_remediation_surveys_ask_only_declared_parameters_typed_as_declared(
     assert checked >= 8  # the surveys do ask remediation parameters
 
 
-def test_the_readme_option_tables_are_the_declarations() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert replace_block(readme) == readme, (
-        "README.md's remediation option tables are stale: run python -m fleetops.remediations.docs README.md"
-    )
+def test_the_sites_option_tables_are_the_declarations() -> None:
+    """The site's remediation reference is generated at each build (docs/_ext/fleetops_docs.py), and no
+    checked-in page holds a copy of the tables that could go stale (as the README's once did)."""
+    sys.path.insert(0, str(REPO / "docs" / "_ext"))
+    import fleetops_docs
+
+    page = fleetops_docs.remediations_markdown()
+    assert options_markdown() in page
     for r in REMEDIATIONS.values():
+        assert f"## `fleetops remediate {r.name}`" in page
         for p in r.parameters:
-            assert f"| `{p.option}`" in options_markdown()
+            assert f"| `{p.option}`" in page
+    pages = [REPO / "README.md", *(REPO / "docs").glob("**/*.md")]
+    copies = [
+        p for p in pages if "reference" not in p.parts and "| option | takes | default |" in p.read_text()
+    ]
+    assert not copies, f"hand-kept copies of the generated option tables: {copies}"
 
 
 def test_every_declared_option_is_in_its_commands_help() -> None:

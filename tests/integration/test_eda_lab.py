@@ -16,7 +16,7 @@ this machine.
    the unit; the alert resolves. lab-02's alert is silenced in Alertmanager: it fires, and no pass ever
    starts for it. The test measures fault to fix and fix to resolved, at intervals short for the test
    (scrape and evaluation 1 s, the timer every 2 s with a 20 s journal window, Alertmanager's group_wait 1 s
-   and group_interval 2 s, the pass's scan 2 s); README "Event-driven" gives the production ones.
+   and group_interval 2 s, the pass's scan 2 s); docs/guides/alerts.md gives the production ones.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ fixture series, expected alerts); amtool (prometheus-alertmanager) checks the ex
 the tests that need them skip, except under CI=true, where tools/debian-deps.sh --ci installs both and a
 missing tool fails. The rest holds the rules to what fleetops.metrics really writes (metric names, label
 names, the `check` and `severity` values), to their own conventions (severity, an argued `for:`, a runbook
-link to a README section that exists) and to the README's table.
+link to the alert's own section of the docs site's generated alert reference) and to the alerts guide's table.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections import defaultdict
 from functools import cache
 from typing import Any
@@ -29,14 +30,15 @@ from fleetops.metrics import build_auto_registry, build_registry
 from tests.fleetops.test_metrics_hw import _facts as hardware_facts
 from tests.paths import FIXTURES, REPO
 
+sys.path.insert(0, str(REPO / "docs" / "_ext"))
+import fleetops_docs  # the site's generators: docs/_ext/fleetops_docs.py
+
 PROM = REPO / "extensions" / "prometheus"
 RULES = PROM / "fleetops.rules.yml"
 ALERTMANAGER = PROM / "alertmanager.example.yml"
 UNIT_TESTS = sorted((PROM / "tests").glob("*.yml"))
-README = REPO / "README.md"
+GUIDE = REPO / "docs" / "guides" / "alerts.md"
 SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus when it scrapes node_exporter
-# The runbooks are the README's sections, at the collection's repository (galaxy.yml: declared once there).
-RUNBOOK = yaml.safe_load((REPO / "galaxy.yml").read_text())["repository"] + "#"
 # up == 0 and absent(): their $value says nothing, so their descriptions leave it out
 CONSTANT_VALUE = {"FleetopsHostNotScanned", "FleetopsScanMetricsAbsent"}
 
@@ -261,16 +263,11 @@ def test_the_unit_tests_feed_only_series_fleetops_writes() -> None:
 
 
 def _anchors() -> set[str]:
-    """GitHub's anchors of the README's headings."""
-    anchors = set()
-    for line in README.read_text().splitlines():
-        if m := re.match(r"#{1,6} (.+)", line):
-            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
-            anchors.add(slug)
-    return anchors
+    """The targets of the generated alert reference page (MyST's `(target)=` lines)."""
+    return set(re.findall(r"^\((\w+)\)=$", fleetops_docs.alerts_markdown(), re.M))
 
 
-def test_each_alert_has_a_severity_an_argued_for_and_a_runbook_in_the_readme() -> None:
+def test_each_alert_has_a_severity_an_argued_for_and_a_runbook_in_the_site() -> None:
     anchors = _anchors()
     blocks = RULES.read_text().split("- alert: ")[1:]
     alerts = _alerts()
@@ -289,9 +286,10 @@ def test_each_alert_has_a_severity_an_argued_for_and_a_runbook_in_the_readme() -
         if "absent(" not in alert["expr"]:
             subject = "$labels.host" if "host" not in _grouped_away(alert) else "$labels.instance"
             assert subject in ann["description"], name
-        assert ann["runbook_url"].startswith(RUNBOOK), name
-        anchor = ann["runbook_url"].removeprefix(RUNBOOK)
-        assert anchor in anchors, f"{name}: {ann['runbook_url']}: no README heading has that anchor"
+        assert ann["runbook_url"] == fleetops_docs.runbook_url(name), name
+        page, anchor = ann["runbook_url"].split("#")
+        assert page == fleetops_docs.ALERTS_PAGE and not page.startswith(("/", "http")), name
+        assert anchor in anchors, f"{name}: {ann['runbook_url']}: the alert reference has no such target"
 
 
 # The rules that compare a gauge with a detector's threshold (the others count findings: > 0), and the
@@ -347,9 +345,9 @@ def test_every_alert_fires_and_is_held_back_in_the_unit_tests() -> None:
     assert pairs - held == set(), "never seen held back"
 
 
-def test_the_readme_table_lists_every_alert_with_its_severities_and_for() -> None:
-    text = README.read_text()
-    section = text.split("\n### Alerts\n", 1)[1].split("\n## ", 1)[0]
+def test_the_guides_table_lists_every_alert_with_its_severities_and_for() -> None:
+    text = GUIDE.read_text()
+    section = text.split("\n## The alerts\n", 1)[1].split("\n## ", 1)[0]
     rows = {
         m.group(1): (m.group(2).split(", "), m.group(3).split(", "))
         for m in re.finditer(r"^\| `(Fleetops\w+)` \| ([^|]+?) \| ([^|]+?) \|", section, re.M)

@@ -1,8 +1,8 @@
 """Every node_health option is a scan knob, and each default is defined once: in the module.
 
 `playbooks/scan.yml` passes each option as `{{ fleetops_<option> | default(omit) }}`, documents the knob in
-its header and the README's "Scan knobs" table; AWX surveys repeat no default. The last tests run the real
-playbook through ansible-runner (what `fleetops scan` and AWX use) and ansible-playbook -e, and read the
+its header and the scanning guide's "Scan knobs" table (docs/guides/scanning.md); AWX surveys repeat no
+default. The last tests run the real playbook through ansible-runner (what `fleetops scan` and AWX use) and ansible-playbook -e, and read the
 arguments the module received (its `invocation`): every knob reaches its option, and unset knobs leave
 the module's own defaults.
 """
@@ -71,9 +71,9 @@ def _documented_knobs(path: Path) -> set[str]:
 
 
 def _readme_table() -> dict[str, tuple[str, str]]:
-    """{knob: (option, default cell)} of the README's "Scan knobs" table."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Scan knobs", 1)[1].split("\n### ", 1)[0]
+    """{knob: (option, default cell)} of the scanning guide's "Scan knobs" table."""
+    text = (REPO / "docs" / "guides" / "scanning.md").read_text()
+    section = text.split("\n## Scan knobs", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(fleetops_[a-z_]+)` \| `([a-z_]+)` \| ([^|]+) \|", section, re.M)
     return {knob: (option, default.strip()) for knob, option, default in rows}
 
@@ -99,7 +99,7 @@ def test_the_header_documents_every_knob_and_repeats_no_default() -> None:
             assert "(default:" not in line or knob.group(1) == "fleetops_inventory_events", line
 
 
-def test_the_readme_table_has_every_knob_with_the_modules_default() -> None:
+def test_the_guides_table_has_every_knob_with_the_modules_default() -> None:
     table = _readme_table()
     assert set(table) == {f"fleetops_{option}" for option in node_health.ARGUMENT_SPEC}
     for option, spec in node_health.ARGUMENT_SPEC.items():

@@ -368,7 +368,8 @@ def _use_lab(args: argparse.Namespace) -> int:
     return int(args.func(args))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """fleetops-lab's parser, every subcommand included (the docs' reference and their command check read it)."""
     parser = argparse.ArgumentParser(
         prog="fleetops-lab",
         description="The fleetops test-host lab. Several labs run side by side when each has its own name.",
@@ -383,7 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="lab_command", metavar="COMMAND")
     sub.required = True
     add_commands(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return run_main("fleetops-lab", lambda: _use_lab(args))
 
 

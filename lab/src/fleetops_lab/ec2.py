@@ -130,7 +130,7 @@ def _write_inventory(path: Path, url: str, ssh: dict[str, str]) -> None:
         "aws_access_key": "testing",
         "aws_secret_key": "testing",
         # Stopped instances stay hosts of the inventory (unreachable while stopped), as with the plugin's
-        # default states: a stop-start killed half way is resumed through them (README: stop-start).
+        # default states: a stop-start killed half way is resumed through them (docs/guides/fixing.md).
         "filters": {
             "instance-state-name": ["pending", "running", "stopping", "stopped"],
             "tag:fleetops": "lab",

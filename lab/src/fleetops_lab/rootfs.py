@@ -311,7 +311,7 @@ def bake(root: Path) -> None:
 
 # Debian 12's Slurm 22.05 and munge, for `fleetops-lab up --slurm` only: installed on demand into a
 # layer over the rootfs (an overlay's upper tree, cached like the rootfs), so the rootfs every lab and
-# every CI run builds stays as it is. Measured on this machine: see README ("A Slurm lab").
+# every CI run builds stays as it is. Measured on this machine: see docs/development/lab.md ("A Slurm lab").
 SLURM_PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 # Bump when build_slurm_layer() changes in a way the packages do not capture.
 SLURM_LAYER_VERSION = 1

@@ -2,7 +2,7 @@
 ansible-playbook.
 
 A scan through ansible-playbook costs the controller about 0.115 CPU s a host beyond ssh itself (a worker
-forked per host, the task's knobs templated in each, the ssh plugin; README, "Scale"). This transport runs
+forked per host, the task's knobs templated in each, the ssh plugin; docs/fleet-scale.md). This transport runs
 the same thing the ``fleetops.node.node_health`` action runs on a host — ``module_utils/scan_stage.py`` as
 ``python3 -I -S -c``, the runner archive staged once in ``~/.ansible/fleetops`` — straight from the CLI: one
 ``ssh`` process a host, as many at once as the scan's forks, each host's answer turned into the task result

@@ -110,7 +110,7 @@ def store(request: StoreRequest) -> StoreResult:
     if found is None:
         raise UsageError(
             "no shared store: the inventory's fleetops.node.ec2 source sets no store_table "
-            "(or FLEETOPS_STORE_TABLE); see the README's 'The shared store'"
+            "(or FLEETOPS_STORE_TABLE); see docs/guides/ladder.md, 'The shared store'"
         )
     who = operator()
     if request.verb == "init":

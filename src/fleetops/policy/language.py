@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     Action = str
 else:
     Action = Literal[ACTIONS]
-# The checks node_health reports (README detector table); a rule naming another is a typo.
+# The checks node_health reports (docs/guides/scanning.md, its detectors); a rule naming another is a typo.
 CHECKS = (
     "zombie_memcg",
     "crashloop_unit",

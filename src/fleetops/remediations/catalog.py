@@ -1,5 +1,5 @@
 """fleetops' remediations, one declaration each (``declare.Remediation``): everything the CLI, the policy,
-the auto pass, the rollout, the README's option tables and the AWX surveys know of a remediation is here
+the auto pass, the rollout, the docs site's option tables and the AWX surveys know of a remediation is here
 or derived from here. What a remediation does beyond its parameters is in ``behaviour.py``.
 
 A parameter whose default is None is passed only when given: the module's own default (its
@@ -90,7 +90,7 @@ METHOD = Param(
     "method",
     "how to reclaim: drop_caches (default, the module's): every clean page cache page on the host; "
     "memory_reclaim (cgroup v2, Linux >= 5.19): memory.reclaim of the cgroups the zombies hang under, what "
-    "they pin and little else; both: memory_reclaim, then drop_caches where zombies remain (README: "
+    "they pin and little else; both: memory_reclaim, then drop_caches where zombies remain (docs/development/lab.md: "
     "memory.reclaim)",
     choices=facts.module_choices("reclaim_memcg", "method"),
     extravars=("fleetops_reclaim_method",),
@@ -178,7 +178,7 @@ register(
                 "ucx_fix",
                 "the environment fix for services running UCX with leaking memory hooks: "
                 "UCX_RCACHE_MAX_UNRELEASED=1024 (rcache-bound) or UCX_MEM_MMAP_HOOK_MODE=none (hooks-off; it also "
-                "turns the registration cache off); default: {module_value} (README: the UCX fix)",
+                "turns the registration cache off); default: {module_value} (docs/guides/fixing.md: the UCX fix)",
                 choices=facts.ucx_fixes,
                 module_default=facts.ucx_default_fix,
             ),

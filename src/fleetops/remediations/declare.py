@@ -4,7 +4,7 @@ A ``Remediation`` and each of its ``Param``s carry what every other place needs:
 sub-command per remediation and one option per parameter from them (``fleetops.cli.remediate``); the
 policy's action names, its JSON Schema and the auto pass's order come from ``ladder_order()``; the extra
 vars a rollout passes come from ``Remediation.extravars``; the host-timeout check from the parameters
-that are waits (``host_waits``); the README's option tables and the AWX surveys are checked against them
+that are waits (``host_waits``); the docs site's option tables and the AWX surveys are checked against them
 by tests. Adding a remediation is one ``register(Remediation(...))`` (``catalog.py``) plus its playbook.
 """
 
