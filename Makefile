@@ -16,13 +16,14 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
+.PHONY: help deps venv dist demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
 	@echo "make test   - lint, sanity, unit + integration tests on the real kernel and labs side by side, molecule (root)"
 	@echo "make check  - the inner loop: lint, sanity, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
+	@echo "make dist   - dist/: the wheel and sdist of the CLI (the collection inside the wheel) and the collection tarball"
 	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
@@ -30,7 +31,7 @@ help:
 	@echo "make soak   - the auto pass simulated: a month over 2,000 hosts and a year over 500 (kills, races, storms; minutes)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
-$(STAMP): pyproject.toml lab/pyproject.toml
+$(STAMP): pyproject.toml setup.py galaxy.yml lab/pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then \
 		echo "error: no Python >= 3.12 found on PATH or under pyenv (~/.pyenv/versions); install one or set PYTHON=/path/to/python3.12" >&2; exit 2; fi
 	@echo "== building $(VENV) with $(PYTHON)"
@@ -44,6 +45,14 @@ venv: $(STAMP)
 # The Debian packages the lab and the sanity tests need (root; installs only what is missing, and says so).
 deps:
 	@bash tools/debian-deps.sh
+
+# The artifacts, versions from galaxy.yml (setup.py): dist/fleetops-<v>-py3-none-any.whl (pip install gives
+# `fleetops` and the collection in site-packages) and its sdist; dist/fleetops-node-<v>.tar.gz
+# (ansible-galaxy collection install: AWX projects, EEs). tests/integration/test_collection_install.py.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(BIN)/ansible-galaxy collection build . --output-path dist
 
 demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
