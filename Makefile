@@ -62,6 +62,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src lab tests bench extensions
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/antsibull-changelog lint
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
 sanity: $(STAMP)
