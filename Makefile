@@ -49,10 +49,11 @@ deps:
 # The artifacts, versions from galaxy.yml (setup.py): dist/fleetops-<v>-py3-none-any.whl (pip install gives
 # `fleetops` and the collection in site-packages) and its sdist; dist/fleetops-node-<v>.tar.gz
 # (ansible-galaxy collection install: AWX projects, EEs). tests/integration/test_collection_install.py.
+DIST ?= dist
 dist: $(STAMP)
-	rm -rf dist
-	$(PY) -m build --no-isolation --outdir dist .
-	$(BIN)/ansible-galaxy collection build . --output-path dist
+	rm -rf $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) .
+	$(BIN)/ansible-galaxy collection build . --output-path $(DIST)
 
 demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
