@@ -35,7 +35,7 @@ def galaxy() -> dict[str, Any]:
     return meta
 
 
-class BuildWithCollection(build_py):  # type: ignore[misc]
+class BuildWithCollection(build_py):
     """build_py, then the collection tarball's files under build_lib/ansible_collections/fleetops/node."""
 
     def run(self) -> None:

@@ -9,7 +9,6 @@ is the same in pyproject and meta/runtime.yml; what the changelog calls the rele
 from __future__ import annotations
 
 import ast
-import re
 import shutil
 import subprocess
 import sys
@@ -128,7 +127,10 @@ def test_an_older_python_gets_one_line(tmp_path: Path) -> None:
         timeout=30,
     )
     assert lib.returncode == 1
-    assert lib.stderr.splitlines()[-1] == f"ImportError: fleetops needs Python >= 3.12; {old} is Python {version}"
+    assert (
+        lib.stderr.splitlines()[-1]
+        == f"ImportError: fleetops needs Python >= 3.12; {old} is Python {version}"
+    )
 
 
 def test_the_changelogs_latest_release_is_galaxy_ymls_version() -> None:

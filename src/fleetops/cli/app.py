@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from fleetops.ansible import facts, install
+from fleetops.ansible import facts
 from fleetops.cli.args import (
     PLAIN_EVERY_S,
     SUMMARY_ABOVE,
@@ -315,7 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         # parsing inside run_main too: an option's type may need the collection (its one-line error)
         args = build_parser().parse_args(argv)
-        install.check_ansible_core()  # one line, exit 2, before the command runs anything
+        from fleetops.ansible.install import check_ansible_core  # packaging: only once a command runs
+
+        check_ansible_core()  # one line, exit 2, before the command runs anything
         return int(args.func(args))
 
     return run_main("fleetops", run)
