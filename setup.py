@@ -1,10 +1,10 @@
 """The wheel's build hook: one version, and the collection inside the wheel.
 
-- The version is galaxy.yml's, and so are the project URLs (pyproject.toml declares both dynamic). galaxy.yml is the one place because
-  it is the one place ansible-galaxy can read: `ansible-galaxy collection build` takes the collection's
-  version from there and nowhere else, while setuptools takes a version from a hook. The wheel, the
-  collection tarball, `fleetops --version` (the installed package's metadata) and the modules'
-  version_added (tests/unit/test_versions.py) all follow it.
+- The version is galaxy.yml's, and so are the project URLs (pyproject.toml declares both dynamic).
+  galaxy.yml, because it is the one place ansible-galaxy can read: `ansible-galaxy collection build`
+  takes the collection's version from there and nowhere else, while setuptools takes one from a hook.
+  The wheel, the collection tarball, `fleetops --version` (the installed package's metadata), the
+  changelog's release and the modules' version_added (tests/unit/test_versions.py) all follow it.
 - The wheel carries the collection as ``ansible_collections/fleetops/node`` in site-packages, as the
   ``ansible`` package on PyPI does: ansible-core finds collections on sys.path with no configuration. Its
   files are those of the collection tarball (`ansible-galaxy collection build`, galaxy.yml's build_ignore:
