@@ -16,7 +16,7 @@ PYTHON ?= $(shell for c in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/ver
 	p=$$(command -v $$c 2>/dev/null) || continue; \
 	$$p -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: help deps venv lock docs demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
+.PHONY: help deps venv lock dist docs demo test check test-vm lint sanity unit integration molecule bench bench-scan clean lab-down ee test-ee test-ids soak
 
 help:
 	@echo "make demo   - boot a lab fleet, inject real faults, scan it and localhost, tear it down (root)"
@@ -24,15 +24,16 @@ help:
 	@echo "make check  - the inner loop: lint, sanity, the docs site, unit and package tests (no lab, no root)"
 	@echo "make test-vm - the VM lab scenario: QEMU hosts with their own kernels (root; about 9 min on 2 idle cores)"
 	@echo "make lock   - refresh constraints.txt (the pinned venv and EE) from the package index; then make test"
+	@echo "make dist   - dist/: the wheel and sdist of the CLI (the collection inside the wheel) and the collection tarball"
 	@echo "make docs   - build the site (docs/ -> docs/_build/html) strictly: a warning or a broken reference fails"
-	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), module sizes (700 lines), ansible-lint"
+	@echo "make lint   - ruff, mypy, import-linter (the controller's layers), module sizes (700 lines), changelog, ansible-lint"
 	@echo "make bench  - benchmarks under bench/ (each prints a ratio against a baseline)"
 	@echo "make ee     - build the execution environment localhost/fleetops-ee:latest (podman, local base image; root)"
 	@echo "make test-ee - build it, then run fleetops.node.scan in it as AWX does (runner + execution-node stream) on the lab"
 	@echo "make soak   - the auto pass simulated: a month over 2,000 hosts and a year over 500 (kills, races, storms; minutes)"
 	@echo "make bench-scan - scan throughput at 10/25/50 lab hosts vs the usual playbook, and what each setting buys"
 
-$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py galaxy.yml lab/pyproject.toml constraints.txt
 	@if [ -z "$(PYTHON)" ]; then \
 		echo "error: no Python >= 3.12 found on PATH or under pyenv (~/.pyenv/versions); install one or set PYTHON=/path/to/python3.12" >&2; exit 2; fi
 	@echo "== building $(VENV) with $(PYTHON)"
@@ -52,6 +53,15 @@ venv: $(STAMP)
 deps:
 	@bash tools/debian-deps.sh
 
+# The artifacts, versions from galaxy.yml (setup.py): dist/fleetops-<v>-py3-none-any.whl (pip install gives
+# `fleetops` and the collection in site-packages) and its sdist; dist/fleetops-node-<v>.tar.gz
+# (ansible-galaxy collection install: AWX projects, EEs). tests/integration/test_collection_install.py.
+DIST ?= dist
+dist: $(STAMP)
+	rm -rf $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) .
+	$(BIN)/ansible-galaxy collection build . --output-path $(DIST)
+
 demo: deps $(STAMP)
 	$(BIN)/python -m fleetops_lab.demo
 
@@ -61,6 +71,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python tools/module_sizes.py
+	$(BIN)/antsibull-changelog lint
 	ANSIBLE_COLLECTIONS_PATH=$(abspath collections) $(BIN)/ansible-lint --offline --profile production
 
 # The site: reference pages generated from the code (docs/_ext/fleetops_docs.py), guides, development notes.

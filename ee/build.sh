@@ -47,8 +47,8 @@ wheel=$("$here/wheel.sh" build/ee-wheel "$py")
 "$here/trust.sh" build/ee-trust "$py"
 
 # The tarball and the wheel themselves differ on every build (mtimes); the tarball's MANIFEST.json and
-# the wheel's RECORD name every file's sha256 (the wheel's: its modules, the default policy, and its
-# METADATA, which holds pyproject's dependencies and the README).
+# the wheel's RECORD name every file's sha256 (the wheel's: its modules, the default policy, the
+# collection's files, and its METADATA, which holds pyproject's dependencies and the README).
 inputs=$(
   {
     sha256sum execution-environment.yml requirements.txt constraints.txt bindep.txt ee/pkgmgr build/ee-trust/*

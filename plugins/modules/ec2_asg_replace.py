@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 module: ec2_asg_replace
 short_description: Have an EC2 Auto Scaling group replace one of its instances, and wait for the new one
-version_added: "0.3.0"
+version_added: "0.1.0"
 description:
   - The last rung of fleetops' remediation ladder, for a fault no software fix, reboot or stop-start
     clears. The instance's Auto Scaling group gives it up and launches a fresh one in its place.

@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 module: ec2_lease
 short_description: Take, renew, check or release the fleetops lease on EC2 instances
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - The lock that keeps two rollouts off the same hosts, whoever runs them; an operator's
     C(fleetops remediate) (the CLI) and the remediation and reboot playbooks (AWX jobs, or

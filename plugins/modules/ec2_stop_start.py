@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 module: ec2_stop_start
 short_description: Stop an EC2 instance, wait until it is stopped, start it, wait until it runs
-version_added: "0.3.0"
+version_added: "0.1.0"
 description:
   - Moves an EBS-backed EC2 instance to other hardware, the documented answer to an instance-retirement
     or system-maintenance event and to hardware faults a reboot cannot fix (a GPU with uncorrectable ECC

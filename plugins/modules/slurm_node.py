@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 module: slurm_node
 short_description: Drain or resume a Slurm node as a fleetops quarantine
-version_added: "0.3.0"
+version_added: "0.1.0"
 description:
   - The Slurm backend of the quarantine playbooks (C(fleetops.node.quarantine),
     C(fleetops.node.unquarantine)). Runs C(scontrol) on the controller (C(delegate_to=localhost)), each

@@ -45,19 +45,19 @@ def collections_path() -> Path | None:
     return root / "collections"
 
 
-def default_inventory() -> Path | None:
+# The localhost inventory the package ships, for a controller with no checkout (pip install of the wheel).
+# In a checkout it is a link to inventory/localhost.yml (the one file); the wheel holds its content.
+SHIPPED_INVENTORY = Path(__file__).resolve().parent / "localhost.yml"
+
+
+def default_inventory() -> Path:
+    """This machine, scanned in-process: the checkout's inventory/localhost.yml, else the package's."""
     root = collection_root()
-    return None if root is None else root / "inventory" / "localhost.yml"
+    if root is not None and (root / "inventory" / "localhost.yml").is_file():
+        return root / "inventory" / "localhost.yml"
+    return SHIPPED_INVENTORY
 
 
 def resolve_inventories(given: Sequence[Path] | None) -> list[Path]:
-    """The inventories to use: those given, else this checkout's localhost inventory (the one default)."""
-    inventories = list(given or [])
-    if not inventories:
-        default = default_inventory()
-        if default is None:
-            from fleetops.errors import UsageError
-
-            raise UsageError("no inventory given and no fleetops checkout found: use -i INVENTORY")
-        inventories = [default]
-    return inventories
+    """The inventories to use: those given, else the localhost inventory (the one default)."""
+    return list(given or []) or [default_inventory()]

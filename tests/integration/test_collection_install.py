@@ -1,4 +1,6 @@
-"""The built collection, installed into an empty directory, runs its scan playbook against localhost.
+"""The built artifacts, installed as a user installs them, run outside the checkout.
+
+The tarball test: the collection, installed into an empty directory, runs its scan playbook against localhost.
 
 Nothing of this checkout may take part: the tarball is built with `ansible-galaxy collection build`,
 installed with `ansible-galaxy collection install` into an empty folder, and `ansible-playbook -i
@@ -17,9 +19,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
+
+from fleetops_lab import Lab, host_faults
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -114,3 +120,143 @@ def test_built_tarball_installs_into_an_empty_dir_and_scans_localhost(tmp_path: 
     assert "zombie_memcg" in node_health["checks"]
     assert node_health["fleetops_path"] == "runner"
     assert isinstance(node_health["facts"]["memcg"]["total"], int)
+
+
+@pytest.mark.lab
+def test_the_wheel_as_a_user_installs_it_scans_and_remediates_a_lab_fleet(tmp_path: Path) -> None:
+    """`make dist`, then the wheel in a fresh venv outside the checkout, driven from another folder with
+    nothing of the checkout on any path: `fleetops --version`, ansible-doc, a real scan and a dry-run
+    remediation of a lab fleet through its EC2 inventory, `fleetops scan` of this machine with no -i; then
+    the tarball with ansible-galaxy into a collections path (which ansible-core, and so fleetops, now
+    prefers over the wheel's copy) and `ansible-playbook fleetops.node.scan` from there. Python 3.11's pip
+    refuses the wheel in one line."""
+    started = time.monotonic()
+    dist, venv, work, home = tmp_path / "dist", tmp_path / "venv", tmp_path / "work", tmp_path / "home"
+    for d in (work, home):
+        d.mkdir()
+    # the Makefile's own recipe; -o: never rebuild the checkout's venv from inside a test
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO), f"VENV={BIN.parent}", "-o", f"{BIN.parent}/.installed", "dist",
+         f"DIST={dist}"],
+        check=True, capture_output=True, text=True, timeout=300, env=_env(),
+    )  # fmt: skip
+    version = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+    wheel, tarball = dist / f"fleetops-{version}-py3-none-any.whl", dist / f"fleetops-node-{version}.tar.gz"
+    assert sorted(p.name for p in dist.iterdir()) == sorted(
+        [wheel.name, tarball.name, f"fleetops-{version}.tar.gz"]
+    )
+    built = time.monotonic()
+
+    # a user's shell: no checkout anywhere (no PYTHONPATH, no ANSIBLE_*, an empty home), the pip cache kept
+    cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
+    user = {k: v for k, v in _env().items() if not k.startswith(("PYTHON", "FLEETOPS_", "VIRTUAL_ENV"))}
+    user.update(
+        HOME=str(home), PIP_CACHE_DIR=cache.stdout.strip(), FLEETOPS_STATE_DIR=str(tmp_path / "state")
+    )
+    user["PATH"] = os.pathsep.join(p for p in user["PATH"].split(os.pathsep) if not p.startswith(str(REPO)))
+    # the venv's packages from the package index as pip resolves them (pyproject's ranges); installed by this
+    # venv's pip (`pip --python`: no ensurepip into the new venv) without byte-compiling: 20 s, not 80
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, env=user, cwd=work)
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-compile",
+         str(wheel)],
+        capture_output=True, text=True, env=user, cwd=work, timeout=600,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    installed = time.monotonic()
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(venv / "bin" / args[0]), *args[1:]],
+            capture_output=True, text=True, env=env or user, cwd=work, timeout=300, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    site = Path(
+        run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    )
+    in_wheel = site / "ansible_collections" / "fleetops" / "node"
+    out = run("fleetops", "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith(f"fleetops {version} (Python ")
+    assert out.stdout.splitlines()[1:] == [f"collection fleetops.node {version} at {in_wheel}"]
+    doc = run("ansible-doc", "fleetops.node.node_health")
+    assert doc.returncode == 0 and f"({in_wheel}/plugins/modules/node_health.py)" in doc.stdout, doc.stderr
+    assert run("ansible-doc", "-t", "inventory", "fleetops.node.ec2").returncode == 0
+    assert (in_wheel / "schemas" / "policy.schema.json").is_file()
+    assert not (site / "fleetops_lab").exists() and not (in_wheel / "tests").exists()
+
+    here = run("fleetops", "scan", "--format", "json", "-q")  # no -i: this machine, the package's inventory
+    assert here.returncode in (0, 1), here.stderr
+    assert list(json.loads(here.stdout)["hosts"]) == ["localhost"]
+
+    lab = Lab()
+    lab.up(2, ec2=True)
+    try:
+        labbed = time.monotonic()
+        inventory = str(lab.ec2_inventory_path())
+        scan = run("fleetops", "scan", "-i", inventory, "--format", "json", "-q")
+        assert scan.returncode in (0, 1), scan.stderr
+        assert {h: r["status"] for h, r in json.loads(scan.stdout)["hosts"].items()} == {
+            "lab-01": "ok",
+            "lab-02": "ok",
+        }
+        unit = host_faults.install_crashloop_unit(lab, "lab-02", name="stray", start=False)
+        dry = run(
+            "fleetops",
+            "remediate",
+            "disable-unit",
+            "--unit",
+            unit,
+            "-i",
+            inventory,
+            "-l",
+            "lab-02",
+            "--format",
+            "json",
+        )
+        assert dry.returncode == 0, dry.stderr
+        assert json.loads(dry.stdout)["summary"]["changed"] == 1  # lab-02, predicted in check mode
+        assert lab.run("lab-02", f"systemctl is-enabled {unit}").stdout.strip() == "enabled"
+
+        # the tarball, for AWX projects and EEs: in a collections path, it is the one that runs
+        cpath = tmp_path / "collections"
+        # --force: ansible-galaxy finds the wheel's copy on sys.path and would install nothing
+        galaxy = run("ansible-galaxy", "collection", "install", "--force", str(tarball), "-p", str(cpath))
+        assert galaxy.returncode == 0, galaxy.stderr
+        assert (cpath / "ansible_collections" / "fleetops" / "node" / "MANIFEST.json").is_file(), (
+            galaxy.stdout
+        )
+        env = user | {"ANSIBLE_COLLECTIONS_PATH": str(cpath)}
+        from_tarball = cpath / "ansible_collections" / "fleetops" / "node"
+        out = run("fleetops", "--version", env=env)
+        assert out.stdout.splitlines()[1:] == [
+            f"collection fleetops.node {version} at {from_tarball}",
+            f"  also found, not used {version} at {in_wheel}",
+        ], out.stdout
+        play = run("ansible-playbook", "-i", inventory, "fleetops.node.scan", "-vv", env=env)
+        assert play.returncode == 0, play.stdout[-3000:] + play.stderr[-2000:]
+        task_paths = set(re.findall(r"^task path: (\S+?):\d+$", play.stdout, re.M))
+        assert task_paths == {str(from_tarball / "playbooks" / "scan.yml")}, task_paths
+        assert "lab-01" in play.stdout and "lab-02" in play.stdout
+        recap = re.findall(
+            r"^(lab-0\d)\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", play.stdout, re.M
+        )
+        assert sorted(recap) == ["lab-01", "lab-02"], play.stdout[-2000:]
+    finally:
+        host_faults.remove_crashloop_unit(lab, "lab-02", name="stray")
+        lab.down()
+
+    # an older Python: pip refuses the wheel in one line (requires-python); a dry run installs nothing
+    older = [Path("/usr/bin/python3.11"), *sorted(Path.home().glob(".pyenv/versions/3.1[01]*/bin/python3"))]
+    python311 = next(p for p in older if p.is_file())
+    old = subprocess.run(
+        [str(python311), "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True, text=True, env=user | {"PIP_BREAK_SYSTEM_PACKAGES": "1"}, cwd=work,
+    )  # fmt: skip
+    assert old.returncode != 0
+    assert "requires a different Python: 3.1" in old.stderr and "not in '>=3.12'" in old.stderr, old.stderr
+    print(
+        f"install test: dist {built - started:.1f} s, venv + pip install {installed - built:.1f} s, "
+        f"lab {labbed - installed:.1f} s, checks {time.monotonic() - labbed:.1f} s"
+    )

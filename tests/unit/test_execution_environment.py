@@ -334,7 +334,7 @@ def _project() -> dict[str, Any]:
 
 
 def _wheel_name() -> str:
-    return f"fleetops-{_project()['version']}-py3-none-any.whl"
+    return f"fleetops-{_galaxy_version()}-py3-none-any.whl"  # galaxy.yml: the one version (setup.py)
 
 
 def _record(wheel: Path) -> bytes:
@@ -367,11 +367,13 @@ def test_the_ee_installs_the_fleetops_wheel_as_root_after_everything_else(contex
     assert sorted(p.name for p in (context / "_build" / "wheels").iterdir()) == [_wheel_name()]
 
 
-def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(context: Path) -> None:
+def test_the_wheel_holds_the_cli_the_default_policy_the_collection_and_pyprojects_dependencies(
+    context: Path,
+) -> None:
     wheel = context / "_build" / "wheels" / _wheel_name()
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        info = f"fleetops-{_project()['version']}.dist-info"
+        info = f"fleetops-{_galaxy_version()}.dist-info"
         metadata = z.read(f"{info}/METADATA").decode()
         entry_points = z.read(f"{info}/entry_points.txt").decode()
     assert {
@@ -379,14 +381,20 @@ def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(
         "fleetops/auto/__init__.py",
         "fleetops/policy/__init__.py",
         "fleetops/policies/default.yml",
+        "fleetops/localhost.yml",
     } <= names
-    # everything under src/fleetops that is not a cache, and nothing else (no lab, no tests)
+    # everything under src/fleetops that is not a cache, the collection tarball's files under
+    # ansible_collections/fleetops/node (setup.py), and nothing else (no lab, no tests)
     sources = {
         str(p.relative_to(REPO / "src"))
         for p in (REPO / "src" / "fleetops").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
-    assert {n for n in names if not n.startswith(info)} == sources
+    (entry,) = yaml.safe_load((context / "_build" / "requirements.yml").read_text())["collections"]
+    with tarfile.open(context / "_build" / entry["name"]) as tar:
+        collection = {f"ansible_collections/fleetops/node/{m.name}" for m in tar.getmembers() if m.isfile()}
+    assert "ansible_collections/fleetops/node/schemas/policy.schema.json" in collection
+    assert {n for n in names if not n.startswith(info)} == sources | collection
     assert "fleetops = fleetops.cli:main" in entry_points
     requires = {
         str(Requirement(line.split(":", 1)[1]))
@@ -395,6 +403,7 @@ def test_the_wheel_holds_the_cli_the_default_policy_and_pyprojects_dependencies(
     }
     wanted = {str(Requirement(r)) for r in _project()["dependencies"]}
     assert {r for r in requires if "extra ==" not in r} == wanted
+    assert f"Version: {_galaxy_version()}" in metadata.splitlines()
 
 
 def test_the_wheels_record_is_the_build_cache_key_same_sources_same_record(tmp_path: Path) -> None:
@@ -402,13 +411,15 @@ def test_the_wheels_record_is_the_build_cache_key_same_sources_same_record(tmp_p
     its RECORD (every file's sha256): the same for the same sources, another for a changed source."""
     assert ".dist-info/RECORD" in (REPO / "ee" / "build.sh").read_text()
     copy = tmp_path / "checkout"
-    (copy / "ee").mkdir(parents=True)
-    shutil.copy(REPO / "ee" / "wheel.sh", copy / "ee" / "wheel.sh")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, copy / name)
     shutil.copytree(
-        REPO / "src" / "fleetops", copy / "src" / "fleetops", ignore=shutil.ignore_patterns("__pycache__")
-    )
+        REPO,
+        copy,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "lab", "tests", "bench", "build", "dist", "collections", "docs", "__pycache__",
+            "*.egg-info", ".*_cache", ".ansible", ".hypothesis",
+        ),
+    )  # fmt: skip
 
     def build(out: str) -> Path:
         proc = subprocess.run(
@@ -424,8 +435,9 @@ def test_the_wheels_record_is_the_build_cache_key_same_sources_same_record(tmp_p
     assert _record(first) == _record(second)
     policy = copy / "src" / "fleetops" / "policies" / "default.yml"
     policy.write_text(policy.read_text() + "# changed\n")
-    assert _record(build("c")) != _record(first)
     # a module deleted from the sources is gone from the next wheel (no stale setuptools build/ reused)
     (copy / "src" / "fleetops" / "drift.py").unlink()
-    with zipfile.ZipFile(build("d")) as z:
+    changed = build("c")
+    assert _record(changed) != _record(first)
+    with zipfile.ZipFile(changed) as z:
         assert "fleetops/drift.py" not in z.namelist() and "fleetops/policy/__init__.py" in z.namelist()

@@ -4,8 +4,8 @@ The controller never parses a host's files itself, but a few facts live once, in
 ``plugins/module_utils`` (the severity order, the zombie warning level, the UCX fixes, the EC2 client
 and retries), and the controller reads them from there. Ansible's own collection finder resolves
 ``ansible_collections.fleetops.node`` from this checkout's ``collections/`` folder, then
-``ANSIBLE_COLLECTIONS_PATH`` and the default paths, exactly as ansible-playbook would; nothing is
-appended to ``sys.path``.
+``ANSIBLE_COLLECTIONS_PATH`` and the default paths, then ``sys.path`` (site-packages, where the wheel
+installs the collection), exactly as ansible-playbook would; nothing is appended to ``sys.path``.
 
 Importing ansible (and, for ``aws.py`` and ``lease.py``, boto3) costs tenths of a second, so
 what the command line needs before any command runs (the defaults its ``--help`` shows) is read from
@@ -47,15 +47,36 @@ def _search_paths() -> list[str]:
     return [str(f) for f in folders if f.is_dir()]
 
 
+def _folders() -> list[str]:
+    """Where ansible-core looks for collections, in its order: the collections paths, then sys.path."""
+    folders: list[str] = []
+    for folder in [*_search_paths(), *(p or "." for p in sys.path)]:
+        if folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def found_at() -> list[Path]:
+    """Every ``ansible_collections/fleetops/node`` folder found, first the one ansible-core uses (a
+    collection installed twice: the first in its search order wins; the wheel's in site-packages comes
+    after the collections paths)."""
+    found: list[Path] = []
+    for folder in _folders():
+        path = Path(folder) / "ansible_collections" / "fleetops" / "node"
+        is_one = (path / "MANIFEST.json").is_file() or (path / "galaxy.yml").is_file()
+        if is_one and path.resolve() not in {f.resolve() for f in found}:
+            found.append(path)
+    return found
+
+
 @cache
 def _install_finder() -> None:
     from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
-    try:
-        importlib.import_module(PACKAGE)
-        return  # a finder (ansible's, or an earlier one of ours) already resolves the collection
-    except ImportError:
-        pass
+    if PACKAGE in sys.modules or _AnsibleCollectionFinder._find_existing_finder() is not None:
+        return  # already loaded, or ansible's own finder (we run inside ansible) resolves it
+    # Not a plain import first: the wheel's collection in site-packages imports as a namespace package,
+    # which would win over one in a collections path that ansible-core prefers.
     _AnsibleCollectionFinder(paths=_search_paths())._install()
 
 
@@ -76,13 +97,14 @@ def module_utils(name: str) -> ModuleType:
 
 def source(relative: str) -> Path:
     """The file ``relative`` (``plugins/module_utils/lease.py``) of the collection ``load`` imports from:
-    found as the import would find it (sys.path, then the collections paths), without importing ansible."""
+    found as ansible's finder would find it (the collections paths, then sys.path), without importing
+    ansible."""
     name = f"{PACKAGE}.{relative.removesuffix('.py').replace('/', '.')}"
     loaded = sys.modules.get(name)
     if loaded is not None and getattr(loaded, "__file__", None):
         return Path(str(loaded.__file__))
-    for folder in [*sys.path, *_search_paths()]:
-        path = Path(folder or ".") / "ansible_collections" / "fleetops" / "node" / relative
+    for folder in _folders():
+        path = Path(folder) / "ansible_collections" / "fleetops" / "node" / relative
         if path.is_file():
             return path
     raise CollectionNotFound(

@@ -541,6 +541,5 @@ def drift(request: DriftRequest, on_host: OnHost | None = None) -> DriftResult:
 
 
 def default_inventories() -> list[Path]:
-    """This checkout's localhost inventory as a list ([] when the package runs without its checkout)."""
-    inv = paths.default_inventory()
-    return [inv] if inv is not None else []
+    """The localhost inventory as a list: the checkout's, or the one the package ships."""
+    return [paths.default_inventory()]

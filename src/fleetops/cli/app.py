@@ -23,12 +23,12 @@ from typing import Any
 
 import yaml
 
-from fleetops import __version__
 from fleetops.ansible import facts
 from fleetops.cli.args import (
     PLAIN_EVERY_S,
     SUMMARY_ABOVE,
     Parser,
+    VersionAction,
     add_all_arg,
     add_format_arg,
     add_target_args,
@@ -55,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         "crash loops, UCX memory hooks. Scans run one module call per host through ansible-runner.",
         epilog="Exit codes: 0 clean, 1 warning/critical findings, 2 usage error, 3 host unreachable/failed.",
     )
-    parser.add_argument("--version", action="version", version=f"fleetops {__version__}")
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="show the version, the Python, and which fleetops.node collection runs (path, version)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
@@ -311,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         # parsing inside run_main too: an option's type may need the collection (its one-line error)
         args = build_parser().parse_args(argv)
+        from fleetops.ansible.install import check_ansible_core  # packaging: only once a command runs
+
+        check_ansible_core()  # one line, exit 2, before the command runs anything
         return int(args.func(args))
 
     return run_main("fleetops", run)

@@ -29,6 +29,19 @@ class Parser(argparse.ArgumentParser):
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class VersionAction(argparse.Action):
+    """``--version``: computed when asked (where the collection is found), not each time a parser is built."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from fleetops.ansible.install import version_text
+
+        print(version_text())
+        parser.exit(0)
+
+
 def collection_default[T](read: Callable[[], T]) -> T | None:
     """A default the fleetops.node collection defines (``fleetops.ansible.facts``, read from its source),
     for an option's help or default; None when the collection is not found, so that ``--help`` still
