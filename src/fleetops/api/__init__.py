@@ -287,6 +287,7 @@ def merge(request: MergeRequest) -> MergeResult:
 
 def plan(request: PlanRequest) -> PlanResult:
     """Load the targeted hosts and plan them with the request's caps (changes nothing)."""
+    get_remediation(request.action)  # an unknown action: UsageError, before any inventory is read
     inventories = paths.resolve_inventories(request.inventory)
     return _plan_hosts(request, _targets(inventories, request.limit, request.group_by))
 
