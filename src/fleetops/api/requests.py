@@ -212,7 +212,7 @@ def report_document(rollout: Rollout) -> dict[str, Any]:
         "apply": rollout.apply,
         "status": rollout.status,
         "operator": rollout.operator,
-        "state": rollout.state_path,
+        "state": rollout.state_path if rollout.keep else None,  # a dry run saves none (Rollout.keep)
         "plan": rollout.plan,
         "max_failures": rollout.max_failures,
         "batches": [{**b, "results": {h: results.get(h) for h in b["hosts"]}} for b in rollout.batches],
