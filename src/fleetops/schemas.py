@@ -41,11 +41,13 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from fleetops.auto_schema import AutoPass
 from fleetops.documents import (
     DocumentError,
     FieldProblem,
+    OpenModel,
     bad_numbers,
     field_path,
     got,
@@ -63,10 +65,7 @@ MAX_EPOCH = 253402300799.0
 # --------------------------------------------------------------------------------------- models
 
 
-class _Open(BaseModel):
-    """Strict types for the fields named here; any other key is allowed (formats grow)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=False)
+_Open = OpenModel  # strict types for the fields named here; any other key is allowed (formats grow)
 
 
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -574,6 +573,7 @@ MODELS: dict[str, type[_Open]] = {
     "scan-host": ScanHostLine,
     "drift-report": DriftReport,
     "plan": PlanDocument,
+    "auto-pass": AutoPass,
 }
 
 
