@@ -285,7 +285,8 @@ def test_partial_and_audit_refuse_a_planted_link(
 
 def test_state_home_is_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "new" / "state"))
-    rollout = new_rollout(action="reclaim", apply=False, inventory=[], extravars={},
+    # applied: a dry run with no --state saves nothing (Rollout.keep)
+    rollout = new_rollout(action="reclaim", apply=True, inventory=[], extravars={},
                           plan={"batches": [["h1"]]}, max_failures=0, cooldown=0.0, gate=False,
                           state_path=None)  # fmt: skip
     rollout.save()
