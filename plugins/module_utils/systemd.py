@@ -122,6 +122,18 @@ def validate_unit_patterns(patterns, option="protected"):
     return None
 
 
+# docker's own rule for container names ([a-zA-Z0-9][a-zA-Z0-9_.-]+), which also keeps options out.
+_CONTAINER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def validate_container_names(names):
+    """The first problem with a list of docker container names, or None."""
+    for name in names or ():
+        if not isinstance(name, str) or not _CONTAINER_NAME_RE.fullmatch(name):
+            return "%r is not a valid container name" % (name,)
+    return None
+
+
 def protected_match(names, extra=()):
     """``(name, pattern)`` for the first of ``names`` a protected pattern matches, or None.
 

@@ -136,7 +136,6 @@ actions:
 """
 
 import os
-import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
@@ -149,12 +148,11 @@ from ansible_collections.fleetops.node.plugins.module_utils.systemd import (
     protected_match,
     unit_identity,
     unit_type,
+    validate_container_names,
     validate_unit_patterns,
 )
 
 _PROPS = "Id,Names,LoadState,ActiveState,SubState,UnitFileState,FragmentPath,NRestarts"
-# docker's own rule for container names ([a-zA-Z0-9][a-zA-Z0-9_.-]+), which also keeps options out.
-_CONTAINER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class DisableUnitError(Exception):
@@ -224,9 +222,9 @@ class UnitDisabler:
         problem = validate_unit_patterns(params["protected"])
         if problem:
             self._refuse(problem, "invalid")
-        for name in params["containers"]:
-            if not isinstance(name, str) or not _CONTAINER_RE.fullmatch(name):
-                self._refuse("%r is not a valid container name" % (name,), "invalid")
+        problem = validate_container_names(params["containers"])
+        if problem:
+            self._refuse(problem, "invalid")
         if not self.booted:
             raise DisableUnitError(
                 "Failed to disable %s: this host is not running systemd" % requested, **self.result

@@ -12,12 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleetops.errors import UsageError
 
 # Longer integer literals are refused before Python parses them (its own limit is 4,300 digits).
 MAX_INT_DIGITS = 40
+
+
+class OpenModel(BaseModel):
+    """A document's model (``fleetops.schemas``, ``fleetops.auto_schema``): strict types for the fields
+    named; any other key is allowed (formats grow)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=False)
 
 
 class DocumentError(UsageError):

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from fleetops.ansible import facts
 from fleetops.ansible.facts import gauges
 from fleetops.remediations import REMEDIATIONS
 from fleetops.scan import node_out
@@ -66,9 +67,17 @@ SCHEDULER_NODE_GAUGE = (
 )
 
 
+def textfile(report: dict[str, Any]) -> bytes:
+    """The report's metrics, in node_exporter's textfile format."""
+    return bytes(generate_latest(build_registry(report), openmetrics.ALLOWUTF8))
+
+
 def write_textfile(report: dict[str, Any], path: Path) -> None:
-    """Write the report's metrics to PATH atomically (a temp file renamed into place)."""
-    atomic_write(path, generate_latest(build_registry(report), openmetrics.ALLOWUTF8))
+    """Write the report's metrics to PATH atomically (a temp file ending in .tmp, which node_exporter
+    does not read, renamed into place), mode 0644 whatever the umask, as the host timer writes its own
+    (``facts.textfile_mode``): node_exporter reads it as its own user, and the gauges hold no secret
+    (counts, unit and check names, kernel versions: what the alerts need)."""
+    atomic_write(path, textfile(report), mode=facts.textfile_mode(), exact=True)
 
 
 # ---- the auto pass's own state (``remediate auto --prometheus FILE``)
@@ -162,5 +171,11 @@ def build_auto_registry(doc: Mapping[str, Any], ended: float) -> CollectorRegist
 
 
 def write_auto_textfile(doc: Mapping[str, Any], path: Path, ended: float) -> None:
-    """Write the pass's gauges to PATH atomically (node_exporter's textfile directory)."""
-    atomic_write(path, generate_latest(build_auto_registry(doc, ended), openmetrics.ALLOWUTF8))
+    """Write the pass's gauges to PATH atomically (node_exporter's textfile directory), mode 0644 as
+    ``write_textfile`` does: decisions, rule and check names, counts; no secret."""
+    atomic_write(
+        path,
+        generate_latest(build_auto_registry(doc, ended), openmetrics.ALLOWUTF8),
+        mode=facts.textfile_mode(),
+        exact=True,
+    )

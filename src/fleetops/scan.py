@@ -42,6 +42,15 @@ NOT_SCANNED_MSG = "no answer before the scan was interrupted"
 NO_RESULT_MSG = "no result: the scan ended without an answer from this host"
 PARTIAL_SCHEMA = "fleetops.scan.partial/v1"
 TRANSPORTS = ("ansible", "ssh")  # ScanOptions.transport
+# --fail-on: the findings that make a scan exit 1 (FINDINGS). "warning", the default, is the exit code a
+# scan always had; "critical" lets a schedule (a timer, a CI job) stay green on warnings; "never" leaves
+# findings to the report and the metrics. A host that could not be scanned exits 3 whatever it says.
+FAIL_ON: dict[str, tuple[str, ...]] = {
+    "never": (),
+    "warning": ("critical", "warning"),
+    "critical": ("critical",),
+}
+FAIL_ON_DEFAULT = "warning"
 
 
 @dataclass
@@ -224,14 +233,15 @@ def with_nodes(report: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -
     return {**report, "hosts": hosts, "summary": summarize(hosts)}
 
 
-def exit_code(report: dict[str, Any]) -> ExitCode:
+def exit_code(report: dict[str, Any], fail_on: str = FAIL_ON_DEFAULT) -> ExitCode:
     """3 if any host was unreachable/failed/not scanned (or a detector could not run, or its scheduler
-    could not be read), else 1 on warning/critical, else 0. (The CLI exits 130 for an interrupted scan
-    whatever this says.)"""
+    could not be read), else 1 on a finding at least as severe as ``fail_on`` (FAIL_ON: by default a
+    warning or critical one; "never": none), else 0. (The CLI exits 130 for an interrupted scan whatever
+    this says.)"""
     s = report["summary"]
     if s["unreachable"] or s["failed"] or s.get("not_scanned") or s.get("errors") or s.get("node_errors"):
         return ExitCode.FAILED
-    if s["findings"].get("critical") or s["findings"].get("warning"):
+    if any(s["findings"].get(severity) for severity in FAIL_ON[fail_on]):
         return ExitCode.FINDINGS
     return ExitCode.OK
 

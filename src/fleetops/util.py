@@ -10,13 +10,14 @@ with a warning line on stderr).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import hashlib
 import logging
 import os
 import secrets
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,14 +135,17 @@ def check_writable(path: Path) -> str | None:
     return None
 
 
-def atomic_write(path: Path, data: str | bytes, *, mode: int = FILE_MODE, mkdir: bool = False) -> None:
+def atomic_write(
+    path: Path, data: str | bytes, *, mode: int = FILE_MODE, mkdir: bool = False, exact: bool = False
+) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never a torn one.
 
     A temp file with a random name is created with O_EXCL|O_NOFOLLOW (no link followed, no other
     writer's file reused) in the target's directory, written and fsynced, renamed over ``path`` (a
     link at ``path`` is replaced, not followed), and the directory is fsynced so the rename survives
-    a crash. ``mode``: the new file's mode before the umask (default 0600). ``mkdir``: create the
-    directory first (0700; an existing one is left as it is: see ``private_dir``).
+    a crash. ``mode``: the new file's mode before the umask (default 0600); ``exact``: that mode whatever
+    the umask (a file another user must read). ``mkdir``: create the directory first (0700; an existing
+    one is left as it is: see ``private_dir``).
     """
     if mkdir:
         os.makedirs(path.parent, DIR_MODE, exist_ok=True)
@@ -157,6 +161,8 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int = FILE_MODE, mkdir:
                 raise
     try:
         with os.fdopen(fd, "wb") as handle:
+            if exact:
+                os.fchmod(handle.fileno(), mode)
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
@@ -244,3 +250,12 @@ def dead_here(controller: object) -> bool:
     if not pid.isdigit() or int(pid) == os.getpid() or not same_pid_space(host, space):
         return False
     return not pid_alive(int(pid))  # a zombie is dead too; another user's process is alive
+
+
+def nearest(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the known name closest to ``name`` (the one it starts, or difflib's
+    nearest), else ""."""
+    names = list(known)
+    started = [k for k in names if k.startswith(name)] if name else []
+    match = started if len(started) == 1 else difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]}?)" if match else ""

@@ -195,7 +195,9 @@ def test_show_values_flag_reaches_the_playbook() -> None:
 # ---- files 0600, no link followed
 
 
-def test_reports_partial_and_metrics_are_0600(tmp_path: Path) -> None:
+def test_reports_and_partial_are_0600_and_metrics_0644(tmp_path: Path) -> None:
+    """Reports may hold what a host said; the node_exporter textfile holds no secret (counts, names) and
+    must be read by node_exporter's own user: 0644 whatever the umask, as the host timer writes it."""
     from fleetops.metrics import write_textfile
 
     report = {"schema": "fleetops.scan/v1", "started_at": "2026-01-01T00:00:00Z", "duration_s": 0.1,
@@ -208,8 +210,9 @@ def test_reports_partial_and_metrics_are_0600(tmp_path: Path) -> None:
     write_textfile(report, tmp_path / "fleet.prom")
     partial = PartialReport(tmp_path / "report.json.partial")
     partial.add("h1", {"status": "ok"})
-    for name in ("report.json", "fleet.prom", "report.json.partial"):
+    for name in ("report.json", "report.json.partial"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE((tmp_path / "fleet.prom").stat().st_mode) == 0o644
     partial.close(done=True)
 
 
@@ -254,7 +257,8 @@ def test_each_atomic_writer_replaces_a_link_at_its_path_without_following_it(
     else:
         write_textfile(report, path)
     assert target.read_text() == "precious\n" and (tmp_path / "outside2").read_text() == "precious\n"
-    assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    mode = 0o644 if writer == "metrics" else 0o600  # a textfile node_exporter reads; the others private
+    assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == mode
 
 
 def test_partial_and_audit_refuse_a_planted_link(
@@ -281,7 +285,8 @@ def test_partial_and_audit_refuse_a_planted_link(
 
 def test_state_home_is_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "new" / "state"))
-    rollout = new_rollout(action="reclaim", apply=False, inventory=[], extravars={},
+    # applied: a dry run with no --state saves nothing (Rollout.keep)
+    rollout = new_rollout(action="reclaim", apply=True, inventory=[], extravars={},
                           plan={"batches": [["h1"]]}, max_failures=0, cooldown=0.0, gate=False,
                           state_path=None)  # fmt: skip
     rollout.save()

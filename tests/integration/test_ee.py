@@ -765,7 +765,7 @@ def test_remediate_auto_jobs_in_fresh_ees_carry_the_ladder_and_the_budget_in_the
         assert (tmp_path / "out2" / "artifacts" / "status").read_text().strip() == "successful", res
         assert res["rc"] == 0, res
         decision = {d["host"]: d for d in doc["decisions"]}["lab-02"]
-        assert decision["status"] == "budget" and decision["rung"] == 1, decision
+        assert decision["status"] == "budget" and decision["rung"] == 2, decision  # the second rung, 1-based
         assert "reclaim" in decision["reason"], decision
         assert doc["actions"] == [], doc["actions"]
     finally:

@@ -22,14 +22,16 @@ import pytest
 import yaml
 from ansible_collections.fleetops.node.plugins.modules import node_health
 
+from fleetops.ansible import knobs
 from fleetops.ansible.runner import RunnerOptions, run_playbook
 from tests.helpers import ansible_doc
 from tests.paths import REPO
 
 BIN = Path(sys.executable).parent
 SCAN = REPO / "playbooks" / "scan.yml"
-# Knobs that are the playbook's own (play and task keywords), not a module option.
-PLAYBOOK_KNOBS = {"fleetops_targets", "fleetops_host_timeout"}
+# Knobs that are the playbook's own (play and task keywords), not a module option: declared with the
+# controller's check of every -e (fleetops.ansible.knobs).
+PLAYBOOK_KNOBS = set(knobs.PLAYBOOK_KNOBS)
 # The one option whose knob falls back to a host var before the module's default.
 INVENTORY_EVENTS = "{{ fleetops_inventory_events | default(ec2_scheduled_events | default(omit)) }}"
 # A value for every option, none of them its default (checked below), all cheap to run on this machine.
@@ -274,3 +276,15 @@ def test_ansible_playbook_e_strings_reach_typed_options(tmp_path: Path) -> None:
         zombie_warning=700,
         imds="never",
     )
+
+
+def test_the_controller_knows_every_knob_the_playbook_reads() -> None:
+    """fleetops scan checks each -e against these knobs (fleetops.ansible.knobs): exactly the fleetops_ variables
+    scan.yml reads, each typed as the option it sets."""
+    play = SCAN.read_text().split("\n- name: Report")[0]
+    templates = re.findall(r"\{\{.*?\}\}", play)
+    read = {name for template in templates for name in re.findall(r"\bfleetops_[a-z_]+", template)}
+    assert {k for k in knobs.knobs() if k.startswith("fleetops_")} == read
+    for knob, (option, spec) in knobs.knobs().items():
+        if option in node_health.ARGUMENT_SPEC:
+            assert spec == node_health.ARGUMENT_SPEC[option], knob

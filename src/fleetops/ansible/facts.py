@@ -10,7 +10,7 @@ read from the collection's source (``collection.constant``), without importing a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -95,6 +95,12 @@ def gauges() -> ModuleType:
     return module_utils("gauges")
 
 
+def textfile_mode() -> int:
+    """The mode of a node_exporter textfile (textfile.TEXTFILE_MODE, 0644, the host timer's): node_exporter
+    runs as its own user and must read it; the gauges are counts, names and versions, no secret."""
+    return int(constant("textfile", "TEXTFILE_MODE"))
+
+
 def protected_unit(name: str, extra: Sequence[str] = ()) -> str | None:
     """The protected pattern ``name`` matches (systemd.protected_match: the modules' built-in list plus
     ``extra``), else None. On the host, disable_unit checks every name systemd resolves too."""
@@ -111,3 +117,50 @@ def normalize_unit_name(name: str) -> str:
         return str(systemd.normalize_unit_name(name))
     except systemd.UnitNameError:
         return name
+
+
+# The values the modules check on each host, checked here first (a remediation's options: the rollout
+# starts only with values every host would accept). Each returns the modules' own message, or None.
+
+
+def unit_name_problem(name: str) -> str | None:
+    """Why systemctl (and disable_unit, set_env) would refuse the unit name, or None."""
+    systemd = module_utils("systemd")
+    try:
+        systemd.normalize_unit_name(name)
+    except systemd.UnitNameError as err:
+        return str(err)
+    return None
+
+
+def unit_patterns_problem(patterns: Sequence[str], option: str) -> str | None:
+    """The first unit-name glob the modules refuse (systemd.validate_unit_patterns), or None."""
+    problem = module_utils("systemd").validate_unit_patterns(list(patterns), option)
+    return None if problem is None else str(problem)
+
+
+def container_names_problem(names: Sequence[str]) -> str | None:
+    """The first docker container name disable_unit refuses, or None."""
+    problem = module_utils("systemd").validate_container_names(list(names))
+    return None if problem is None else str(problem)
+
+
+def drop_in_problem(name: str) -> str | None:
+    """Why set_env would refuse the drop-in file name, or None."""
+    systemd = module_utils("systemd")
+    try:
+        systemd.check_drop_in_name(name)
+    except systemd.DropInError as err:
+        return str(err)
+    return None
+
+
+def env_problem(env: Mapping[str, Any]) -> str | None:
+    """Why set_env would refuse a variable (its name, a control character in its value; never the value
+    itself), or None."""
+    systemd = module_utils("systemd")
+    try:
+        systemd.validate_env(dict(env))
+    except systemd.DropInError as err:
+        return str(err)
+    return None

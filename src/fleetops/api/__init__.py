@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetops import paths
-from fleetops.ansible import facts
+from fleetops.ansible import facts, knobs
 from fleetops.ansible.inventory import load_hosts
 from fleetops.api.controls import lift_brake, stop, store
 from fleetops.api.launch import execute as _execute
@@ -83,7 +83,7 @@ from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator, state_home
-from fleetops.scan import PartialReport, ScanOptions, run_scan, shard_hosts, with_nodes, write_report
+from fleetops.scan import FAIL_ON, PartialReport, ScanOptions, run_scan, shard_hosts, with_nodes, write_report
 from fleetops.util import check_writable
 
 if TYPE_CHECKING:
@@ -172,6 +172,11 @@ def scan(
     critical = facts.zombie_critical_default() if request.zombie_critical is None else request.zombie_critical
     if warning > critical:
         raise UsageError(f"--zombie-warning ({warning}) must not exceed --zombie-critical ({critical})")
+    if request.fail_on not in FAIL_ON:
+        raise UsageError(f"--fail-on: {request.fail_on!r} is not one of {', '.join(FAIL_ON)}")
+    # what the hosts would be sent, checked here as node_health would check it on each of them
+    if request.checks:
+        knobs.check_checks(request.checks)
     inventories = paths.resolve_inventories(request.inventory)
     for inv in inventories:
         if not inv.exists():
@@ -180,16 +185,6 @@ def scan(
         why = check_writable(out_path) if out_path is not None else None
         if why:
             raise UsageError(f"cannot write {out_path}: {why}")
-    if request.transport == "ssh":
-        from fleetops.ansible import direct
-
-        direct.warm()  # ansible's configuration and plugins load while ansible-inventory lists the hosts
-    # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
-    listed = _targets(inventories, request.limit, None)
-    targets = shard_hosts([h.name for h in listed], request.shard)
-    held = set(targets)
-    if on_targets is not None:
-        on_targets([h for h in listed if h.name in held])
     # the request's scan options (None: the module's default; only what the caller set reaches the
     # playbook), with the inventories resolved and its own copy of the extra vars
     opts = ScanOptions(
@@ -204,6 +199,17 @@ def scan(
         from fleetops.drift import load_unit_allowlist
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
+    if request.transport == "ssh":
+        from fleetops.ansible import direct
+
+        direct.warm()  # ansible's configuration and plugins load while ansible-inventory lists the hosts
+    knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
+    # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
+    listed = _targets(inventories, request.limit, None)
+    targets = shard_hosts([h.name for h in listed], request.shard)
+    held = set(targets)
+    if on_targets is not None:
+        on_targets([h for h in listed if h.name in held])
     output = request.output
     partial = None
     if output is not None:
@@ -241,7 +247,8 @@ def scan(
         if partial is not None:
             partial.close(done=True)
         raise UsageError("no hosts matched the inventory and limit")
-    result = ScanResult(report_, ExitCode.INTERRUPTED if report_.get("interrupted") else exit_code(report_))
+    code = exit_code(report_, request.fail_on)
+    result = ScanResult(report_, ExitCode.INTERRUPTED if report_.get("interrupted") else code)
     if output is not None:
         write_report(output, result.json() + "\n")
         if partial is not None:
@@ -251,6 +258,13 @@ def scan(
 
         write_textfile(report_, request.prometheus)
     return result
+
+
+def scan_metrics(report: Mapping[str, Any]) -> bytes:
+    """A scan report's node_exporter textfile (what ``ScanRequest.prometheus`` writes), for another sink."""
+    from fleetops.metrics import textfile
+
+    return textfile(dict(report))
 
 
 def merge(request: MergeRequest) -> MergeResult:
@@ -274,6 +288,7 @@ def merge(request: MergeRequest) -> MergeResult:
 
 def plan(request: PlanRequest) -> PlanResult:
     """Load the targeted hosts and plan them with the request's caps (changes nothing)."""
+    get_remediation(request.action)  # an unknown action: UsageError, before any inventory is read
     inventories = paths.resolve_inventories(request.inventory)
     return _plan_hosts(request, _targets(inventories, request.limit, request.group_by))
 

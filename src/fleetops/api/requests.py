@@ -21,7 +21,7 @@ from fleetops.rollout import guards
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S
 from fleetops.rollout.state import Rollout
-from fleetops.scan import ScanOptions
+from fleetops.scan import FAIL_ON_DEFAULT, ScanOptions
 from fleetops.util import PLAN_SCHEMA
 
 if TYPE_CHECKING:  # fleetops.auto (the policy, pydantic) is imported only by the commands that run a pass
@@ -42,6 +42,7 @@ class ScanRequest(ScanOptions):
     unit_allowlist: Path | None = None  # a file of unit-name patterns (fleetops_unit_allowlist)
     output: Path | None = None  # also write the JSON report here (FILE.partial meanwhile)
     prometheus: Path | None = None  # also write node_exporter textfile metrics here
+    fail_on: str = FAIL_ON_DEFAULT  # the least severe finding that exits 1 (scan.FAIL_ON; "never": none)
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def report_document(rollout: Rollout) -> dict[str, Any]:
         "apply": rollout.apply,
         "status": rollout.status,
         "operator": rollout.operator,
-        "state": rollout.state_path,
+        "state": rollout.state_path if rollout.keep else None,  # a dry run saves none (Rollout.keep)
         "plan": rollout.plan,
         "max_failures": rollout.max_failures,
         "batches": [{**b, "results": {h: results.get(h) for h in b["hosts"]}} for b in rollout.batches],

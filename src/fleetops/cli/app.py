@@ -42,10 +42,11 @@ from fleetops.cli.args import (
 )
 from fleetops.cli.errors import run_main
 from fleetops.errors import UsageError
-from fleetops.scan import MAX_FORKS, TRANSPORTS
+from fleetops.scan import FAIL_ON, FAIL_ON_DEFAULT, MAX_FORKS, TRANSPORTS
 from fleetops.util import DAY_S, HOUR_S
 
 _Parser = Parser  # the name tests and older callers use
+STDOUT = "-"  # a FILE argument that means standard output
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         "scan",
         help="scan hosts for faults (default: this machine)",
         description="Scan hosts: one fleetops.node.node_health call per host, all detectors in one round trip.",
+        epilog="Exit codes: 0 clean (no finding --fail-on counts), 1 findings at or above --fail-on, 2 usage "
+        "error (checked before any host is contacted: options, --checks, every -e knob and its value), 3 a "
+        "host unreachable, failed or not scanned, or a detector could not run (whatever --fail-on says), "
+        "130 interrupted (Ctrl-C: what arrived is kept).",
     )
     add_target_args(scan)
     add_format_arg(
@@ -86,11 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan.add_argument(
         "--prometheus",
-        type=Path,
         metavar="FILE",
-        help="also write node_exporter textfile-collector metrics to FILE (atomically)",
+        help="also write node_exporter textfile-collector metrics to FILE (atomically, mode 0644 as the host "
+        "timer's: node_exporter reads it as its own user, and the metrics hold no secret); -: to stdout, "
+        "instead of the table (not with --format json or ndjson)",
     )
-    scan.add_argument("--checks", help="comma-separated detectors to run (default: all)")
+    scan.add_argument(
+        "--checks",
+        metavar="CHECK[,CHECK...]",
+        help="comma-separated detectors to run (default: all; an unknown name is a usage error that lists them)",
+    )
+    scan.add_argument(
+        "--fail-on",
+        choices=tuple(FAIL_ON),
+        default=FAIL_ON_DEFAULT,
+        help="the least severe finding that makes the scan exit 1: warning (a warning or critical finding), "
+        "critical (only a critical one: a timer stays green on warnings), never (findings never change the "
+        f"exit code; they stay in the report and the metrics) (default: {FAIL_ON_DEFAULT})",
+    )
     scan.add_argument(
         "--sample-seconds",
         type=seconds,
@@ -177,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VARS",
         default=[],
         help="a knob of playbooks/scan.yml, as ansible-playbook takes it: KEY=VALUE, a YAML/JSON mapping, or "
-        "@FILE (repeatable; later ones win), e.g. -e fleetops_cpu_system_warning_pct=30",
+        "@FILE (repeatable; later ones win), e.g. -e fleetops_cpu_system_warning_pct=30; each is checked before "
+        "any host is contacted, as node_health checks it: an unknown knob (a typo names the nearest), a value "
+        "of the wrong type or out of range is a usage error (ansible's own ansible_* variables pass through)",
     )
     scan.set_defaults(func=cmd_scan)
 
@@ -246,6 +266,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from fleetops.cli.render import host_line, render_scan
 
     check_all_arg(args)
+    metrics_out = args.prometheus == STDOUT
+    if metrics_out and args.format != "table":
+        raise UsageError(f"--prometheus - and --format {args.format} would both write to stdout")
     request = api.ScanRequest(
         inventory=list(args.inventory or []),
         limit=args.limit,
@@ -258,9 +281,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         host_timeout=args.host_timeout,
         unit_allowlist=args.unit_allowlist,
         output=args.output,
-        prometheus=args.prometheus,
+        prometheus=None if args.prometheus is None or metrics_out else Path(args.prometheus),
         shard=args.shard,
         transport=args.transport,
+        fail_on=args.fail_on,
     )
     for spec in args.extra_vars:
         request.extravars.update(parse_extra_vars(spec))
@@ -302,7 +326,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
         if progress is not None:
             progress.finish()
-    if stream is not None:
+    if metrics_out:
+        sys.stdout.buffer.write(api.scan_metrics(result.report))
+        sys.stdout.flush()
+    elif stream is not None:
         stream.finish(result.report)
     elif args.format == "json":
         sys.stdout.write(result.json() + "\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetops.cli.args import add_format_arg, add_target_args, cause, seconds_range
 from fleetops.cli.plan import add_rollout_args, targets_and_caps
@@ -141,15 +141,21 @@ def cmd_auto(args: argparse.Namespace) -> int:
         for d in result.result.decisions:
             counts[d.status] = counts.get(d.status, 0) + 1
             run = ran.get((d.host, d.action or ""))
-            outcome = ""
-            if run is not None:
-                outcome = (
-                    " -> done" if d.host in run.done else f" -> not done (exit {int(run.exit_code)})"
-                ) + ("" if result.result.apply else " [dry run]")
-            out.print(escape(d.line() + outcome))
+            out.print(escape(d.line() + (_outcome(run, d.host, result.result.apply) if run else "")))
         told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         out.print(
             f"auto: {len(result.result.decisions)} host(s): {told or 'none'}"
             + ("" if result.result.apply else " (dry run: nothing recorded; add --apply to act)")
         )
     return result.exit_code
+
+
+def _outcome(run: Any, host: str, apply: bool) -> str:
+    """What the action did on ``host``: done / not done; a dry run changed nothing: what it would change."""
+    if not apply:
+        if host not in run.done:
+            return f" -> dry run failed (exit {int(run.exit_code)})"
+        results = [(b.get("results") or {}).get(host) for b in (run.document or {}).get("batches") or []]
+        changed = any(r.get("changed") for r in results if r)
+        return " -> would change" if changed else " -> would change nothing"
+    return " -> done" if host in run.done else f" -> not done (exit {int(run.exit_code)})"

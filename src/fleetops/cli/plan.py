@@ -35,6 +35,14 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def _hosts(text: str) -> list[str]:
+    """``--exclude a,b``: the names, blanks refused (an empty part would exclude nothing, silently)."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"an empty host name in {text!r}")
+    return names
+
+
 def _group_cap(text: str) -> int | None:
     if text.strip().lower() == "none":
         return None
@@ -97,11 +105,12 @@ def add_rollout_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--exclude",
-        action="extend",
-        nargs="+",
+        action="extend",  # one value per use, split at commas: it never takes the ACTION after it
+        type=_hosts,
         default=[],
-        metavar="HOST",
-        help="host names or shell patterns (lab-1*) to leave out; each must match a host",
+        metavar="HOST[,HOST...]",
+        help="host names or shell patterns (lab-1*) to leave out, comma-separated (repeatable); each must "
+        "match a host",
     )
 
 

@@ -262,16 +262,16 @@ class ConsoleObserver(RolloutObserver):
         in_doubt, pending = stopped.get("in_doubt") or [], stopped.get("pending") or []
         doubt = f"; {len(in_doubt)} in doubt (probed on resume): {' '.join(in_doubt)}" if in_doubt else ""
         self.console.print(
-            f"[bold yellow]interrupted[/] after {stopped.get('after_batch', 0)} batch(es), state saved: "
-            f"{len(pending)} host(s) pending{doubt}\n  resume with: fleetops remediate --resume {rollout.state_path}"
+            f"[bold yellow]interrupted[/] after {stopped.get('after_batch', 0)} batch(es)"
+            f"{', state saved' if rollout.keep else ''}: "
+            f"{len(pending)} host(s) pending{doubt}{_resume_hint(rollout, chr(10) + '  ')}"
         )
 
     def stopped(self, rollout: Rollout, breaker: bool) -> None:
         stopped = rollout.stopped or {}
         self.console.print(
             f"[bold red]{'circuit breaker' if breaker else 'stopped'}: {escape(str(stopped.get('reason')))}; "
-            f"{len(stopped.get('pending') or [])} host(s) untouched[/] "
-            f"(resume with: fleetops remediate --resume {rollout.state_path})"
+            f"{len(stopped.get('pending') or [])} host(s) untouched[/]" + _resume_hint(rollout, " (", ")")
         )
 
     # ------------------------------------------------------------------ progress
@@ -363,3 +363,10 @@ class ConsoleObserver(RolloutObserver):
                 f"hosts finished {finished}/{all_hosts}, failed {failed}; {self.rate()}"
             )
         self._update()
+
+
+def _resume_hint(rollout: Rollout, before: str, after: str = "") -> str:
+    """How to resume ``rollout`` (its state file); a dry run saves none: nothing to resume, run it again."""
+    if not rollout.keep:
+        return f"{before}a dry run saves no state: run it again{after}"
+    return f"{before}resume with: fleetops remediate --resume {rollout.state_path}{after}"

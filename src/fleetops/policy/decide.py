@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
+from fleetops.auto_schema import DecisionStatus
 from fleetops.policy.language import DEFAULT_SEVERITIES, HUMAN, Budget, Policy, Rule, fmt_duration
 from fleetops.policy.records import RungRecord
 from fleetops.policy.state import BudgetLedger, LadderState
@@ -70,9 +71,7 @@ class Spending:
 # ---------------------------------------------------------------------------------- deciding
 
 
-Status = Literal[
-    "act", "wait", "budget", "brake", "floor", "human", "exhausted", "clean", "no_rule", "not_scanned"
-]
+Status = DecisionStatus  # declared with the document that carries it (fleetops.auto_schema)
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,8 @@ class Decision:
     check: str | None = None
     severity: str | None = None
     summary: str | None = None
-    rung: int | None = None  # index into the rule's ladder: the rung taken now, waited on or blocked
+    # index into the rule's ladder: the rung taken now, waited on or blocked (1-based in to_dict's JSON)
+    rung: int | None = None
     rungs: int = 0  # the ladder's length
     rung_action: str | None = None  # that rung's action
     action: str | None = None  # the action to take now (None: none)
@@ -104,6 +104,8 @@ class Decision:
         """The decision as JSON-ready data (for a report or the audit log)."""
         data = asdict(self)
         data["params"] = dict(self.params)
+        # counted from 1, as the text says it (``line``: "rung 1/4"); ``rung`` here is the ladder's index
+        data["rung"] = None if self.rung is None else self.rung + 1
         if not self.blind:
             del data["blind"]  # the documents of passes before it, unchanged
         return data

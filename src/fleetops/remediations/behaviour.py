@@ -6,6 +6,7 @@ that become node taints or check names. ``catalog.py`` names these in each decla
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,20 @@ def disable_unit_gate(
 # ---------------------------------------------------------------------------------- fix
 
 
-def set_env_plan_text(todo: Mapping[str, Any]) -> str:
-    return "".join(
-        f"; set-env {entry['unit']} {' '.join(f'{k}={v}' for k, v in entry['env'].items())} (restart)"
+def fix_plan_text(todo: Mapping[str, Any]) -> str:
+    """One host's fix plan as the steps an operator would type, each a remediation with its options:
+    ``disable-unit --unit ecs.service; reclaim; set-env --unit vllm.service --env K=V --restart``
+    (never a Python value such as ``reclaim True``); ``nothing`` when it holds no step."""
+    steps = [f"disable-unit --unit {shlex.quote(unit)}" for unit in todo.get("disable_units", [])]
+    if todo.get("reclaim"):
+        steps.append("reclaim")
+    steps += [
+        f"set-env --unit {shlex.quote(str(entry['unit']))} "
+        + " ".join(f"--env {shlex.quote(f'{k}={v}')}" for k, v in entry["env"].items())
+        + " --restart"
         for entry in todo.get("set_env", [])
-    )
+    ]
+    return "; ".join(steps) or "nothing"
 
 
 def fix_prepare(
@@ -71,11 +81,7 @@ def fix_prepare(
     for note in notes:
         say(f"note: {note}", "warning")
     for host, todo in fix_plan.items():
-        say(
-            f"  {host}: disable {', '.join(todo['disable_units']) or '-'}; reclaim {todo['reclaim']}"
-            + set_env_plan_text(todo),
-            "",
-        )
+        say(f"  {host}: {fix_plan_text(todo)}", "")
     return {"fleetops_fix_plan": fix_plan}, sorted(fix_plan)
 
 
@@ -222,6 +228,37 @@ def check_check_name(remediation: str, finding: Any) -> None:
         raise UsageError(
             f"remediate {remediation}: --finding {finding!r} is not a check name (e.g. gpu_health)"
         )
+
+
+def _refuse(remediation: str, option: str, problem: str | None) -> None:
+    if problem is not None:
+        raise UsageError(f"remediate {remediation}: {option}: {problem}")
+
+
+def check_unit(remediation: str, unit: Any) -> None:
+    """``--unit``: a name systemctl accepts (``ecs`` or ``ecs.service``), as the module checks it."""
+    _refuse(remediation, "--unit", facts.unit_name_problem(str(unit)))
+
+
+def check_containers(remediation: str, names: Any) -> None:
+    """``--container``: docker container names, as disable_unit checks them."""
+    _refuse(remediation, "--container", facts.container_names_problem(list(names)))
+
+
+def check_protected(remediation: str, patterns: Any) -> None:
+    """``--protected``: unit-name globs, as the modules check them."""
+    _refuse(remediation, "--protected", facts.unit_patterns_problem(list(patterns), "--protected"))
+
+
+def check_drop_in(remediation: str, name: Any) -> None:
+    """``--drop-in``: a plain file name ending in .conf, as set_env checks it."""
+    _refuse(remediation, "--drop-in", facts.drop_in_problem(str(name)))
+
+
+def check_env(remediation: str, env: Any) -> None:
+    """``--env``: variable names and values set_env writes (never a value in the message)."""
+    pairs = dict(env) if isinstance(env, Mapping) else dict(env or ())
+    _refuse(remediation, "--env", facts.env_problem(pairs))
 
 
 # ---------------------------------------------------------------------------------- extra vars across parameters

@@ -66,6 +66,7 @@ PROTECTED = Param(
     kind="repeat",
     metavar="PATTERN",
     extravars=("fleetops_protected",),
+    check=b.check_protected,
     convert=list,
 )
 _zombies = values.int_range(0)
@@ -120,6 +121,7 @@ register(
                 default=REQUIRED,
                 metavar="NAME",
                 extravars=("fleetops_unit",),
+                check=b.check_unit,
             ),
             Param(
                 "containers",
@@ -129,6 +131,7 @@ register(
                 flag="--container",
                 metavar="NAME",
                 extravars=("fleetops_containers",),
+                check=b.check_containers,
                 convert=list,
             ),
             PROTECTED,
@@ -266,6 +269,7 @@ register(
                 default=REQUIRED,
                 metavar="NAME",
                 extravars=("fleetops_unit",),
+                check=b.check_unit,
             ),
             Param(
                 "env",
@@ -275,6 +279,7 @@ register(
                 parse=values.key_value,
                 metavar="KEY=VALUE",
                 extravars=("fleetops_env",),
+                check=b.check_env,
                 convert=dict,
             ),
             Param(
@@ -291,6 +296,7 @@ register(
                 default=facts.module_default("set_env", "drop_in"),  # read from the module's argument spec
                 metavar="FILE",
                 extravars=("fleetops_drop_in",),
+                check=b.check_drop_in,
             ),
             Param(
                 "show_values",

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from fleetops.errors import UsageError
 from fleetops.rollout.gate import GateCheck
-from fleetops.util import DAY_S
+from fleetops.util import DAY_S, nearest
 
 REQUIRED: Any = object()  # a parameter without a default: it must be given
 DEFAULT_HOST_TIMEOUT_S = 600  # a task on a host (a unit disabled, a cache dropped, a service restarted)
@@ -286,7 +286,9 @@ def get(name: str) -> Remediation:
     try:
         return REMEDIATIONS[name]
     except KeyError:
-        raise UsageError(f"unknown remediation {name!r} (one of {', '.join(REMEDIATIONS)})") from None
+        raise UsageError(
+            f"unknown remediation {name!r}{nearest(name, REMEDIATIONS)}; one of {', '.join(REMEDIATIONS)}"
+        ) from None
 
 
 def ladder_order() -> tuple[str, ...]:

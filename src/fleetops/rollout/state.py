@@ -81,6 +81,9 @@ class Rollout:
     # EC2 tag lease: {"ttl": seconds, "instances": {host: {"instance", "region"}}}; None: not EC2
     lease: dict[str, Any] | None = None
     schema: str = STATE_SCHEMA
+    # False for a dry run whose state nobody asked for (no --state FILE): it changes nothing, so nothing is
+    # saved (``save``): no rollout file to resume, stop or report; its report is its output. Not saved itself.
+    keep: bool = field(default=True, repr=False, compare=False)
 
     def secret_values(self) -> list[str]:
         """The values no file or output may hold: set-env's (``fleetops_env``), unless it was asked to
@@ -107,6 +110,7 @@ class Rollout:
     def to_dict(self) -> dict[str, Any]:
         """The state as saved: set-env's values digested (``sha256:<12 hex>``, as the module shows them)."""
         data = asdict(self)
+        del data["keep"]
         data["results"] = {h: self.redact_outcome(o.to_dict()) for h, o in self.results.items()}
         if self.secret_values():
             env = self.extravars[SECRET_ENV_VAR]
@@ -118,7 +122,11 @@ class Rollout:
         return data
 
     def save(self) -> None:
-        """Write the state atomically, 0600 in a 0700 directory (the state home tightened if looser)."""
+        """Write the state atomically, 0600 in a 0700 directory (the state home tightened if looser).
+
+        A dry run saves nothing unless its state file was named (``keep``)."""
+        if not self.keep:
+            return
         path = Path(self.state_path)
         home = state_home()
         if path.parent == home or home in path.parent.parents:
@@ -201,6 +209,7 @@ def new_rollout(
         cooldown=cooldown,
         gate=gate,
         state_path=str(path),
+        keep=apply or state_path is not None,
     )
     rollout.hosts = {h: HOST_PENDING for b in plan["batches"] for h in b}
     return rollout

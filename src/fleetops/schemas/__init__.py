@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fleetops.auto_schema import AutoPass
 from fleetops.documents import DocumentError, bad_numbers, field_path, got, raise_validation, read_json
 from fleetops.schemas.models import (
     MAX_EPOCH,
@@ -96,6 +97,7 @@ MODELS: dict[str, type[_Open]] = {
     "drift-report": DriftReport,
     "plan": PlanDocument,
     "rollouts": RolloutsDocument,
+    "auto-pass": AutoPass,
 }
 
 

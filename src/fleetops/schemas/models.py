@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from fleetops.documents import (
     FieldProblem,
+    OpenModel,
 )
 from fleetops.util import PLAN_SCHEMA, ROLLOUT_CUT_OFF, ROLLOUT_ID_PATTERN, ROLLOUTS_SCHEMA
 
@@ -21,10 +22,7 @@ MAX_EPOCH = 253402300799.0
 # --------------------------------------------------------------------------------------- models
 
 
-class _Open(BaseModel):
-    """Strict types for the fields named here; any other key is allowed (formats grow)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=False)
+_Open = OpenModel  # strict types for the fields named here; any other key is allowed (formats grow)
 
 
 NonNegInt = Annotated[int, Field(ge=0)]
