@@ -20,6 +20,7 @@ import copy
 import importlib
 import os
 import sys
+import threading
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -47,16 +48,34 @@ def _search_paths() -> list[str]:
     return [str(f) for f in folders if f.is_dir()]
 
 
+_FINDER = threading.Lock()  # one finder installed, by whichever thread comes first
+
+
 @cache
 def _install_finder() -> None:
     from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
-    try:
-        importlib.import_module(PACKAGE)
-        return  # a finder (ansible's, or an earlier one of ours) already resolves the collection
-    except ImportError:
-        pass
-    _AnsibleCollectionFinder(paths=_search_paths())._install()
+    with _FINDER:
+        try:
+            importlib.import_module(PACKAGE)
+            return  # a finder (ansible's, or an earlier one of ours) already resolves the collection
+        except ImportError:
+            pass
+        _AnsibleCollectionFinder(paths=_search_paths())._install()
+
+
+def install_ansible_loader() -> None:
+    """Ansible's plugin loading set up as its CLIs set it up (``init_plugin_loader``: the plugin filters,
+    the collection finder over the configured collections paths, ansible's internal collection first), so
+    that ansible's plugin loaders in this process resolve the collection's plugins (the inventory plugin
+    ``fleetops.node.ec2``) as ansible-inventory does. A finder already installed (``load``'s) is kept: it
+    searches the same paths. Needs ansible's configuration read with this checkout's settings first."""
+    with _FINDER:
+        from ansible.plugins.loader import init_plugin_loader
+        from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+        if AnsibleCollectionConfig.collection_finder is None:
+            init_plugin_loader()
 
 
 def load(relative: str) -> ModuleType:

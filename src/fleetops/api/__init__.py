@@ -179,10 +179,6 @@ def scan(
         why = check_writable(out_path) if out_path is not None else None
         if why:
             raise UsageError(f"cannot write {out_path}: {why}")
-    if request.transport == "ssh":
-        from fleetops.ansible import direct
-
-        direct.warm()  # ansible's configuration and plugins load while ansible-inventory lists the hosts
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
     listed = _targets(inventories, request.limit, None)
     targets = shard_hosts([h.name for h in listed], request.shard)
