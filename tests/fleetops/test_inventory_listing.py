@@ -199,3 +199,25 @@ def test_a_rollouts_listings_parse_a_static_inventory_once(
         assert names == [h.name for h in inventory_mod.hosts_from_list(_subprocess(static, batch))]
     assert "edge" in inventory_mod.load_groups(static)
     assert len(parses) == 1
+
+
+def test_collections_imported_without_a_finder_list_through_ansible_inventory(static: list[Path]) -> None:
+    """A process that imported the collection from its PYTHONPATH before any finder (ansible's loaders
+    would refuse it there) lists with ansible-inventory, the same hosts, and its imports keep working."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import ansible_collections.fleetops.node.plugins.module_utils.findings\n"
+        "from fleetops.ansible import listing\n"
+        "from fleetops.ansible.inventory import load_hosts\n"
+        "assert listing.parsed([Path(sys.argv[1])]) is None\n"
+        "print(sorted(h.name for h in load_hosts([Path(p) for p in sys.argv[1:]], 'gpu')))\n"
+        "from fleetops.ansible.collection import load\n"
+        "load('plugins.action.node_health')\n"
+    )
+    collections = Path(inventory_mod.__file__).resolve().parents[3] / "collections"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(collections), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, static)], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['gpu-1', 'gpu-10', 'gpu-2', 'gpu-3']"

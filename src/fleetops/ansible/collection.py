@@ -64,18 +64,26 @@ def _install_finder() -> None:
         _AnsibleCollectionFinder(paths=_search_paths())._install()
 
 
-def install_ansible_loader() -> None:
+def install_ansible_loader() -> bool:
     """Ansible's plugin loading set up as its CLIs set it up (``init_plugin_loader``: the plugin filters,
     the collection finder over the configured collections paths, ansible's internal collection first), so
     that ansible's plugin loaders in this process resolve the collection's plugins (the inventory plugin
     ``fleetops.node.ec2``) as ansible-inventory does. A finder already installed (``load``'s) is kept: it
-    searches the same paths. Needs ansible's configuration read with this checkout's settings first."""
+    searches the same paths. Needs ansible's configuration read with this checkout's settings first.
+
+    False, and nothing installed, where collections were already imported without a finder (a
+    ``PYTHONPATH`` holding ``ansible_collections``): a finder installed now would not know them (ansible's
+    plugin loaders refuse them), and imports go on as they went."""
     with _FINDER:
         from ansible.plugins.loader import init_plugin_loader
         from ansible.utils.collection_loader import AnsibleCollectionConfig
 
-        if AnsibleCollectionConfig.collection_finder is None:
-            init_plugin_loader()
+        if AnsibleCollectionConfig.collection_finder is not None:
+            return True
+        if "ansible_collections" in sys.modules:
+            return False
+        init_plugin_loader()
+        return True
 
 
 def load(relative: str) -> ModuleType:

@@ -9,7 +9,8 @@ configuration is first read: ``runner.prepare_env``), every host's variables fro
 ``VariableManager.get_vars`` less ansible's internal ones, and the whole written with ansible-inventory's
 JSON encoder and read back (untagged plain values, ``__ansible_unsafe`` read as the string it wraps).
 Where this process cannot list as the subprocess would (a vault configured: ansible-inventory reads
-its secrets; ansible's configuration already read from another file), ``parsed`` answers None and the
+its secrets; ansible's configuration already read from another file; collections imported without
+ansible's collection finder), ``parsed`` answers None and the
 caller runs ansible-inventory.
 
 A static inventory (YAML/INI files, their group_vars and host_vars, no plugin or script source) is parsed
@@ -184,7 +185,8 @@ def forget() -> None:
 def _ansible_ready() -> bool:
     """Ansible's configuration loaded in this process as ansible-inventory would load it: this checkout's
     ``ANSIBLE_*`` settings in the environment first (``runner.prepare_env``), its collection finder
-    installed as ansible's CLIs install it, and no vault to read secrets for."""
+    installed as ansible's CLIs install it (not where collections were imported without one), and no
+    vault to read secrets for."""
     from fleetops.ansible.runner import prepare_env
 
     prepare_env()
@@ -197,8 +199,7 @@ def _ansible_ready() -> bool:
         return False
     from fleetops.ansible.collection import install_ansible_loader
 
-    install_ansible_loader()
-    return True
+    return install_ansible_loader()
 
 
 def _same_file(a: str | None, b: str) -> bool:
