@@ -61,7 +61,7 @@ class Parsed:
 
     def list(self, limit: str | None) -> dict[str, Any]:
         """``ansible-inventory --list [--limit LIMIT]``'s output, as parsed JSON."""
-        with _warnings() as captured:
+        with _LOCK, _warnings() as captured:
             try:
                 if limit:
                     self.manager.subset(limit)
