@@ -16,16 +16,19 @@ What it reads, and what it costs:
   directories of systemd's configuration and runtime directories (``/etc/systemd/system``,
   ``/run/systemd/system``, ...): a few directory reads. That is where ``systemctl enable`` puts its
   links, so an enabled unit is among them.
-- One ``systemctl list-unit-files --state=enabled,enabled-runtime -- CANDIDATES`` call: systemd
-  itself decides which of them are enabled. Listing every unit file instead
-  (``list-unit-files --state=enabled`` alone) makes systemd compute the state of every unit file on
-  the host (the state filter is applied afterwards): on systemd 252 with ~360 unit files that is
-  ~100,000 ``openat`` calls and ~0.6 s; with the candidates as patterns ~1,900 and a few ms.
-- One ``systemctl show -p Id,Environment,UnitFileState -- UNITS`` call for the key services
-  (``env_units``; by default the enabled services, at most ``ENV_UNITS_MAX``). Values of variables
+- One ``systemctl show -p Id,UnitFileState,UnitFilePreset,Environment -- CANDIDATES ENV_UNITS`` call:
+  systemd itself says which of the candidates are enabled (``UnitFileState``, computed as
+  ``list-unit-files`` computes it, for these units only: listing every unit file instead makes systemd
+  compute the state of every unit file on the host, ~100,000 ``openat`` calls and ~0.6 s on systemd 252
+  with ~360 unit files) and, in the same answer, the ``Environment=`` of the key services
+  (``env_units``; by default the enabled services, at most ``ENV_UNITS_MAX``). An instance link
+  (``getty@tty1.service``) is asked by its own name (systemd refuses to show a template) and reported by
+  its template's (``getty@.service``), as ``list-unit-files`` names it. Values of variables
   whose names look secret (``*PASSWORD*``, ``*TOKEN*``, ...) are replaced by a short digest, and so are
   credentials inside other values (URL userinfo, ``password=`` pairs, AWS keys, bearer tokens:
   ``module_utils/redact.py``), so a drift report still sees that they differ without printing them.
+  (Before, a ``list-unit-files`` for the candidates and a ``show`` for the services: two systemctl
+  processes and two calls into PID 1 per scan.)
 - ``host_facts()``: ``os.uname()``, ``/etc/os-release`` and the boot id; no process is run.
 
 Stdlib only; importable on Python >= 3.9.
@@ -157,7 +160,8 @@ def parse_os_release(text):
 
 
 def parse_env_show(text):
-    """{unit: {unit_file_state, environment}} from ``systemctl show -p Id,Environment,UnitFileState``.
+    """{unit: {unit_file_state, unit_file_preset, environment}} from ``systemctl show -p
+    Id,UnitFileState,UnitFilePreset,Environment`` (``UnitFilePreset`` None where not asked or empty).
 
     Units systemd does not know (an empty ``UnitFileState`` and no fragment) are left out.
     """
@@ -172,6 +176,7 @@ def parse_env_show(text):
             continue
         result[unit] = {
             "unit_file_state": props["UnitFileState"],
+            "unit_file_preset": props.get("UnitFilePreset") or None,
             "environment": redact_env(parse_environment(props.get("Environment", ""))),
         }
     return result
@@ -187,7 +192,14 @@ def _template(name):
 
 
 def enablement_candidates(dirs=CONFIG_DIRS):
-    """Sorted unit names linked from the ``*.wants`` / ``*.requires`` / ``*.upholds`` directories."""
+    """Sorted unit names linked from the ``*.wants`` / ``*.requires`` / ``*.upholds`` directories, an
+    instance by its template's name (``getty@tty1.service`` -> ``getty@.service``)."""
+    return sorted(set(_template(name) for name in linked_units(dirs)))
+
+
+def linked_units(dirs=CONFIG_DIRS):
+    """Sorted names of the links in the ``*.wants`` / ``*.requires`` / ``*.upholds`` directories, as
+    linked (instances as themselves), those systemctl can show (valid unit names, no template)."""
     names = set()
     for base in dirs:
         try:
@@ -202,9 +214,16 @@ def enablement_candidates(dirs=CONFIG_DIRS):
             except OSError:
                 continue
             for link in links:
-                if "." in link and not link.startswith("."):
-                    names.add(_template(link))
+                if "." in link and not link.startswith(".") and _showable(link):
+                    names.add(link)
     return sorted(names)
+
+
+def _showable(name):
+    try:
+        return normalize_unit_name(name) == name and "@." not in name
+    except UnitNameError:
+        return False
 
 
 def _env_targets(env_units, enabled):
@@ -219,37 +238,36 @@ def _env_targets(env_units, enabled):
 def collect(run, env_units=None, systemd_dir="/run/systemd/system", config_dirs=CONFIG_DIRS):
     """One sample: the enabled units, and the Environment= of the key services.
 
-    ``run(argv) -> (rc, stdout, stderr)``. At most two systemctl calls, whatever the host has.
+    ``run(argv) -> (rc, stdout, stderr)``. At most one systemctl call, whatever the host has.
     """
     started = time.monotonic()
     if not is_systemd_host(systemd_dir):
         return {"systemd": False, "reason": "systemd is not PID 1 on this host", "enabled": [], "unit_files": {},
                 "environment": {}}  # fmt: skip
-    candidates = enablement_candidates(config_dirs)
-    listed = []
-    if candidates:
-        argv = ["systemctl", "list-unit-files", "--no-legend", "--no-pager", "--full",
-                "--state=" + ",".join(ENABLED_STATES), "--"] + candidates  # fmt: skip
-        rc, out, err = run(argv)
-        # exit 1 and silent (systemd 252): none of the candidates is enabled
-        if rc != 0 and (out.strip() or err.strip() or rc != 1):
-            raise UnitsError("run", "systemctl list-unit-files", (err or out).strip() or "exit %d" % rc)
-        listed = [u for u in parse_list_unit_files(out) if u["state"] in ENABLED_STATES]
-    unit_files = dict((u["unit"], {"state": u["state"], "preset": u["preset"]}) for u in listed)
-    enabled = sorted(unit_files)
-    targets, truncated = _env_targets(env_units, enabled)
-    environment = {}
-    if targets:
-        rc, out, err = run(["systemctl", "show", "-p", "Id,Environment,UnitFileState", "--"] + targets)
+    linked = linked_units(config_dirs)
+    asked = [normalize_unit_name(u) for u in env_units or ()]
+    shown = {}
+    if linked or asked:
+        argv = ["systemctl", "show", "-p", "Id,UnitFileState,UnitFilePreset,Environment", "--"]
+        rc, out, err = run(argv + list(dict.fromkeys(linked + asked)))
         if rc != 0:
             raise UnitsError("run", "systemctl show", (err or out).strip() or "exit %d" % rc)
-        environment = dict((unit, data["environment"]) for unit, data in parse_env_show(out).items())
+        shown = parse_env_show(out)
+    unit_files = {}
+    for unit in linked:
+        data = shown.get(unit)
+        name = _template(unit)
+        if data is not None and data["unit_file_state"] in ENABLED_STATES and name not in unit_files:
+            unit_files[name] = {"state": data["unit_file_state"], "preset": data["unit_file_preset"]}
+    enabled = sorted(unit_files)
+    targets, truncated = _env_targets(env_units, enabled)
+    environment = dict((unit, shown[unit]["environment"]) for unit in targets if unit in shown)
     return {
         "systemd": True,
         "reason": None,
         "enabled": enabled,
         "unit_files": unit_files,
-        "candidates": len(candidates),
+        "candidates": len(set(_template(u) for u in linked)),
         "environment": environment,
         "environment_units": targets,
         "environment_truncated": truncated,

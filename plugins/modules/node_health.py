@@ -50,9 +50,9 @@ description:
     plugin's C(ec2_scheduled_events)) merged with the instance metadata service (IMDSv2), asked only
     when the host's firmware says it is an EC2 instance, with short timeouts.
   - C(unexpected_unit) lists the units enabled on the host (the links in systemd's C(*.wants) /
-    C(*.requires) directories as candidates, then one C(systemctl list-unit-files --state=enabled,enabled-runtime)
-    for them; listing every unit file costs ~0.6 s on systemd 252) and the C(Environment=) of the key services
-    (O(env_units), one C(systemctl show) call). With O(unit_allowlist), every enabled unit no pattern matches is a
+    C(*.requires) directories as candidates, then one C(systemctl show) for them that gives their C(UnitFileState)
+    and preset and, in the same answer, the C(Environment=) of the key services (O(env_units)); listing every
+    unit file instead costs ~0.6 s on systemd 252). With O(unit_allowlist), every enabled unit no pattern matches is a
     warning that names it and whether the image (its vendor preset) enabled it; without one, facts only.
   - C(ena_resets) finds interfaces on the EC2 C(ena) driver (C(/sys/class/net/*/device/driver)), reads one
     C(ethtool -S) per ENA interface (C(total_resets), C(reset_fail), C(tx_timeout), C(wd_expired),

@@ -82,6 +82,51 @@ def test_help_of_every_command_imports_nothing_heavy() -> None:
     assert "fleetops.api" not in loaded
 
 
+# what a scan over ssh must not load: the listing and the ssh commands need ansible's inventory, config and
+# ssh plugin, never ansible's CLIs (ansible-inventory's, in a process of its own or in this one), the
+# runner (no host left to ansible-playbook here), boto3 (no EC2 source), pydantic (no policy) or paramiko
+SCAN_UNUSED = ("boto3", "botocore", "paramiko", "pydantic", "ansible_runner", "ansible.cli")
+
+SCANNED = """
+import json, subprocess, sys
+started = []
+real = subprocess.Popen.__init__
+def spy(self, args, *a, **k):
+    started.append(str(args[0] if isinstance(args, (list, tuple)) else args))
+    real(self, args, *a, **k)
+subprocess.Popen.__init__ = spy
+from fleetops.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules), "started": started}))
+"""
+
+
+def test_a_scan_over_ssh_imports_only_what_it_uses(tmp_path: Path) -> None:
+    """`fleetops scan --transport ssh` lists its inventory in process (no ansible-inventory) and loads
+    none of SCAN_UNUSED; its hosts refuse the connection (port 1), so every one is scanned, unreachable."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  vars: {ansible_host: 127.0.0.1, ansible_port: 1, ansible_user: nobody}\n"
+        "  hosts: {h1: {}, h2: {}}\n"
+    )
+    argv = ["scan", "-i", str(inventory), "--transport", "ssh", "-q", "--format", "json"]
+    proc = subprocess.run(
+        [sys.executable, "-c", SCANNED, *argv], capture_output=True, text=True, timeout=180, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(proc.stdout[: proc.stdout.rindex("\n{")])
+    assert report["transport"] == {"name": "ssh", "by_ansible": {}}, report["transport"]
+    assert sorted(report["hosts"]) == ["h1", "h2"]
+    assert not any(Path(p).name == "ansible-inventory" for p in found["started"]), found["started"]
+    loaded = [m for m in found["modules"] if m.startswith(SCAN_UNUSED)]
+    assert loaded == [], loaded
+    assert "ansible.inventory.manager" in found["modules"]  # listed in this process
+
+
 def test_collection_constants_read_from_source_are_the_imported_ones() -> None:
     """``collection.constant`` (no import, what --help shows) agrees with the imported module, for
     every constant it finds in the files the controller reads that way."""

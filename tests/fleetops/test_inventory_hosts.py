@@ -137,7 +137,7 @@ def test_hosts_from_list_reads_every_group_and_the_hostvars() -> None:
 
 
 def test_plugin_strings_marked_unsafe_are_read_as_plain_values() -> None:
-    from fleetops.ansible.inventory import _unwrap_unsafe
+    from fleetops.ansible.listing import unwrap_unsafe as _unwrap_unsafe
 
     text = '{"h": {"ec2_az": {"__ansible_unsafe": "us-east-1a"}, "n": 1, "other": {"a": 1, "b": 2}}}'
     assert json.loads(text, object_hook=_unwrap_unsafe) == {

@@ -20,6 +20,7 @@ import copy
 import importlib
 import os
 import sys
+import threading
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -69,15 +70,41 @@ def found_at() -> list[Path]:
     return found
 
 
+_FINDER = threading.Lock()  # one finder installed, by whichever thread comes first
+
+
 @cache
 def _install_finder() -> None:
     from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
-    if PACKAGE in sys.modules or _AnsibleCollectionFinder._find_existing_finder() is not None:
-        return  # already loaded, or ansible's own finder (we run inside ansible) resolves it
-    # Not a plain import first: the wheel's collection in site-packages imports as a namespace package,
-    # which would win over one in a collections path that ansible-core prefers.
-    _AnsibleCollectionFinder(paths=_search_paths())._install()
+    with _FINDER:
+        if PACKAGE in sys.modules or _AnsibleCollectionFinder._find_existing_finder() is not None:
+            return  # already loaded, or ansible's own finder (we run inside ansible) resolves it
+        # Not a plain import first: the wheel's collection in site-packages imports as a namespace package,
+        # which would win over one in a collections path that ansible-core prefers.
+        _AnsibleCollectionFinder(paths=_search_paths())._install()
+
+
+def install_ansible_loader() -> bool:
+    """Ansible's plugin loading set up as its CLIs set it up (``init_plugin_loader``: the plugin filters,
+    the collection finder over the configured collections paths, ansible's internal collection first), so
+    that ansible's plugin loaders in this process resolve the collection's plugins (the inventory plugin
+    ``fleetops.node.ec2``) as ansible-inventory does. A finder already installed (``load``'s) is kept: it
+    searches the same paths. Needs ansible's configuration read with this checkout's settings first.
+
+    False, and nothing installed, where collections were already imported without a finder (a
+    ``PYTHONPATH`` holding ``ansible_collections``): a finder installed now would not know them (ansible's
+    plugin loaders refuse them), and imports go on as they went."""
+    with _FINDER:
+        from ansible.plugins.loader import init_plugin_loader
+        from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+        if AnsibleCollectionConfig.collection_finder is not None:
+            return True
+        if "ansible_collections" in sys.modules:
+            return False
+        init_plugin_loader()
+        return True
 
 
 def load(relative: str) -> ModuleType:

@@ -27,8 +27,6 @@ that wants a password). AWX, and every remediation, run through ansible.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
 import subprocess
 import sys
@@ -39,9 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetops.ansible.collection import load, module_utils
+from fleetops.ansible.collection import install_ansible_loader, load, module_utils
 from fleetops.ansible.inventory import InventoryHost
-from fleetops.ansible.runner import PlaybookRun, TaskResult, ansible_env
+from fleetops.ansible.runner import PlaybookRun, TaskResult, prepare_env
 
 ACTION = "fleetops.node.node_health"
 TASK = "Run all detectors in one module call"  # playbooks/scan.yml's task: the same name in the results
@@ -99,14 +97,8 @@ def _without_sharing(args: Sequence[str]) -> list[str]:
 _LOADING = threading.Lock()
 
 
-def prepare_env() -> None:
-    """This checkout's ``ANSIBLE_*`` settings in this process's environment, which ansible's configuration
-    reads once, when ``ansible.constants`` is first imported."""
-    os.environ.update({k: v for k, v in ansible_env().items() if k.startswith("ANSIBLE_")})
-
-
 def _load_ansible() -> None:
-    """What a Resolver needs of ansible, loaded once (under a lock: ``warm``'s thread may be loading it):
+    """What a Resolver needs of ansible, loaded once (under a lock: Resolvers of several threads):
     the configuration, the ssh and sudo plugins (their option definitions, for get_plugin_options), the
     action plugin's runner archive."""
     with _LOADING:
@@ -114,25 +106,11 @@ def _load_ansible() -> None:
         from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # noqa: F401
         from ansible.plugins.loader import become_loader, connection_loader
 
+        install_ansible_loader()  # ansible's collection finder, as the in-process inventory listing uses
+
         connection_loader.get("ssh", class_only=True)
         become_loader.get("sudo", class_only=True)
         load("plugins.action.node_health")
-
-
-def warm() -> threading.Thread:
-    """Start loading what a Resolver needs, in a thread, while the caller does something else (a scan lists
-    its inventory with ansible-inventory, another process, meanwhile: about 0.2 s of the scan's start on two
-    cores). The environment is set here, before the thread starts: nothing changes os.environ while the
-    caller starts processes. A failure in the thread is left for the Resolver to raise, as it would have."""
-    prepare_env()
-
-    def load_quietly() -> None:
-        with contextlib.suppress(Exception):
-            _load_ansible()
-
-    thread = threading.Thread(target=load_quietly, name="fleetops-direct-warm", daemon=True)
-    thread.start()
-    return thread
 
 
 class Resolver:

@@ -1,8 +1,10 @@
 """The hosts an inventory and a ``--limit`` select, with the hostvar that groups them (AZ by default).
 
-Ansible itself resolves the inventory and the limit: this runs the ``ansible-inventory`` beside
-this interpreter with the same environment (config, collections path) that the playbook runs get,
-so a plan's hosts are the hosts a ``--limit`` run would touch, through the same inventory plugins.
+Ansible itself resolves the inventory and the limit: ansible-inventory's listing, made in this process
+by ansible's own inventory manager (``listing``) or, where that cannot list as it would, by the
+``ansible-inventory`` beside this interpreter, with the same environment (config, collections path) that
+the playbook runs get, so a plan's hosts are the hosts a ``--limit`` run would touch, through the same
+inventory plugins.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetops.ansible import listing
+from fleetops.ansible.listing import unwrap_unsafe
 from fleetops.ansible.runner import ansible_env
 from fleetops.errors import UsageError
 
@@ -148,6 +152,13 @@ def _group_value(host: str, var: str, value: Any) -> str:
 
 
 def _list_inventory(inventories: Sequence[Path], limit: str | None) -> dict[str, Any]:
+    """``ansible-inventory --list``'s output: listed in this process (``listing``) where it can be, else
+    by ansible-inventory itself."""
+    found = listing.parsed(inventories)
+    return found.list(limit) if found is not None else _run_ansible_inventory(inventories, limit)
+
+
+def _run_ansible_inventory(inventories: Sequence[Path], limit: str | None) -> dict[str, Any]:
     exe = ansible_inventory_bin()
     if not exe.exists():
         raise UsageError(f"ansible-inventory not found beside {sys.executable}: is ansible-core installed?")
@@ -175,19 +186,12 @@ def _list_inventory(inventories: Sequence[Path], limit: str | None) -> dict[str,
     if proc.returncode != 0:
         raise UsageError(f"Failed to read inventory: {_ansible_error(proc.stderr)}")
     try:
-        data = json.loads(proc.stdout, object_hook=_unwrap_unsafe)
+        data = json.loads(proc.stdout, object_hook=unwrap_unsafe)
     except json.JSONDecodeError as exc:
         raise UsageError(f"Failed to read inventory: ansible-inventory printed no JSON ({exc})") from None
     if not isinstance(data, dict):
         raise UsageError("Failed to read inventory: ansible-inventory printed no inventory object")
     return data
-
-
-def _unwrap_unsafe(obj: dict[str, Any]) -> Any:
-    """ansible-inventory writes plugin-provided strings as {"__ansible_unsafe": "..."}: read the value."""
-    if len(obj) == 1 and "__ansible_unsafe" in obj:
-        return obj["__ansible_unsafe"]
-    return obj
 
 
 def _ansible_error(stderr: str) -> str:

@@ -142,9 +142,17 @@ def ansible_env() -> dict[str, str]:
         env.setdefault("ANSIBLE_CONFIG", os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")))
         cpath = [str(root / "collections")]
         if os.environ.get("ANSIBLE_COLLECTIONS_PATH"):
-            cpath.append(os.environ["ANSIBLE_COLLECTIONS_PATH"])
-        env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join(cpath)
+            cpath += os.environ["ANSIBLE_COLLECTIONS_PATH"].split(os.pathsep)
+        # once each: this environment, set in os.environ (prepare_env), gives the same value again
+        env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join(dict.fromkeys(cpath))
     return env
+
+
+def prepare_env() -> None:
+    """This checkout's ``ANSIBLE_*`` settings (``ansible_env``) in this process's environment, which
+    ansible's configuration reads once, when ``ansible.constants`` is first imported: ansible in this
+    process (the inventory listing, the ssh transport) reads the configuration every command we start gets."""
+    os.environ.update({k: v for k, v in ansible_env().items() if k.startswith("ANSIBLE_")})
 
 
 def ec2_sources(inventories: Iterable[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:

@@ -199,10 +199,6 @@ def scan(
         from fleetops.drift import load_unit_allowlist
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
-    if request.transport == "ssh":
-        from fleetops.ansible import direct
-
-        direct.warm()  # ansible's configuration and plugins load while ansible-inventory lists the hosts
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
     listed = _targets(inventories, request.limit, None)

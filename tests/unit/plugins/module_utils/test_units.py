@@ -61,7 +61,7 @@ def test_parse_list_unit_files_rejects_garbage() -> None:
 def test_parse_env_show_lab_capture() -> None:
     env = units.parse_env_show(fixture("lab-show-env.txt"))
     assert set(env) == {"ecs.service", "ssh.service"}  # nosuch.service: systemd does not know it
-    assert env["ecs.service"] == {"unit_file_state": "enabled", "environment": {}}
+    assert env["ecs.service"] == {"unit_file_state": "enabled", "unit_file_preset": None, "environment": {}}
     ssh = env["ssh.service"]["environment"]
     assert ssh["UCX_MEM_MMAP_HOOK_MODE"] == "none"
     assert ssh["GREETING"] == "hello world"
@@ -136,42 +136,45 @@ def test_enablement_candidates(tmp_path: Path) -> None:
 
 
 class FakeSystemctl:
-    """systemctl answering from the lab captures; records every call."""
+    """systemctl answering from the lab capture; records every call."""
 
-    def __init__(self, listing: str = "lab-enabled-ecs.txt") -> None:
-        self.listing = listing
+    def __init__(self, show: str = "lab-show-ecs.txt") -> None:
+        self.show = show
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: list[str]) -> tuple[int, str, str]:
         self.calls.append(argv)
-        if argv[1] == "list-unit-files":
-            return 0, fixture(self.listing), ""
         if argv[1] == "show":
-            return 0, fixture("lab-show-env.txt"), ""
+            return 0, fixture(self.show), ""
         raise AssertionError(argv)
 
 
 def _systemd_dirs(tmp_path: Path) -> tuple[str, list[str]]:
+    """The links of the lab host the capture comes from (README.md: lab-show-ecs.txt)."""
     run_dir = tmp_path / "run-systemd-system"
     run_dir.mkdir()
-    wants = tmp_path / "etc" / "multi-user.target.wants"
-    wants.mkdir(parents=True)
-    for name in ("ecs.service", "ssh.service", "remote-fs.target"):
-        os.symlink("/usr/lib/systemd/system/" + name, wants / name)
-    return str(run_dir), [str(tmp_path / "etc")]
+    etc, generator = tmp_path / "etc", tmp_path / "generator"
+    for link in (
+        etc / "multi-user.target.wants" / "ecs.service",
+        etc / "multi-user.target.wants" / "ssh.service",
+        etc / "multi-user.target.wants" / "remote-fs.target",
+        generator / "local-fs.target.wants" / "systemd-remount-fs.service",
+        generator / "getty.target.wants" / "console-getty.service",
+    ):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink("/usr/lib/systemd/system/" + link.name, link)
+    return str(run_dir), [str(etc), str(generator)]
 
 
-def test_collect_makes_two_calls_and_reads_env_of_enabled_services(tmp_path: Path) -> None:
+def test_collect_makes_one_call_and_reads_env_of_enabled_services(tmp_path: Path) -> None:
+    """One ``systemctl show`` for the candidates: their UnitFileState and preset say which are enabled
+    (console-getty: masked), and the same answer holds the enabled services' Environment=."""
     run_dir, dirs = _systemd_dirs(tmp_path)
     run = FakeSystemctl()
     facts = units.collect(run, systemd_dir=run_dir, config_dirs=dirs)
-    assert len(run.calls) == 2
-    listing, show = run.calls
-    assert listing[-4:] == ["--", "ecs.service", "remote-fs.target", "ssh.service"]
-    assert "--state=enabled,enabled-runtime" in listing
-    # the enabled services (templates and targets aside), sorted
-    assert show == ["systemctl", "show", "-p", "Id,Environment,UnitFileState", "--", "ecs.service",
-                    "ssh.service", "systemd-remount-fs.service"]  # fmt: skip
+    assert run.calls == [["systemctl", "show", "-p", "Id,UnitFileState,UnitFilePreset,Environment", "--",
+                          "console-getty.service", "ecs.service", "remote-fs.target", "ssh.service",
+                          "systemd-remount-fs.service"]]  # fmt: skip
     assert facts["enabled"] == [
         "ecs.service",
         "remote-fs.target",
@@ -182,17 +185,66 @@ def test_collect_makes_two_calls_and_reads_env_of_enabled_services(tmp_path: Pat
         "state": "enabled-runtime",
         "preset": "enabled",
     }
+    # the enabled services (templates and targets aside), sorted
+    assert facts["environment_units"] == ["ecs.service", "ssh.service", "systemd-remount-fs.service"]
     assert facts["environment"]["ssh.service"]["UCX_MEM_MMAP_HOOK_MODE"] == "none"
+    assert facts["environment"]["ecs.service"] == {}
     assert facts["environment_truncated"] is False
+    assert facts["candidates"] == 5
     assert units.evaluate(facts) == []  # no allow-list: facts only
+
+
+def test_collect_gives_what_list_unit_files_gave(tmp_path: Path) -> None:
+    """The enabled units and their state and preset are those of the list-unit-files capture taken on the
+    same host (lab-enabled-ecs.txt), which the detector read before."""
+    run_dir, dirs = _systemd_dirs(tmp_path)
+    facts = units.collect(FakeSystemctl(), systemd_dir=run_dir, config_dirs=dirs)
+    listed = units.parse_list_unit_files(fixture("lab-enabled-ecs.txt"))
+    assert facts["unit_files"] == {u["unit"]: {"state": u["state"], "preset": u["preset"]} for u in listed}
+
+
+def test_collect_asks_an_instance_by_its_name_and_reports_its_template(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    wants = tmp_path / "etc" / "getty.target.wants"
+    wants.mkdir(parents=True)
+    for name in ("getty@tty1.service", "getty@.service", "bad name.service", "notes.txt"):
+        (wants / name).symlink_to("/usr/lib/systemd/system/getty@.service")
+    show = "Id=getty@tty1.service\nUnitFileState=enabled\nUnitFilePreset=enabled\nEnvironment=\n"
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        calls.append(argv)
+        return 0, show, ""
+
+    facts = units.collect(run, systemd_dir=str(run_dir), config_dirs=[str(tmp_path / "etc")])
+    assert calls[0][-2:] == ["--", "getty@tty1.service"]  # systemd refuses to show a template
+    assert facts["enabled"] == ["getty@.service"]  # as list-unit-files names it
+    assert facts["environment_units"] == []
 
 
 def test_collect_with_env_units_given(tmp_path: Path) -> None:
     run_dir, dirs = _systemd_dirs(tmp_path)
     run = FakeSystemctl()
-    facts = units.collect(run, env_units=["ssh", "ssh.service"], systemd_dir=run_dir, config_dirs=dirs)
-    assert run.calls[1][-2:] == ["--", "ssh.service"]
-    assert facts["environment_units"] == ["ssh.service"]
+    facts = units.collect(
+        run, env_units=["ssh", "ssh.service", "nosuch"], systemd_dir=run_dir, config_dirs=dirs
+    )
+    assert len(run.calls) == 1
+    assert run.calls[0][-2:] == ["systemd-remount-fs.service", "nosuch.service"]  # the candidates, then these
+    assert facts["environment_units"] == ["ssh.service", "nosuch.service"]
+    assert set(facts["environment"]) == {"ssh.service"}  # systemd does not know nosuch.service
+
+
+def test_collect_env_units_without_candidates(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = FakeSystemctl()
+    facts = units.collect(
+        run, env_units=["ssh"], systemd_dir=str(run_dir), config_dirs=[str(tmp_path / "none")]
+    )
+    assert run.calls == [["systemctl", "show", "-p", "Id,UnitFileState,UnitFilePreset,Environment", "--",
+                          "ssh.service"]]  # fmt: skip
+    assert facts["enabled"] == [] and set(facts["environment"]) == {"ssh.service"}
 
 
 def test_collect_nothing_enabled(tmp_path: Path) -> None:
@@ -206,15 +258,18 @@ def test_collect_nothing_enabled(tmp_path: Path) -> None:
     assert facts["enabled"] == [] and facts["environment"] == {}
 
 
-def test_collect_candidates_none_enabled_is_exit_1_no_output(tmp_path: Path) -> None:
+def test_collect_candidates_none_enabled(tmp_path: Path) -> None:
     run_dir, dirs = _systemd_dirs(tmp_path)
-    facts = units.collect(lambda argv: (1, "", ""), systemd_dir=run_dir, config_dirs=dirs)
-    assert facts["enabled"] == []
+    show = "".join(
+        f"Id={u}\nUnitFileState=disabled\nUnitFilePreset=enabled\n\n" for u in ("ecs.service", "ssh.service")
+    )
+    facts = units.collect(lambda argv: (0, show, ""), systemd_dir=run_dir, config_dirs=dirs)
+    assert facts["enabled"] == [] and facts["environment"] == {}
 
 
 def test_collect_systemctl_failure_is_a_detector_error(tmp_path: Path) -> None:
     run_dir, dirs = _systemd_dirs(tmp_path)
-    with pytest.raises(units.UnitsError, match="Failed to run systemctl list-unit-files: Access denied"):
+    with pytest.raises(units.UnitsError, match="Failed to run systemctl show: Access denied"):
         units.collect(lambda argv: (1, "", "Access denied"), systemd_dir=run_dir, config_dirs=dirs)
 
 
