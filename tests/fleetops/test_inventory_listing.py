@@ -35,6 +35,36 @@ tier=data
 """
 
 
+def _plainly_imported() -> dict[str, object]:
+    return {
+        n: m
+        for n, m in sys.modules.items()
+        if n == "ansible_collections" or n.startswith("ansible_collections.")
+    }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def as_in_a_fleetops_process() -> Iterator[None]:
+    """The in-process listing needs what a `fleetops` process has: no collection imported before ansible's
+    collection finder (it rightly falls back to ansible-inventory otherwise: a test of its own says so).
+    Other test modules of this pytest process import ``ansible_collections.*`` through pytest's pythonpath,
+    with no finder; so these tests set those imports aside, and after them take the finder away and put
+    the imports back, as the other modules had them."""
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+
+    saved = _plainly_imported() if _AnsibleCollectionFinder._find_existing_finder() is None else {}
+    for name in saved:
+        del sys.modules[name]
+    listing.forget()
+    yield
+    if saved:
+        _AnsibleCollectionFinder._remove()
+        for name in _plainly_imported():
+            del sys.modules[name]
+        sys.modules.update(saved)  # type: ignore[arg-type]
+    listing.forget()
+
+
 def _subprocess(inventories: list[Path], limit: str | None) -> dict[str, object]:
     return inventory_mod._run_ansible_inventory(inventories, limit)
 
