@@ -13,6 +13,15 @@ API (which writes the cache), then, with moto stopped (a listing that made any c
 from the cache, REPEAT times (the median is printed). A second baseline, from the same run and
 cache: the plugin's cached listing with one inventory.set_variable per variable (its batch path
 off), which is what any plugin pays for these hosts through Ansible's per-variable API.
+
+With --aws-ec2 PATH, the bench instead compares listings from the API (no cache) with
+amazon.aws.aws_ec2's, on one moto_server filled with --instances instances (default 1,200): both
+list the running instances in one region, named by instance ID; fleetops.node.ec2 also asks
+DescribeInstanceStatus (its include_events default: scheduled events and status checks), which
+aws_ec2 does not. One warm-up listing each (imports, plugin loading: printed apart), then
+COMPARE_REPEAT rounds, interleaved, the order alternating; the medians' ratio has the target
+COMPARE_TARGET. PATH is a collections folder holding ansible_collections/amazon/aws, or the
+``ansible`` package's wheel (which holds amazon.aws): ``pip download --no-deps -d DIR ansible``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +42,10 @@ COLLECTIONS = ROOT / "collections"
 REGION = "eu-west-1"
 CACHED_TARGET_S = 0.5
 REPEAT = 3
+COMPARE_INSTANCES = 1200
+COMPARE_REPEAT = 5
+COMPARE_TARGET = 0.5  # fleetops.node.ec2's listing at most this share of amazon.aws.aws_ec2's
+AMAZON_AWS = Path("ansible_collections", "amazon", "aws")
 
 
 @dataclass
@@ -107,6 +121,78 @@ def measure(count: int, workdir: Path) -> Result:
     return Result(count, fill_s, api_s, api_cpu_s, cached_s, cached_cpu_s, per_variable_s, per_variable_cpu_s)
 
 
+@dataclass
+class Comparison:
+    count: int
+    first: dict[str, tuple[float, float]]  # plugin -> the warm-up listing (imports included)
+    samples: dict[str, list[tuple[float, float]]]  # plugin -> (wall, CPU) per round
+
+
+OURS, THEIRS = "fleetops.node.ec2", "amazon.aws.aws_ec2"
+
+
+def compare(count: int, workdir: Path, repeat: int) -> Comparison:
+    """API listings of the same moto fleet by both plugins, interleaved (see the module's doc)."""
+    from fleetops_lab.ec2sim import MotoServer, launch_many
+
+    with MotoServer() as moto:
+        launch_many(moto.url, REGION, count)
+        common = f"regions: [{REGION}]\nendpoint_url: {moto.url}\n"
+        sources = {
+            OURS: workdir / "compare.fleet_ec2.yml",
+            THEIRS: workdir / "compare.aws_ec2.yml",
+        }
+        sources[OURS].write_text(f"plugin: {OURS}\n{common}")
+        sources[THEIRS].write_text(
+            f"plugin: {THEIRS}\n{common}filters:\n  instance-state-name: running\nhostnames: [instance-id]\n"
+        )
+        first = {name: _list(source, count) for name, source in sources.items()}
+        samples: dict[str, list[tuple[float, float]]] = {OURS: [], THEIRS: []}
+        for n in range(repeat):
+            order = [OURS, THEIRS] if n % 2 == 0 else [THEIRS, OURS]
+            for name in order:
+                samples[name].append(_list(sources[name], count))
+    return Comparison(count, first, samples)
+
+
+def _amazon_aws(given: Path, workdir: Path) -> Path:
+    """A collections folder holding amazon.aws: given, or made in workdir from the ansible wheel given."""
+    if given.is_dir():
+        if not (given / AMAZON_AWS).is_dir():
+            raise SystemExit(f"--aws-ec2: {given} holds no {AMAZON_AWS}")
+        return given
+    if given.suffix != ".whl" or not given.is_file():
+        raise SystemExit(f"--aws-ec2: {given} is neither a collections folder nor the ansible wheel")
+    prefix = AMAZON_AWS.as_posix() + "/"
+    with zipfile.ZipFile(given) as wheel:
+        members = [m for m in wheel.namelist() if m.startswith(prefix)]
+        if not members:
+            raise SystemExit(f"--aws-ec2: {given} holds no {AMAZON_AWS}")
+        wheel.extractall(workdir / "amazon", members)
+    return workdir / "amazon"
+
+
+def _report_comparison(c: Comparison) -> None:
+    print(
+        f"API listings of {c.count} instances, {COMPARE_REPEAT} interleaved rounds (after one warm-up each):"
+    )
+    print(f"{'plugin':<20}  {'median':>7}  {'its CPU':>7}  {'min':>6}  {'max':>6}  {'warm-up':>7}")
+    medians = {}
+    for name, samples in c.samples.items():
+        medians[name] = _median(samples)
+        walls = [w for w, _ in samples]
+        print(
+            f"{name:<20}  {medians[name][0]:>6.2f}s  {medians[name][1]:>6.2f}s  {min(walls):>5.2f}s  "
+            f"{max(walls):>5.2f}s  {c.first[name][0]:>6.2f}s"
+        )
+    ratio = medians[OURS][0] / medians[THEIRS][0]
+    verdict = "ok" if ratio <= COMPARE_TARGET else "over"
+    print(
+        f"{OURS} / {THEIRS}: {ratio:.2f}x wall (events included), "
+        f"{medians[OURS][1] / medians[THEIRS][1]:.2f}x CPU (target <= {COMPARE_TARGET}x: {verdict})"
+    )
+
+
 def _median(samples: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(w for w, _ in samples), statistics.median(c for _, c in samples)
 
@@ -121,14 +207,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--small", type=int, default=500, help="baseline fleet size (default 500)")
     parser.add_argument("--large", type=int, default=5000, help="large fleet size (default 5000)")
+    parser.add_argument(
+        "--aws-ec2",
+        type=Path,
+        metavar="PATH",
+        help="compare with amazon.aws.aws_ec2 instead: a collections folder holding it, or the ansible wheel",
+    )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=COMPARE_INSTANCES,
+        help=f"fleet size of the comparison (default {COMPARE_INSTANCES})",
+    )
     args = parser.parse_args(argv)
 
     _environment()
-    from ansible.plugins.loader import init_plugin_loader
-
-    init_plugin_loader([str(COLLECTIONS)])
-
     with tempfile.TemporaryDirectory(prefix="fleetops-bench-") as tmp:
+        if args.aws_ec2 is not None:
+            paths = [str(COLLECTIONS), str(_amazon_aws(args.aws_ec2, Path(tmp)))]
+            os.environ["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join(paths)
+            from ansible.plugins.loader import init_plugin_loader
+
+            init_plugin_loader(paths)
+            _report_comparison(compare(args.instances, Path(tmp), COMPARE_REPEAT))
+            load = os.getloadavg()
+            print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+            return 0
+        from ansible.plugins.loader import init_plugin_loader
+
+        init_plugin_loader([str(COLLECTIONS)])
         results = [measure(n, Path(tmp)) for n in (args.small, args.large)]
 
     print(

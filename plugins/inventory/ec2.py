@@ -127,13 +127,24 @@ options:
     default: true
   include_events:
     description:
-      - Ask C(ec2:DescribeInstanceStatus) (C(IncludeAllInstances), 100 instance IDs per call, up to
-        four calls at a time) for
+      - Ask C(ec2:DescribeInstanceStatus) (C(IncludeAllInstances), 100 instance IDs per call) for
         scheduled events and status checks, and set C(ec2_scheduled_events) (a list of
         C(code), C(description), C(not_before), C(not_after), C(not_before_deadline),
         C(instance_event_id)) and C(ec2_status_checks) (C(system), C(instance)).
+      - Only the instances the filters keep are asked about, as soon as a page of
+        C(ec2:DescribeInstances) names them (once the O(exclude_filters) listings are done, when
+        there are some), while the listing goes on.
     type: bool
     default: true
+  max_concurrent_requests:
+    description:
+      - The most API requests of one listing in flight at once, all regions and calls together
+        (1 to 16). Regions, filter sets and C(ec2:DescribeInstanceStatus) calls run side by side
+        within this bound; the pages of one listing follow each other.
+      - Every request has its own retry budget (O(max_attempts)), so this also bounds how many
+        requests wait and retry at once when the API throttles.
+    type: int
+    default: 4
   page_size:
     description: Items asked per C(ec2:DescribeInstances) page (5 to 1000).
     type: int
@@ -287,6 +298,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 
 import jinja2
@@ -306,13 +318,14 @@ try:
     import botocore
     import botocore.paginate
     import botocore.session
+    import botocore.utils
 except ImportError:
     pass  # aws.HAS_BOTO3 says so; parse() refuses to run
 
 
 CACHE_FORMAT = 2  # 2: [hostname, host variables] per instance (1: the API's instance descriptions)
 STATUS_CHUNK = 100  # DescribeInstanceStatus takes at most 100 InstanceIds
-STATUS_WORKERS = 4
+MAX_CONCURRENT_REQUESTS = 16  # the upper bound of the option of that name (its default is in DOCUMENTATION)
 MAX_DUPLICATE_WARNINGS = 10
 # the store the source names, as variables of the ec2 group: what the playbooks hand fleetops.node.ec2_lease
 STORE_VARS = ("fleetops_store_table", "fleetops_store_region", "fleetops_store_endpoint_url")
@@ -437,6 +450,18 @@ def _snake(value):
     if isinstance(value, list):
         return [_snake(item) for item in value]
     return value
+
+
+def _timestamp(value):
+    """botocore's timestamp parser, with a fast path for the UTC form EC2 answers with (2026-12-07T04:40:00.000Z)."""
+    if isinstance(value, str) and value.endswith("Z"):
+        try:
+            parsed = datetime.datetime.fromisoformat(value[:-1])
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is None:
+            return parsed.replace(tzinfo=datetime.timezone.utc)
+    return botocore.utils.parse_timestamp(value)
 
 
 def _jsonable(value):
@@ -644,6 +669,100 @@ class _RegionDenied(Exception):
     """UnauthorizedOperation in a region, with strict_permissions off."""
 
 
+class _RegionListing:
+    """One region's listings and status calls, as tasks of the plugin's pool; records() waits for them."""
+
+    def __init__(self, plugin, pool, region, include_events):
+        self._plugin = plugin
+        self._pool = pool
+        self.region = region
+        self._include_events = include_events
+        self._lock = threading.Lock()
+        self._asked = set()  # instance IDs a status call was (or is about to be) sent for
+        self._pending = []  # kept instance IDs not yet in a status call
+        self._status_calls = []
+        settings = plugin._settings
+        # With exclude sets, which instances are kept is known only once they are listed.
+        self._early_status = include_events and not settings["exclude_sets"]
+        on_page = self._page_listed if self._early_status else None
+        self._excludes = [
+            pool.submit(plugin._list_instances, region, filters) for filters in settings["exclude_sets"]
+        ]
+        self._includes = [
+            pool.submit(plugin._list_instances, region, filters, on_page) for filters in settings["filter_sets"]
+        ]
+        self.started = time.monotonic()
+
+    def _page_listed(self, instances):
+        """In a listing's thread: send a status call for every full chunk of newly kept instance IDs."""
+        with self._lock:
+            for instance in instances:
+                instance_id = instance["InstanceId"]
+                if instance_id not in self._asked:
+                    self._asked.add(instance_id)
+                    self._pending.append(instance_id)
+            while len(self._pending) >= STATUS_CHUNK:
+                self._send(self._pending[:STATUS_CHUNK])
+                del self._pending[:STATUS_CHUNK]
+
+    def _send(self, chunk):
+        self._status_calls.append(self._pool.submit(self._plugin._statuses, self.region, chunk))
+
+    def records(self):
+        plugin, region = self._plugin, self.region
+        try:
+            excluded = set()
+            for future in self._excludes:
+                excluded.update(i["InstanceId"] for i in future.result())
+            found = {}
+            for future in self._includes:
+                for instance in future.result():
+                    if instance["InstanceId"] not in excluded:
+                        found.setdefault(instance["InstanceId"], instance)
+        except _RegionDenied as e:
+            plugin.display.warning("fleetops.node.ec2: skipping %s: %s" % (region, e))
+            for future in self._status_calls:
+                future.cancel()
+            return []
+        listed = time.monotonic()
+        statuses = None
+        if self._include_events:
+            with self._lock:
+                if not self._early_status:
+                    self._pending = sorted(found)
+                for start in range(0, len(self._pending), STATUS_CHUNK):
+                    self._send(self._pending[start : start + STATUS_CHUNK])
+                self._pending = []
+                calls = list(self._status_calls)
+            try:
+                statuses = {}
+                for future in calls:
+                    for status in future.result():
+                        statuses[status["InstanceId"]] = status
+            except _RegionDenied as e:
+                statuses = None
+                plugin.display.warning(
+                    "fleetops.node.ec2: no scheduled events or status checks in %s (its hosts "
+                    "get neither variable): %s" % (region, e)
+                )
+        plugin.display.vvv(
+            "fleetops.node.ec2: %s: %d instances listed in %.2fs, statuses done %.2fs later"
+            % (region, len(found), listed - self.started, time.monotonic() - listed)
+        )
+        records = []
+        for instance_id in sorted(found):
+            # status: the DescribeInstanceStatus item ({} when EC2 had none), None when not asked
+            status = None if statuses is None else statuses.get(instance_id, {})
+            records.append(
+                {
+                    "region": str(region),
+                    "instance": _jsonable(found[instance_id]),
+                    "status": _jsonable(status) if status is not None else None,
+                }
+            )
+        return records
+
+
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     NAME = "fleetops.node.ec2"
 
@@ -832,6 +951,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if not 5 <= page_size <= 1000:
             raise AnsibleParserError("page_size must be between 5 and 1000, got %d" % page_size)
         s["page_size"] = page_size
+        workers = self.get_option("max_concurrent_requests")
+        if not 1 <= workers <= MAX_CONCURRENT_REQUESTS:
+            raise AnsibleParserError(
+                "max_concurrent_requests must be between 1 and %d, got %d" % (MAX_CONCURRENT_REQUESTS, workers)
+            )
+        s["max_concurrent_requests"] = workers
 
         # The connection options as module_utils/aws.py resolves and validates them (Ansible has
         # applied the aliases, environment variables and defaults it documents, the same ones).
@@ -925,8 +1050,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def _get_session(self):
         if self._session is None:
+            core = botocore.session.get_session()
+            # The answers' timestamps become ISO 8601 strings again (_jsonable): parse the ones EC2
+            # writes with the stdlib, not dateutil (a third of the CPU of parsing DescribeInstances).
+            core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
             try:
-                self._session = aws.session(self._connection)
+                self._session = aws.session(self._connection, botocore_session=core)
             except aws.AwsError as e:
                 raise AnsibleError(to_native(e)) from None
         return self._session
@@ -1001,7 +1130,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         answer = self._call("DescribeRegions", region, lambda: self._client(region).describe_regions())
         return sorted(r["RegionName"] for r in answer.get("Regions", []))
 
-    def _list_instances(self, region, filters):
+    def _list_instances(self, region, filters, on_page=None):
+        """Every instance the filters match in region, in the API's order; on_page(instances) hears of each page."""
         instances = []
         for page in self._pages(
             region,
@@ -1010,78 +1140,52 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             {"Filters": filters},
             page_size=self._settings["page_size"],
         ):
+            listed = []
             for reservation in page.get("Reservations", []):
                 for instance in reservation.get("Instances", []):
                     instance["OwnerId"] = reservation.get("OwnerId", "")
                     instance["RequesterId"] = reservation.get("RequesterId", "")
                     instance["ReservationId"] = reservation.get("ReservationId", "")
-                    instances.append(instance)
+                    listed.append(instance)
+            instances.extend(listed)
+            if on_page is not None:
+                on_page(listed)
         return instances
 
-    def _statuses(self, region, instance_ids):
-        """DescribeInstanceStatus for instance_ids, 100 IDs a call (the API's limit), a few calls at a time.
-
-        The calls are latency-bound (5,000 instances are 50 calls), so STATUS_WORKERS run at once;
-        each one has its own retry budget.
-        """
-        chunks = [instance_ids[i : i + STATUS_CHUNK] for i in range(0, len(instance_ids), STATUS_CHUNK)]
-        self._client(region)  # created once, before the threads share it (boto3 clients are thread-safe)
-
-        def fetch(chunk):
-            kwargs = {"InstanceIds": chunk, "IncludeAllInstances": True}
-            return [
-                status
-                for page in self._pages(region, "DescribeInstanceStatus", "describe_instance_status", kwargs)
-                for status in page.get("InstanceStatuses", [])
-            ]
-
-        statuses = {}
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(STATUS_WORKERS, len(chunks) or 1)) as pool:
-            for answer in pool.map(fetch, chunks):
-                for status in answer:
-                    statuses[status["InstanceId"]] = status
-        return statuses
+    def _statuses(self, region, chunk):
+        """DescribeInstanceStatus for at most STATUS_CHUNK instance IDs (the API's limit): their items."""
+        kwargs = {"InstanceIds": chunk, "IncludeAllInstances": True}
+        return [
+            status
+            for page in self._pages(region, "DescribeInstanceStatus", "describe_instance_status", kwargs)
+            for status in page.get("InstanceStatuses", [])
+        ]
 
     def _query(self):
-        records = []
-        for region in self._regions():
-            started = time.monotonic()
+        """Every region's instances and statuses, as records in a stable order (regions as given, then IDs).
+
+        The requests run in one pool of max_concurrent_requests threads: every listing (a region's
+        filter sets and exclude sets) is one task, its pages one after another; the status calls
+        are tasks too, each for up to STATUS_CHUNK instance IDs the filters kept, sent as soon as
+        a page names them (after the region's exclude listings, when it has some), so they overlap
+        the listing. The clients are made here, before the threads start: one per region, shared
+        by its tasks (a boto3 client is thread-safe, a session is not).
+        """
+        regions = self._regions()
+        for region in regions:
+            self._client(region)
+        include_events = self._settings["include_events"]
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._settings["max_concurrent_requests"], thread_name_prefix="fleetops-ec2"
+        ) as pool:
             try:
-                excluded = set()
-                for filters in self._settings["exclude_sets"]:
-                    excluded.update(i["InstanceId"] for i in self._list_instances(region, filters))
-                found = {}
-                for filters in self._settings["filter_sets"]:
-                    for instance in self._list_instances(region, filters):
-                        if instance["InstanceId"] not in excluded:
-                            found.setdefault(instance["InstanceId"], instance)
-            except _RegionDenied as e:
-                self.display.warning("fleetops.node.ec2: skipping %s: %s" % (region, e))
-                continue
-            listed = time.monotonic()
-            statuses = None
-            if self._settings["include_events"]:
-                try:
-                    statuses = self._statuses(region, sorted(found)) if found else {}
-                except _RegionDenied as e:
-                    self.display.warning(
-                        "fleetops.node.ec2: no scheduled events or status checks in %s (its hosts "
-                        "get neither variable): %s" % (region, e)
-                    )
-            self.display.vvv(
-                "fleetops.node.ec2: %s: %d instances listed in %.2fs, statuses in %.2fs"
-                % (region, len(found), listed - started, time.monotonic() - listed)
-            )
-            for instance_id in sorted(found):
-                # status: the DescribeInstanceStatus item ({} when EC2 had none), None when not asked
-                status = None if statuses is None else statuses.get(instance_id, {})
-                records.append(
-                    {
-                        "region": str(region),
-                        "instance": _jsonable(found[instance_id]),
-                        "status": _jsonable(status) if status is not None else None,
-                    }
-                )
+                listings = [_RegionListing(self, pool, region, include_events) for region in regions]
+                records = []
+                for listing in listings:
+                    records.extend(listing.records())
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # no request is sent after a failure
+                raise
         return records
 
     # ---- inventory -----------------------------------------------------------------------------

@@ -346,10 +346,15 @@ def _require():
         )
 
 
-def session(settings):
-    """A boto3 Session with the settings' credentials (boto3's own chain when none are given)."""
+def session(settings, botocore_session=None):
+    """A boto3 Session with the settings' credentials (boto3's own chain when none are given).
+
+    ``botocore_session``: the botocore session to build it on (a new one when None).
+    """
     _require()
     kwargs = {}
+    if botocore_session is not None:
+        kwargs["botocore_session"] = botocore_session
     if settings.aws_profile:
         kwargs["profile_name"] = settings.aws_profile
     if settings.aws_access_key:

@@ -290,6 +290,10 @@ class Ec2Proxy:
         self.power_hook = power_hook
         self.calls: Counter[str] = Counter()
         self.throttled: Counter[str] = Counter()
+        self.status_ids: list[str] = []  # the InstanceIds DescribeInstanceStatus was asked about, in order
+        self.in_flight = 0
+        self.peak_in_flight = 0  # the most requests this proxy was answering at once
+        self.delay = 0.0  # seconds each request is held before it is answered (to see concurrency)
         self._lock = threading.Lock()
         self._throttle_left = throttle_first
         self._throttle_actions = frozenset(throttle_actions) if throttle_actions else None
@@ -347,6 +351,8 @@ class Ec2Proxy:
         with self._lock:
             self.calls.clear()
             self.throttled.clear()
+            self.status_ids.clear()
+            self.peak_in_flight = self.in_flight
 
     def __enter__(self) -> Ec2Proxy:
         self.start()
@@ -358,12 +364,26 @@ class Ec2Proxy:
     # ---- request handling ------------------------------------------------------------------
 
     def _handle(self, req: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            self._answer(req)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _answer(self, req: BaseHTTPRequestHandler) -> None:
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else b""
         fields = _fields(req.command, req.path, body)
         action = fields.get("Action", ["?"])[0]
         with self._lock:
             self.calls[action] += 1
+            if action == "DescribeInstanceStatus":
+                self.status_ids.extend(_instance_ids(fields))
             denied = action in self._deny_actions
             throttle = not denied and (
                 self._throttle_left > 0

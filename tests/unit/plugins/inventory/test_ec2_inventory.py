@@ -514,6 +514,40 @@ def test_example_inventory_lists_the_gpu_fleet(
     assert proxy.calls["DescribeInstances"] == 4  # 2 regions x (filters + exclude_filters)
 
 
+# ---- concurrency ------------------------------------------------------------------------------
+
+
+def test_requests_run_side_by_side_within_the_bound_and_list_the_same(
+    tmp_path: Path, proxy: Ec2Proxy, fleet: dict[str, str]
+) -> None:
+    """Regions, filter sets and status calls run side by side, never more than max_concurrent_requests
+    at once; the listing is the same at any bound, and statuses are asked only for the instances kept."""
+    config = {
+        "regions": [REGION, "us-west-2", "eu-west-1"],  # the fleet is in the first; the others answer empty
+        "endpoint_url": proxy.url,
+        "hostnames": ["tag:Name", "instance-id"],
+        "filters": {"instance-state-name": "running"},
+        "include_filters": [{"tag:Name": "gpu-stopped", "instance-state-name": "stopped"}],
+        "exclude_filters": [{"tag:drain": True}],
+        "keyed_groups": [{"key": "ec2_tags.team | default('none')", "prefix": "team"}],
+    }
+    proxy.delay = 0.2  # every request takes a while: requests sent side by side overlap at the proxy
+    listings = {}
+    for bound in (1, 3):
+        proxy.reset_counters()
+        listing = run_inventory(tmp_path, {**config, "max_concurrent_requests": bound})
+        assert listing.rc == 0, listing.stderr
+        # 3 regions x 3 listings (filters, include, exclude): 9 DescribeInstances, then one status call
+        assert proxy.calls == {"DescribeInstances": 9, "DescribeInstanceStatus": 1}
+        assert proxy.peak_in_flight == bound
+        kept = {"gpu-a1", "gpu-b1", "cpu-b2", "gpu-stopped"}  # gpu-a2 is excluded (drain)
+        assert sorted(proxy.status_ids) == sorted(fleet[n] for n in kept)
+        listings[bound] = listing
+    assert listings[3].data == listings[1].data
+    assert set(listings[3].hostvars) == {"gpu-a1", "gpu-b1", fleet["cpu-b2"], "gpu-stopped"}
+    assert listings[3].hostvars["gpu-a1"]["ec2_scheduled_events"][0]["code"] == "system-reboot"
+
+
 # ---- throttling -------------------------------------------------------------------------------
 
 
@@ -595,6 +629,10 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "bad-endpoint": ({"endpoint_url": "127.0.0.1:5000"}, "endpoint_url must be an http:// or https:// URL"),
     "bad-page-size": ({"page_size": 2}, "page_size must be between 5 and 1000, got 2"),
+    "bad-concurrency": (
+        {"max_concurrent_requests": 0},
+        "max_concurrent_requests must be between 1 and 16, got 0",
+    ),
     "bad-type": ({"max_attempts": "many"}, "max_attempts"),
     "half-credentials": (
         {"aws_access_key": "AKIAEXAMPLE"},
