@@ -11,7 +11,10 @@ so the same exit code (``scan.exit_code``). What it refuses (``MergeError``, exi
   ``2/3``), a shard given twice, a missing shard (its hosts are unknown here: a merge without them
   would look like the whole fleet and could exit 0), a host in a shard that does not hold it;
 - a host in two reports (overlapping shards or limits);
-- different options (checks, thresholds, extra vars): named field by field.
+- different options (checks, thresholds, extra vars): named field by field;
+- shards of different selections (inventory sources, limit, exclude, the selected hosts' digest): shards
+  of different ``-l`` would merge into a report that silently lacks hosts; named field by field. Reports
+  that are not shards (scans of disjoint limits) are parts of no one selection: they merge.
 
 A partial file's targets without an answer are ``not_scanned``, never dropped; an older partial file
 without its targets cannot say which hosts it missed: the merged report says so in its notes.
@@ -59,6 +62,7 @@ class Source:
     interrupted: bool
     not_scanned: int
     notes: tuple[str, ...] = ()
+    selection: dict[str, Any] | None = None  # None: not recorded (an older fleetops)
 
     @property
     def label(self) -> str:
@@ -127,6 +131,7 @@ def report_source(path: Path, data: Any) -> Source:
         finished=started + float(report["duration_s"]),
         interrupted=bool(report.get("interrupted")),
         not_scanned=sum(1 for e in hosts.values() if e["status"] == "not_scanned"),
+        selection=report.get("selection"),
     )
 
 
@@ -163,7 +168,7 @@ def partial_source(path: Path, raw: bytes) -> Source:
     missing = sum(1 for h in hosts if h not in answered)
     return Source(source, True, shard, header.get("options"), hosts, started, finished, True,
                   missing + sum(1 for e in answered.values() if e.get("status") == "not_scanned"),
-                  tuple(notes))  # fmt: skip
+                  tuple(notes), header.get("selection"))  # fmt: skip
 
 
 def read_sources(paths: Sequence[Path]) -> list[Source]:
@@ -217,24 +222,35 @@ def check_shards(sources: Sequence[Source]) -> None:
 def check_options(sources: Sequence[Source]) -> dict[str, Any] | None:
     """The options every report shares (None when none recorded them); MergeError naming each field
     that differs."""
+    return _same(sources, "options", "options", "they ran the same checks and thresholds")
+
+
+def check_selection(sources: Sequence[Source]) -> dict[str, Any] | None:
+    """The selection every report shares (None when none recorded it); MergeError naming each field
+    that differs (``scan.selection_record``)."""
+    return _same(sources, "selection", "selections", "they selected the same hosts")
+
+
+def _same(sources: Sequence[Source], key: str, plural: str, proves: str) -> dict[str, Any] | None:
     first = sources[0]
-    for s in sources[1:]:
-        if (s.options is None) != (first.options is None):
-            old, new = (s, first) if s.options is None else (first, s)
-            raise MergeError(f"options: recorded in {new.path}, not in {old.path} (an older fleetops): "
-                             "cannot tell that they ran the same checks and thresholds")  # fmt: skip
-    if first.options is None:
+    recorded: list[dict[str, Any] | None] = [getattr(s, key) for s in sources]
+    for s, value in zip(sources[1:], recorded[1:], strict=True):
+        if (value is None) != (recorded[0] is None):
+            old, new = (s, first) if value is None else (first, s)
+            raise MergeError(f"{key}: recorded in {new.path}, not in {old.path} (an older fleetops): "
+                             f"cannot tell that {proves}")  # fmt: skip
+    if recorded[0] is None:
         return None
-    fields = sorted({k for s in sources for k in (s.options or {})})
+    fields = sorted({k for r in recorded for k in (r or {})})
     differ: list[str] = []
     for name in fields:
-        values = [(s, (s.options or {}).get(name)) for s in sources]
+        values = [(s, (r or {}).get(name)) for s, r in zip(sources, recorded, strict=True)]
         if any(v != values[0][1] for _, v in values[1:]):
             each = ", ".join(f"{json.dumps(v)} in {s.path}" for s, v in values)
             differ.append(f"{name}: {each}")
     if differ:
-        raise MergeError("the reports are of different scans: options differ: " + "; ".join(differ))
-    return first.options
+        raise MergeError(f"the reports are of different scans: {plural} differ: " + "; ".join(differ))
+    return recorded[0]
 
 
 def check_overlap(sources: Sequence[Source]) -> None:
@@ -259,6 +275,8 @@ def merge(paths: Sequence[Path]) -> Merged:
     sources = read_sources(paths)
     check_shards(sources)
     options = check_options(sources)
+    # shards are the parts of one selection; reports that are not shards (disjoint --limit's) merge as parts
+    selection = check_selection(sources) if sources[0].shard is not None else None
     check_overlap(sources)
     hosts: dict[str, dict[str, Any]] = {}
     for s in sources:
@@ -279,12 +297,14 @@ def merge(paths: Sequence[Path]) -> Merged:
         ],
         "notes": notes,
     }  # fmt: skip
+    selected: dict[str, Any] = {"selection": selection} if selection is not None else {}
     report = report_document(
         hosts,
         started=min(s.started for s in sources),
         finished=max(s.finished for s in sources),
         interrupted=any(s.interrupted for s in sources),
         options=options,
+        **selected,
         merged=merged,
     )
     return Merged(report, exit_code(report), notes)

@@ -233,6 +233,19 @@ def with_nodes(report: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -
     return {**report, "hosts": hosts, "summary": summarize(hosts)}
 
 
+def selection_record(
+    inventory: Sequence[Path | str], limit: str | None, hosts: Sequence[str], unmatched: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a scan selected, as its report records it (``selection``; ``fleetops merge`` refuses shards of
+    different ones, naming the field): the inventory sources, the limit and the exclude (a scan has none)
+    as given, a digest of the sorted names of every selected host (before a shard took its part) and their
+    count; ``unmatched``: the limit's parts that matched no host (a scan keeps ansible's behaviour)."""
+    names = sorted(hosts)
+    return {"inventory": [str(p) for p in inventory], "limit": limit, "exclude": [],
+            "hosts": digest_value("\n".join(names)), "host_count": len(names),
+            **({"unmatched": list(unmatched)} if unmatched else {})}  # fmt: skip
+
+
 def exit_code(report: dict[str, Any], fail_on: str = FAIL_ON_DEFAULT) -> ExitCode:
     """3 if any host was unreachable/failed/not scanned (or a detector could not run, or its scheduler
     could not be read), else 1 on a finding at least as severe as ``fail_on`` (FAIL_ON: by default a
@@ -394,7 +407,8 @@ class PartialReport:
 
     Line 1 is ``{"schema": "fleetops.scan.partial/v1", "started_at": ...}``, with, when the caller
     knows them, ``"targets"`` (every host the scan targets, before any answer: a scan killed half way
-    still says which hosts it did not scan), ``"shard"`` and ``"options"`` (as the report records them);
+    still says which hosts it did not scan), ``"shard"``, ``"options"`` and ``"selection"`` (as the report
+    records them);
     each next line is ``{"host": NAME, "entry": {...}}`` with the entry as in the final report.
     Appending a line is O(1) per host at any fleet size (rewriting a whole report per host would be
     quadratic). The file is removed once the final report has been written (``close(done=True)``).
@@ -408,6 +422,7 @@ class PartialReport:
         targets: Sequence[str] | None = None,
         shard: Shard | None = None,
         options: dict[str, Any] | None = None,
+        selection: dict[str, Any] | None = None,
     ) -> None:
         self.path = path
         self.hosts = 0
@@ -424,6 +439,8 @@ class PartialReport:
             header["shard"] = shard.to_dict()
         if options is not None:
             header["options"] = options
+        if selection is not None:
+            header["selection"] = selection
         self._write(header)
         self.targeted = targets is not None
 

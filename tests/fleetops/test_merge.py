@@ -479,3 +479,79 @@ def test_an_empty_shard_scans_nothing_and_says_so(tmp_path: Path, monkeypatch: p
     result = api.scan(api.ScanRequest(inventory=[inv], shard=Shard(2, 4)))
     assert fake.limits == [] and result.report["hosts"] == {} and result.exit_code == ExitCode.OK
     assert result.report["shard"] == {"index": 2, "count": 4}
+
+
+# ------------------------------------------------------------------------------ one selection
+
+LOCAL = """\
+all:
+  vars:
+    ansible_connection: local
+    ansible_python_interpreter: "{{ ansible_playbook_python }}"
+  hosts:
+    lab-01:
+    lab-02:
+    lab-03:
+    lab-04:
+"""
+
+
+def test_shards_of_different_selections_are_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # real scans, real ansible-inventory: shard 1/2 of every lab host holds lab-04, shard 2/2 taken over
+    # -l lab-01,lab-02 holds two of the three hosts it would hold over every host: lab-03 is in neither
+    inv = tmp_path / "lab.yml"
+    inv.write_text(LOCAL)
+    assert [shard_of(h, 2) for h in ("lab-01", "lab-02", "lab-03", "lab-04")] == [2, 2, 2, 1]
+    one, two = tmp_path / "s1.json", tmp_path / "s2.json"
+    common = ["scan", "-i", str(inv), "-q", "--checks", "zombie_memcg", "-e", "fleetops_imds=never"]
+    assert main([*common, "-l", "lab-0*", "--shard", "1/2", "-o", str(one)]) in (0, 1)
+    assert main([*common, "-l", "lab-01,lab-02", "--shard", "2/2", "-o", str(two)]) in (0, 1)
+    capsys.readouterr()
+    selection = json.loads(one.read_text())["selection"]
+    assert selection["inventory"] == [str(inv)] and selection["limit"] == "lab-0*"
+    assert selection["host_count"] == 4 and selection["hosts"].startswith("sha256:")
+    assert selection["exclude"] == [] and "unmatched" not in selection
+    err = _refused([one, two], capsys, tmp_path)
+    assert "selections differ" in err, err
+    assert f'limit: "lab-0*" in {one}, "lab-01,lab-02" in {two}' in err
+    assert "host_count: 4 in" in err and "hosts: " in err
+    # the same selection merges, and the merged report records it
+    assert main([*common, "-l", "lab-0*", "--shard", "2/2", "-o", str(two)]) in (0, 1)
+    capsys.readouterr()
+    merged = merge([one, two]).report
+    assert sorted(merged["hosts"]) == ["lab-01", "lab-02", "lab-03", "lab-04"]
+    assert merged["selection"] == selection
+    # a killed shard's partial file carries its selection too
+    header = json.loads(two.read_text())
+    partial = tmp_path / "s2.json.partial"
+    partial.write_text(json.dumps({"schema": "fleetops.scan.partial/v1", "started_at": header["started_at"],
+                                   "targets": ["lab-01", "lab-02"], "shard": header["shard"],
+                                   "options": header["options"],
+                                   "selection": {**selection, "limit": "lab-01,lab-02"}}) + "\n")  # fmt: skip
+    assert "limit: " in _refused([one, partial], capsys, tmp_path)
+
+
+def test_a_selection_recorded_in_one_report_only_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _shards(tmp_path)
+    recorded = scan.selection_record(["inv.yml"], None, list(HOSTS))
+    _write(tmp_path, "s3.json", {**_shard_report(3, 4), "selection": recorded})
+    validate_scan_report(json.loads(paths[2].read_text()), "s3.json")  # the schema holds it
+    err = _refused(paths, capsys, tmp_path)
+    assert f"selection: recorded in {paths[2]}, not in {paths[0]}" in err
+
+
+def test_reports_that_are_not_shards_merge_whatever_their_selections(tmp_path: Path) -> None:
+    # two scans of disjoint --limit's: parts of no one selection (README: they merge)
+    names = sorted(HOSTS)
+    paths = []
+    for n, part in enumerate((names[:20], names[20:])):
+        hosts = {h: HOSTS[h] for h in part}
+        report = report_document(hosts, started=1_764_700_000, finished=1_764_700_005, options=OPTIONS)
+        selected = scan.selection_record(["inv.yml"], ",".join(part), part)
+        paths.append(_write(tmp_path, f"part{n}.json", {**report, "selection": selected}))
+    merged = merge(paths).report
+    assert merged["hosts"] == _whole()["hosts"] and "selection" not in merged

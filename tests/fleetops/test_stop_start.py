@@ -113,7 +113,11 @@ def test_the_playbook_changes_hosts_under_the_tested_lease() -> None:
     """The same lease tasks as every remediation playbook (tests/unit/test_playbook_lease.py), its own TTL."""
     name, block = yaml.safe_load(LEASE_BLOCK)
     (play,) = yaml.safe_load(PLAYBOOK.read_text())
-    tasks = play["tasks"]
+    targets, *tasks = play["tasks"]
+    assert targets == {
+        "name": "Act on no more and no fewer hosts than fleetops_targets names",
+        "ansible.builtin.import_tasks": "tasks/targets.yml",
+    }
     assert tasks[0] == {
         "name": "Start no batch after the deadline",
         "ansible.builtin.import_tasks": "tasks/not_after.yml",

@@ -82,7 +82,9 @@ def test_every_change_runs_under_the_lease(path: Path) -> None:
     plays = [play for play in yaml.safe_load(path.read_text()) if "serial" in play]
     assert plays, f"{path.name}: no serial play"
     for play in plays:
-        tasks = play["tasks"]
+        # the selection check (tasks/targets.yml), the deadline, the lease's name, then the lease block
+        targets, *tasks = play["tasks"]
+        assert targets.get("ansible.builtin.import_tasks") == "tasks/targets.yml", path.name
         assert tasks[0].get("ansible.builtin.import_tasks") == "tasks/not_after.yml", path.name
         assert tasks[1] == name, f"{path.name}: the lease is not named as tested"
         assert len(tasks) == 3, f"{path.name}: a task runs outside the lease block: {tasks[3:]}"
@@ -102,7 +104,8 @@ def test_every_change_runs_under_the_lease(path: Path) -> None:
 
 def test_the_lease_takes_before_and_releases_after_every_change() -> None:
     """Order, from Ansible's own view (ansible-playbook --list-tasks, which leaves out `always:`): the
-    take is the first task after the deadline check and the lease's name, the changes follow it."""
+    take is the first task after the selection check, the deadline check and the lease's name, the
+    changes follow it."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     for path in PLAYBOOKS:
         proc = subprocess.run(
@@ -119,7 +122,8 @@ def test_the_lease_takes_before_and_releases_after_every_change() -> None:
             "Take the EC2 lease on every target (refused while another rollout, CLI or AWX, holds one)"
         )
         assert listed[take - 1] == "Name this run's EC2 lease (the CLI's rollout, the AWX job, or this run)"
-        assert all("deadline" in t.lower() or "run started" in t for t in listed[: take - 1]), listed
+        assert listed[0] == "Act on no more and no fewer hosts than fleetops_targets names", listed
+        assert all("deadline" in t.lower() or "run started" in t for t in listed[1 : take - 1]), listed
         assert take < len(listed) - 1, f"{path.name}: no change after the take"
 
 

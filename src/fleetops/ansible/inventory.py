@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 from fleetops.ansible import listing
 from fleetops.ansible.listing import unwrap_unsafe
-from fleetops.ansible.runner import ansible_env
+from fleetops.ansible.runner import ansible_env, prepare_env
 from fleetops.errors import UsageError
 
 DEFAULT_GROUP_VARS = ("ec2_az", "fleetops_az")
@@ -82,20 +83,111 @@ class InventoryTargets:
     groups: frozenset[str]
     present: frozenset[str]
     every: list[InventoryHost]  # every host of the inventory, limit or not
+    unmatched: tuple[str, ...] = ()  # the limit's parts that select no host (``unmatched_parts``)
 
 
 def load_targets(
     inventories: Sequence[Path], limit: str | None = None, group_by: str | None = None
 ) -> InventoryTargets:
-    """``load_hosts`` plus the inventory's group names.
+    """``load_hosts`` plus the inventory's group names and the limit's parts that match no host.
 
     A ``--limit`` drops the groups without a selected host from ansible-inventory's listing, so the
     group names come from a listing without it (a second ansible-inventory run when there is a limit).
     """
+    if limit is not None:
+        require_limit(limit)  # before any inventory is read
     full = _checked_list(inventories, None)
     every = hosts_from_list(full, group_by)
-    hosts = hosts_from_list(_list_inventory(inventories, limit), group_by) if limit else every
-    return InventoryTargets(hosts, groups_from_list(full), frozenset(h.name for h in every), every)
+    if limit is None:
+        return InventoryTargets(every, groups_from_list(full), frozenset(h.name for h in every), every)
+    hosts = hosts_from_list(_list_inventory(inventories, limit), group_by)
+    unmatched = tuple(unmatched_parts(full, limit))
+    return InventoryTargets(hosts, groups_from_list(full), frozenset(h.name for h in every), every, unmatched)
+
+
+def limit_parts(limit: str) -> list[str]:
+    """The patterns of ``limit`` as ansible's ``--limit`` reads them: ``split_host_pattern`` (commas, else
+    colons), and each ``@FILE`` part replaced by its file's lines."""
+    from ansible.inventory.manager import split_host_pattern
+
+    parts: list[str] = []
+    for part in split_host_pattern(limit):
+        if part.startswith("@"):
+            try:
+                lines = Path(part[1:]).read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError(f"--limit {part}: cannot read {part[1:]}: {exc}") from None
+            parts += split_host_pattern([ln.strip() for ln in lines if ln.strip()])
+        else:
+            parts.append(part)
+    return parts
+
+
+def unmatched_parts(listing: Mapping[str, Any], limit: str) -> list[str]:
+    """The parts of ``limit`` (``limit_parts``) that select no host of ``listing`` (``ansible-inventory
+    --list`` without the limit), each resolved by ansible's own pattern matching (``InventoryManager``:
+    groups, globs, ``~regex``, ``[0:2]``), as the inventory_hostnames lookup does; an ``!`` or ``&`` part
+    counts by what it names (excluding a typo excludes nothing), a group without hosts matches nothing,
+    ansible's implicit localhost is no host of the inventory. Host names are data: a part that is a
+    host's exact name matches it, whatever its characters."""
+    prepare_env()  # before ansible's configuration is first read in this process
+    from ansible import constants
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    manager = InventoryManager(DataLoader(), parse=False)
+    for group, hosts in _group_hosts(listing).items():
+        manager.add_group(group)
+        for host in hosts:
+            manager.add_host(host, group=group)
+    present = {h.name for h in hosts_from_list(listing)}
+    unmatched: list[str] = []
+    mismatch = constants.HOST_PATTERN_MISMATCH
+    constants.HOST_PATTERN_MISMATCH = "ignore"  # the caller says it, once, naming every part
+    try:
+        for part in limit_parts(limit):
+            pattern = part[1:] if part[0] in "!&" else part
+            try:
+                found = {h.name for h in manager.get_hosts(pattern)} if pattern not in present else {pattern}
+            except (AnsibleError, re.error):
+                found = set()
+            if not found & present:
+                unmatched.append(part)
+    finally:
+        constants.HOST_PATTERN_MISMATCH = mismatch
+    return unmatched
+
+
+def _group_hosts(listing: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Every group's hosts, its children's included, in ansible's order (``Group.get_hosts``: the
+    children's first, then its own)."""
+    children = {
+        str(k): [str(c) for c in b.get("children") or ()]
+        for k, b in listing.items()
+        if k != "_meta" and isinstance(b, Mapping)
+    }
+    own = {
+        str(k): [str(h) for h in b.get("hosts") or ()]
+        for k, b in listing.items()
+        if k != "_meta" and isinstance(b, Mapping)
+    }
+    done: dict[str, list[str]] = {}
+
+    def hosts_of(group: str, seen: frozenset[str]) -> list[str]:
+        if group in done:
+            return done[group]
+        found: dict[str, None] = {}
+        for child in children.get(group, ()):
+            if child not in seen:
+                found.update(dict.fromkeys(hosts_of(child, seen | {child})))
+        found.update(dict.fromkeys(own.get(group, ())))
+        done[group] = list(found)
+        return done[group]
+
+    for group in groups_from_list(listing):
+        hosts_of(group, frozenset({group}))
+    return done
 
 
 def load_groups(inventories: Sequence[Path]) -> frozenset[str]:
@@ -153,7 +245,9 @@ def _group_value(host: str, var: str, value: Any) -> str:
 
 def _list_inventory(inventories: Sequence[Path], limit: str | None) -> dict[str, Any]:
     """``ansible-inventory --list``'s output: listed in this process (``listing``) where it can be, else
-    by ansible-inventory itself."""
+    by ansible-inventory itself. A blank limit is refused (``require_limit``), never read as none."""
+    if limit is not None:
+        require_limit(limit)
     found = listing.parsed(inventories)
     return found.list(limit) if found is not None else _run_ansible_inventory(inventories, limit)
 
@@ -192,6 +286,16 @@ def _run_ansible_inventory(inventories: Sequence[Path], limit: str | None) -> di
     if not isinstance(data, dict):
         raise UsageError("Failed to read inventory: ansible-inventory printed no inventory object")
     return data
+
+
+def require_limit(limit: str) -> None:
+    """Empty never means all: a blank ``--limit`` (a survey or script whose host variable is empty) is
+    refused (UsageError), never read as no limit."""
+    if not limit.strip():
+        raise UsageError(
+            f"--limit {limit!r} is blank: an empty selection never means all hosts "
+            "(name the hosts, or leave the limit out for the whole inventory)"
+        )
 
 
 def _ansible_error(stderr: str) -> str:

@@ -84,6 +84,7 @@ from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, 
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator, state_home
 from fleetops.scan import FAIL_ON, PartialReport, ScanOptions, run_scan, shard_hosts, with_nodes, write_report
+from fleetops.scan import selection_record as _selection_record
 from fleetops.util import check_writable
 
 if TYPE_CHECKING:
@@ -200,8 +201,11 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
-    # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header
-    listed = _targets(inventories, request.limit, None)
+    # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
+    # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
+    listing = _selected(inventories, request.limit, None, strict=False)
+    listed = listing.hosts
+    selection = _selection_record(inventories, request.limit, [h.name for h in listed], listing.unmatched)
     targets = shard_hosts([h.name for h in listed], request.shard)
     held = set(targets)
     if on_targets is not None:
@@ -214,6 +218,7 @@ def scan(
             targets=targets,
             shard=opts.shard,
             options=opts.record(),
+            selection=selection,
         )
 
     # each Slurm host's node, read once before the hosts answer, so that every entry carries it as it streams
@@ -238,7 +243,7 @@ def scan(
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written
-    report_ = with_nodes(report_, nodes)
+    report_ = {**with_nodes(report_, nodes), "selection": selection}
     if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
         if partial is not None:
             partial.close(done=True)

@@ -66,17 +66,24 @@ def _selection(inventories: Sequence[Path], limit: str | None) -> str:
     return "the inventory " + " ".join(str(p) for p in inventories)
 
 
-def selected(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> InventoryTargets:
-    """The inventory's listing with the hosts ``limit`` selects, refused (UsageError) when there are
-    none or a name is not targeted exactly by a ``--limit`` (``guards.check_target_names``)."""
+def selected(
+    inventories: Sequence[Path], limit: str | None, group_by: str | None, *, strict: bool = True
+) -> InventoryTargets:
+    """The inventory's listing with the hosts ``limit`` selects, refused (UsageError) when the limit is
+    blank, when there are no hosts, when a name is not targeted exactly by a ``--limit``
+    (``guards.check_target_names``) and, ``strict`` (every command that acts or plans), when a part of
+    the limit matches no host (``guards.require_matched``); not strict (a scan), such parts are left in
+    the listing's ``unmatched`` for the caller to name."""
     found = load_targets(inventories, limit, group_by)
     guards.require_targets([h.name for h in found.hosts], _selection(inventories, limit))
+    if strict:
+        guards.require_matched(found.unmatched, limit)
     guards.check_target_names([h.name for h in found.hosts], found.groups)
     return found
 
 
 def targets(inventories: Sequence[Path], limit: str | None, group_by: str | None) -> list[InventoryHost]:
-    """The hosts ``limit`` selects (``selected``)."""
+    """The hosts ``limit`` selects (``selected``, strict)."""
     return selected(inventories, limit, group_by).hosts
 
 

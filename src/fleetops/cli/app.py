@@ -259,6 +259,7 @@ def _vars_mapping(text: str, where: str) -> dict[str, Any]:
 
 def cmd_scan(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from fleetops import api
     from fleetops.cli.args import check_all_arg
@@ -326,6 +327,13 @@ def cmd_scan(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
         if progress is not None:
             progress.finish()
+    unmatched = (result.report.get("selection") or {}).get("unmatched")
+    if unmatched:
+        err.print(
+            f"[yellow]warning:[/] --limit {escape(repr(args.limit))}: {escape(', '.join(map(repr, unmatched)))} "
+            "matched no host and selected nothing (a remediation refuses such a limit)",
+            soft_wrap=True,
+        )
     if metrics_out:
         sys.stdout.buffer.write(api.scan_metrics(result.report))
         sys.stdout.flush()

@@ -61,7 +61,12 @@ def add_target_args(p: argparse.ArgumentParser, inventory_help: str = INVENTORY_
     """-i/--inventory and -l/--limit: which hosts. No -i: the localhost inventory, resolved once, in
     the library (``fleetops.paths.resolve_inventories``)."""
     p.add_argument("-i", "--inventory", action="append", type=Path, metavar="INV", help=inventory_help)
-    p.add_argument("-l", "--limit", help="further limit the hosts (ansible --limit pattern)")
+    p.add_argument(
+        "-l",
+        "--limit",
+        help="further limit the hosts (ansible --limit pattern); blank, or with a part that matches no "
+        "host: refused (scan: warned)",
+    )
 
 
 def add_format_arg(

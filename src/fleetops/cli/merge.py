@@ -17,8 +17,8 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         description="Join the reports of `fleetops scan --shard I/N -o FILE`, one per shard, into the report "
         "one scan of all their hosts would have written, exit code included. A shard killed before it "
         "wrote its report: give its FILE.partial (its hosts without an answer are not_scanned). Refused "
-        "(exit 2): different schema versions, options or shard counts, a missing or repeated shard, a "
-        "host in two reports.",
+        "(exit 2): different schema versions, options or shard counts, shards of different selections "
+        "(inventory, --limit, the hosts selected), a missing or repeated shard, a host in two reports.",
     )
     p.add_argument(
         "reports", type=Path, nargs="+", metavar="REPORT", help="a shard's report, or its .partial"

@@ -107,6 +107,17 @@ def require_targets(hosts: Collection[str], what: str) -> None:
         raise UsageError(f"{what} matches no host: nothing to do (an empty selection never means all hosts)")
 
 
+def require_matched(unmatched: Collection[str], limit: str | None) -> None:
+    """A selection never grows or shrinks unseen: refuse (UsageError) a ``limit`` of which any part
+    (``inventory.unmatched_parts``: a typo, a group without hosts) selects no host, naming them all."""
+    if unmatched:
+        parts = ", ".join(repr(p) for p in unmatched)
+        raise UsageError(
+            f"--limit {limit!r}: {parts} match{'es' if len(unmatched) == 1 else ''} no host of the inventory "
+            "(a typo, or a group without hosts): nothing run; fix or drop each part"
+        )
+
+
 def exact_hosts_check(batch: Iterable[str], reported: Iterable[str]) -> set[str]:
     """The hosts that reported results but are not in the batch (empty: the run was exact).
 

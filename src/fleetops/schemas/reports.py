@@ -210,6 +210,17 @@ class ScanOptionsRecord(_Open):
     extra_vars: str | None = Field(default=None, description="a digest of the extra vars (sha256:...)")
 
 
+class ScanSelection(_Open):
+    """The hosts a scan selected (scan.selection_record); ``fleetops merge`` refuses different ones."""
+
+    inventory: list[str] = Field(description="the inventory sources as given")
+    limit: str | None = Field(description="--limit as given (null: none)")
+    exclude: list[str] = Field(default_factory=list)
+    hosts: str = Field(description="a digest (sha256:...) of the sorted names of every selected host")
+    host_count: NonNegInt
+    unmatched: list[str] = Field(default_factory=list, description="the limit's parts that matched no host")
+
+
 class MergedSource(_Open):
     path: str
     shard: ScanShard | None = None
@@ -245,6 +256,7 @@ class ScanReport(_Open):
     duration_s: Seconds
     shard: ScanShard | None = Field(default=None, description="--shard I/N: absent for the whole selection")
     options: ScanOptionsRecord | None = Field(default=None, description="absent in older reports")
+    selection: ScanSelection | None = Field(default=None, description="absent in older reports")
     merged: MergedFrom | None = Field(
         default=None, description="fleetops merge: absent in a scan's own report"
     )
@@ -264,6 +276,7 @@ class ScanPartialHeader(_Open):
     )
     shard: ScanShard | None = None
     options: ScanOptionsRecord | None = None
+    selection: ScanSelection | None = None
 
 
 # ------------------------------------------------------------ drift report (fleetops.drift/v1)
