@@ -328,6 +328,7 @@ def storm_brakes(
     decisions: Collection[Decision],
     group_sizes: Mapping[str, int],
     failed: Mapping[str, str] | None = None,
+    elsewhere: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
     """The rules this pass's decisions show in a storm (``Storm.tripped``) -> why. A host counts for each
     rule its findings match (the rule it acts on and those waiting their turn), whatever its status;
@@ -336,8 +337,12 @@ def storm_brakes(
     ``failed`` (host -> group): hosts the scheduler itself took out as failing (Slurm: not responding, an
     unexpected reboot; ``NodeState.failed``), whatever their findings: a fault that hangs a node outright
     leaves no finding to match (the host is unreachable), so each such host counts as one more for every
-    rule that matched a host this pass, in the fleet and in the groups where the rule matched."""
+    rule that matched a host this pass, in the fleet and in the groups where the rule matched.
+
+    ``elsewhere`` (rule -> host -> group): hosts outside this pass's scan known to match the rule recently
+    (the fleet record, the ladders): a pass limited to one host counts the storm the others saw."""
     failed = dict(failed or {})
+    elsewhere = elsewhere or {}
     fleet = sum(group_sizes.values())
     matched: dict[str, list[Decision]] = {}
     for d in decisions:
@@ -349,17 +354,29 @@ def storm_brakes(
         if found is None:
             continue
         hosts = {d.host for d in ds}
+        known = {h: g for h, g in elsewhere.get(name, {}).items() if h not in hosts}
+        hosts |= set(known)
         down = {h: g for h, g in failed.items() if h not in hosts}
         counts = Counter(d.group for d in ds)
+        counts.update(known.values())
         counts.update(g for g in down.values() if g in counts)
         groups = {g: (n, group_sizes.get(g, n)) for g, n in counts.items()}
-        why = policy.storm_of(found).tripped(len(ds) + len(down), fleet, groups)
+        why = policy.storm_of(found).tripped(len(ds) + len(known) + len(down), fleet, groups)
         if why is not None:
-            out[name] = why + (
-                f" ({len(down)} of them failed in the scheduler, no finding: {', '.join(sorted(down)[:5])}"
-                f"{', ...' if len(down) > 5 else ''})"
-                if down
-                else ""
+            out[name] = (
+                why
+                + (
+                    f" ({len(known)} of them outside this pass, as the fleet record and the ladders show: "
+                    f"{', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''})"
+                    if known
+                    else ""
+                )
+                + (
+                    f" ({len(down)} of them failed in the scheduler, no finding: {', '.join(sorted(down)[:5])}"
+                    f"{', ...' if len(down) > 5 else ''})"
+                    if down
+                    else ""
+                )
             )
     return out
 
