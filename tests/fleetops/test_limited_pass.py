@@ -223,3 +223,32 @@ def test_an_instance_the_inventory_lists_stopped_counts_against_its_floor(tmp_pa
     result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: T0 + 60)
     assert runner.calls == [] and result.decisions[0].status == "floor"
     assert any("a0 EC2 instance stopped, a1 EC2 instance stopping" in line for line in lines), lines
+
+
+def test_an_entry_stamped_by_a_controller_whose_clock_runs_ahead_counts(tmp_path: Path) -> None:
+    """Two alert passes seconds apart from controllers whose clocks disagree (within the store's bound):
+    the second one's clock is behind the first's entry, which still spends the budget (the simulation's
+    alert bursts found it: two reboots in one group with a budget of one)."""
+    policy = parse_policy(
+        POLICY.replace("reboot: {window: 1h, max: 100}", "reboot: {window: 1h, max: 1}"), "p"
+    )
+    shared = _store()
+    fleet = {f"a{i}": "az-a" for i in range(8)}
+    _pass(tmp_path, report(**{h: [] for h in fleet}), fleet, T0, shared=shared)  # the schedule's pass
+    rebooted = []
+    for host, now in (("a0", T0 + 20), ("a1", T0 + 10)):  # the second controller's clock is 10 s behind
+        runner = Runner()
+        inputs = auto.PassInputs(
+            policy=policy,
+            policy_source="p",
+            scan_report=report(**{host: [CRASHLOOP]}),
+            group_of={host: "az-a"},
+            fleet=fleet,
+            state_dir=tmp_path / host,
+            apply=True,
+            store=shared,
+            operator="test",
+        )
+        auto.run_pass(inputs, runner, lambda text, style: None, clock=lambda now=now: now)
+        rebooted += [h for _a, hs, _p in runner.calls for h in hs]
+    assert rebooted == ["a0"]

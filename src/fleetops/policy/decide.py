@@ -40,8 +40,9 @@ def _verdict(
 
 class Spending:
     """The budgets as a pass sees them: per budgeted action, the ledger's entries in its window
-    before ``now`` (at most ``now``), across the fleet and per group (counted once, so a pass costs
-    O(hosts + entries)), plus what the pass itself takes (``take``)."""
+    before ``now`` (and those after it: another controller's clock may run ahead of this one, within the
+    store's bound), across the fleet and per group (counted once, so a pass costs O(hosts + entries)),
+    plus what the pass itself takes (``take``)."""
 
     def __init__(self, ledger: BudgetLedger, budgets: Mapping[str, Budget], now: float) -> None:
         self.budgets = budgets
@@ -49,7 +50,7 @@ class Spending:
         self.group: Counter[tuple[str, str]] = Counter()
         for e in ledger.entries:
             budget = budgets.get(e.action)
-            if budget is not None and now - budget.window_s < e.at <= now:
+            if budget is not None and now - budget.window_s < e.at:
                 self.fleet[e.action] += 1
                 self.group[(e.action, e.group)] += 1
 
