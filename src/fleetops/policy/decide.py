@@ -18,6 +18,7 @@ from typing import Any, Literal
 from fleetops.policy.language import DEFAULT_SEVERITIES, HUMAN, Budget, Policy, Rule, fmt_duration
 from fleetops.policy.records import RungRecord
 from fleetops.policy.state import BudgetLedger, LadderState
+from fleetops.policy.tags import CLOCK_SKEW_S
 
 NO_GROUP = "-"  # the group of a host group_of knows nothing about
 
@@ -40,8 +41,8 @@ def _verdict(
 
 class Spending:
     """The budgets as a pass sees them: per budgeted action, the ledger's entries in its window
-    before ``now`` (and those after it: another controller's clock may run ahead of this one, within the
-    store's bound), across the fleet and per group (counted once, so a pass costs O(hosts + entries)),
+    before ``now`` (and those up to ``CLOCK_SKEW_S`` after it: another controller's clock may run ahead of
+    this one's), across the fleet and per group (counted once, so a pass costs O(hosts + entries)),
     plus what the pass itself takes (``take``)."""
 
     def __init__(self, ledger: BudgetLedger, budgets: Mapping[str, Budget], now: float) -> None:
@@ -50,7 +51,7 @@ class Spending:
         self.group: Counter[tuple[str, str]] = Counter()
         for e in ledger.entries:
             budget = budgets.get(e.action)
-            if budget is not None and now - budget.window_s < e.at:
+            if budget is not None and now - budget.window_s < e.at <= now + CLOCK_SKEW_S:
                 self.fleet[e.action] += 1
                 self.group[(e.action, e.group)] += 1
 
