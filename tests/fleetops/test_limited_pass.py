@@ -252,3 +252,14 @@ def test_an_entry_stamped_by_a_controller_whose_clock_runs_ahead_counts(tmp_path
         auto.run_pass(inputs, runner, lambda text, style: None, clock=lambda now=now: now)
         rebooted += [h for _a, hs, _p in runner.calls for h in hs]
     assert rebooted == ["a0"]
+
+
+def test_a_dry_run_reads_the_record_and_writes_none(tmp_path: Path) -> None:
+    fleet = {f"a{i}": "az-a" for i in range(4)}
+    _pass(tmp_path, report(**{h: [] for h in fleet}), fleet, T0, apply=False)
+    assert not (tmp_path / SEEN_FILE).exists()
+    _pass(tmp_path, report(**{h: [] for h in fleet}), fleet, T0)
+    before = (tmp_path / SEEN_FILE).read_bytes()
+    result, _l, _r = _pass(tmp_path, report(a0=[CRASHLOOP]), fleet, T0 + 60, apply=False)
+    assert result.decisions[0].status == "act"  # it read the record: the group's capacity is known
+    assert (tmp_path / SEEN_FILE).read_bytes() == before
