@@ -341,8 +341,7 @@ def storm_brakes(
     leaves no finding to match (the host is unreachable), so each such host counts as one more for every
     rule that matched a host this pass, in the fleet and in the groups where the rule matched.
 
-    ``elsewhere`` (rule -> host -> group): hosts outside this pass's scan known to match the rule recently
-    (the fleet record, the ladders): a pass limited to one host counts the storm the others saw."""
+    ``elsewhere`` (rule -> host -> group): hosts outside this pass known to match the rule recently."""
     failed = dict(failed or {})
     elsewhere = elsewhere or {}
     fleet = sum(group_sizes.values())
@@ -365,22 +364,16 @@ def storm_brakes(
         groups = {g: (n, group_sizes.get(g, n)) for g, n in counts.items()}
         why = policy.storm_of(found).tripped(len(ds) + len(known) + len(down), fleet, groups)
         if why is not None:
-            out[name] = (
-                why
-                + (
-                    f" ({len(known)} of them outside this pass, as the fleet record and the ladders show: "
-                    f"{', '.join(sorted(known)[:5])}{', ...' if len(known) > 5 else ''})"
-                    if known
-                    else ""
-                )
-                + (
-                    f" ({len(down)} of them failed in the scheduler, no finding: {', '.join(sorted(down)[:5])}"
-                    f"{', ...' if len(down) > 5 else ''})"
-                    if down
-                    else ""
-                )
-            )
+            notes = {
+                "outside this pass, as the fleet record and the ladders show": known,
+                "failed in the scheduler, no finding": down,
+            }
+            out[name] = why + "".join(f" ({len(h)} of them {n}: {_some(h)})" for n, h in notes.items() if h)
     return out
+
+
+def _some(hosts: Collection[str]) -> str:
+    return ", ".join(sorted(hosts)[:5]) + (", ..." if len(hosts) > 5 else "")
 
 
 def hold_for_brakes(
