@@ -45,8 +45,10 @@ from fleetops import auto, store
 from fleetops.ansible.collection import module_utils
 from fleetops.auto import context as auto_context
 from fleetops.auto import finish as auto_finish
+from fleetops.auto.seen import SEEN_FRESH_S
 from fleetops.nodes import NodeReading, NodeState
 from fleetops.policy import Policy, default_policy_path, load_policy
+from fleetops.policy.language import Storm
 from fleetops.remediations import REMEDIATIONS
 
 mu = module_utils("store")
@@ -80,6 +82,8 @@ FINDINGS: dict[str, dict[str, Any]] = {
     "ena-resets": {"check": "ena_resets", "severity": "warning", "data": {}},
 }
 HARDWARE = {"gpu-fatal", "gpu-reset-required", "ec2-hardware-event", "ena-resets"}
+# the faults an alert burst brings (one rule on several hosts at once): rules whose first rung is braked
+BURST_RULES = ["ec2-hardware-event", "ec2-instance-reboot", "gpu-remap-pending", "ena-resets"]
 # what each action clears, and how often (the rest stays: the ladder climbs)
 CLEARS: dict[str, tuple[frozenset[str], float]] = {
     "fix": (frozenset({"crashloop", "zombie-memcg", "ucx-mmap-hooks"}), 0.7),
@@ -157,6 +161,8 @@ class Stats:
     actions: Counter[str] = field(default_factory=Counter)
     checks: int = 0
     violations: list[str] = field(default_factory=list)
+    bursts: int = 0  # alert bursts: one pass limited to each alerting host, one after another
+    limited_passes: int = 0
 
     def table(self) -> str:
         rows = [
@@ -173,6 +179,7 @@ class Stats:
             ("store throttled / clock-skew refusals", f"{self.throttled} / {self.skew_refusals}"),
             ("passes held by a pause", str(self.paused_passes)),
             ("invariant checks (violations)", f"{self.checks} ({len(self.violations)})"),
+            ("alert bursts (limited passes)", f"{self.bursts} ({self.limited_passes})"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
@@ -237,11 +244,19 @@ class Controller:
     state_dir: Path
     last_pause_seen: bool | None = None
     taken: set[str] = field(default_factory=set)  # the hosts its pass took with a disruptive action
+    saw: dict[str, str | None] = field(default_factory=dict)  # its scan: host -> the rule its fault matches
 
 
 class Simulation:
     def __init__(
-        self, hosts: int, seed: int, conditional: bool = True, fault_rate: float = 0.002, floors: bool = True
+        self,
+        hosts: int,
+        seed: int,
+        conditional: bool = True,
+        fault_rate: float = 0.002,
+        floors: bool = True,
+        limited: bool = True,
+        storm: Storm | None = None,
     ) -> None:
         self.rng = random.Random(seed)
         self.policy: Policy = load_policy(default_policy_path())
@@ -278,6 +293,12 @@ class Simulation:
         self.controllers: dict[str, Controller] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="fleetops-sim-"))
         self.backends: list[Any] = []
+        self.limited = limited  # alert bursts of single-host passes between the scheduled passes
+        # what the completed passes saw: host -> (when, the rule its fault matched or None)
+        self.observed: dict[str, tuple[float, str | None]] = {}
+        if storm is not None:  # a targeted scenario: storm limits below the budgets, so the brake binds
+            self.policy = self.policy.model_copy(update={"storm": storm})
+            self.pass_policy = self.pass_policy.model_copy(update={"storm": storm})
 
     # ---- the store, as each controller reaches it
 
@@ -341,6 +362,8 @@ class Simulation:
             self.violate(f"{ctl.name}: {action} on {host} twice in fault episode {episode} ({rule})")
         if REMEDIATIONS[action].disruptive:
             self.check_floor(ctl, action, host, rule)
+        if REMEDIATIONS[action].braked:
+            self.check_brake(ctl, action, host, rule)
         fleet.actions.append((started, ctl.name, action, host, episode))
         self.stats.actions[action] += 1
         if action == "quarantine":
@@ -415,13 +438,17 @@ class Simulation:
 
     # ---- one controller's pass
 
-    def run_pass(self, ctl: Controller) -> None:
+    def run_pass(self, ctl: Controller, only: Sequence[str] | None = None) -> None:
+        """One pass over the running instances (``only``: a pass limited to those hosts, an alert's)."""
         name = ctl.name
         try:
             self.sched.point()
             shared = self.store_for(ctl)
             ctl.last_pause_seen = None
             scan = self.fleet.scan()
+            if only is not None:
+                scan = {"hosts": {h: e for h, e in scan["hosts"].items() if h in only}}
+            ctl.saw = {h: self.fleet.fault.get(h) for h in scan["hosts"]}
             tags = {h: auto.TagTarget(f"i-{h}", "sim", None, None) for h in scan["hosts"]}
             inputs = auto.PassInputs(
                 policy=self.pass_policy,
@@ -465,6 +492,7 @@ class Simulation:
             self.stats.completed += 1
             self.stats.floor_held += sum(1 for d in result.decisions if d.status == "floor")
             self.after_completed(ctl, result, started)
+            self.observe(ctl, result, started)
         except Killed:
             self.stats.kills += 1
         finally:
@@ -549,9 +577,89 @@ class Simulation:
             self.sched.give(pick)
         for t in threads:
             t.join(timeout=30)
+        self.alert_burst()
         self.stats.conflicts = sum(b.conflicts for b in self.backends)
         self.check_budgets()
         self.check_ledger(done_before, round_start)
+
+    # ---- the alert path (issue 38): passes limited to one host, between the scheduled ones
+
+    def alert_burst(self) -> None:
+        """Now and then, mid-hour (after the schedule's passes), one fault arrives on several hosts of one
+        group at once, and each alerting host gets a pass limited to it, one after another, as the
+        rulebook sends them (kills and stalls as in any pass)."""
+        rng, fleet = self.rng, self.fleet
+        if not self.limited or rng.random() >= 0.15:
+            return
+        self.now += 600
+        group = rng.choice(sorted(self.sizes))
+        rule = rng.choice(BURST_RULES)
+        healthy = [h for h in self.members[group] if fleet.fault.get(h) is None and h not in fleet.stopped]
+        hosts = rng.sample(healthy, min(len(healthy), rng.randint(2, 12)))
+        for h in hosts:
+            fleet.inject(h, rule)
+            self.stats.faults += 1
+        self.stats.bursts += 1
+        for h in hosts:
+            self.stats.limited_passes += 1
+            self.drive([Controller("alert", rng.choice([0.0] * 10 + [5.0, -12.0]), self.tmp / "alert")], [h])
+
+    def drive(self, ctls: Sequence[Controller], only: Sequence[str] | None = None) -> None:
+        """Run ``ctls``' passes to their end under the scheduler, killing and stalling now and then."""
+        rng = self.rng
+        for ctl in ctls:
+            self.controllers[ctl.name] = ctl
+        self.sched = Scheduler()
+        threads = [
+            threading.Thread(target=self.run_pass, args=(c, only), name=c.name, daemon=True) for c in ctls
+        ]
+        for t in threads:
+            t.start()
+        alive = [c.name for c in ctls]
+        while True:
+            self.sched.wait_settled(alive)
+            runnable = [n for n in alive if n not in self.sched.finished]
+            if not runnable:
+                break
+            pick = rng.choice(runnable)
+            roll = rng.random()
+            if roll < 0.004:
+                self.sched.killed.add(pick)
+            elif roll < 0.006:
+                self.stats.stalls += 1
+                self.now += store.PASS_LEASE_TTL_S + 5
+            self.sched.give(pick)
+        for t in threads:
+            t.join(timeout=30)
+
+    def observe(self, ctl: Controller, result: auto.PassResult, started: float) -> None:
+        """What a completed pass saw (the record it left for the passes that see less)."""
+        if any("fleet record of group" in w for w in result.warnings):
+            return  # its record was refused: the others cannot know what it saw
+        for host, rule in ctl.saw.items():
+            self.observed[host] = (started, rule)
+
+    def check_brake(self, ctl: Controller, action: str, host: str, rule: str | None) -> None:
+        """A braked rung acts only while its rule matches no more hosts than its storm limit allows, counting
+        every host the passes saw it on within the fleet record's freshness window (fleet-wide, whichever
+        pass saw them), as the acting pass saw its own."""
+        found = self.policy.rule(rule) if rule is not None else None
+        if found is None:
+            return
+        window = SEEN_FRESH_S - 60  # the controllers' clocks may disagree by up to a minute here
+        known = {h for h, r in ctl.saw.items() if r == rule} | {host}
+        known |= {
+            h
+            for h, (t, r) in self.observed.items()
+            if r == rule and t >= self.now - window and h not in ctl.saw
+        }
+        groups = Counter(self.fleet.group_of[h] for h in known)
+        why = self.policy.storm_of(found).tripped(
+            len(known), len(self.fleet.hosts), {g: (n, self.sizes[g]) for g, n in groups.items()}
+        )
+        self.stats.checks += 1
+        if why is not None:
+            self.violate(f"{ctl.name}: {action} on {host} past the storm brake of rule {rule}: {why}")
 
     def toggle_pause(self) -> None:
         backend = mu.MemoryStore(clock=lambda: self.now)

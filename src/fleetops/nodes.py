@@ -8,8 +8,9 @@ maintenance, one cordoned by another controller, a quarantine nobody released af
 - ``kubernetes``: ``kubectl get nodes -o json``, when the pass names a cluster (``--kubectl`` other than
   its default, ``--kubeconfig`` or ``$KUBECONFIG``; a kubectl that merely is on PATH may point at no
   cluster at all, and a pod's in-cluster config may not be allowed to list nodes);
-  a node is out when it is cordoned (``spec.unschedulable``), ours when it carries fleetops' quarantine
-  taint;
+  a node is out when it is cordoned (``spec.unschedulable``) or not ready (its Ready condition not True,
+  or the node controller's ``node.kubernetes.io/unreachable`` or ``not-ready`` taint), ours when it
+  carries fleetops' quarantine taint;
 - ``slurm``: ``scontrol show node`` (one call per scontrol and slurm.conf the hosts name, usually one);
   a node is out when it is drained, draining, down or flagged out (``module_utils/slurm.py``'s phase),
   ours when its Comment holds fleetops' record, failed when Slurm itself took it out (not responding, an
@@ -38,13 +39,15 @@ from fleetops.remediations.catalog import KUBECTL
 from fleetops.rollout.killswitch import one_line
 
 READ_TIMEOUT_S = 30  # each kubectl or scontrol call (a pass reads each backend once)
+# the taints Kubernetes' node controller puts on a node it cannot reach or that is not ready
+NOT_READY_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 
 
 @dataclass(frozen=True)
 class NodeState:
     backend: str  # kubernetes | slurm
     node: str
-    phase: str  # in | cordoned (kubernetes) | draining | drained | down | out (slurm) | missing
+    phase: str  # in | cordoned | notready (kubernetes) | draining | drained | down | out (slurm) | missing
     ours: bool = False  # fleetops' own quarantine (its taint; its Slurm record)
     reason: str = ""  # Slurm's reason, without its [user@time]
     since: float | None = None  # when fleetops drained it (its Slurm record's time; Unix time)
@@ -187,7 +190,7 @@ def _read_kubernetes(
             found[str(item["metadata"]["name"])] = NodeState(
                 "kubernetes",
                 str(item["metadata"]["name"]),
-                "cordoned" if spec.get("unschedulable") else "in",
+                "cordoned" if spec.get("unschedulable") else "notready" if _not_ready(item) else "in",
                 ours=any(isinstance(t, Mapping) and t.get("key") == QUARANTINE_KEY for t in taints),
             )
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -195,6 +198,18 @@ def _read_kubernetes(
         return
     for node, host in nodes.items():
         reading.states[host] = found.get(node) or NodeState("kubernetes", node, "missing")
+
+
+def _not_ready(item: Mapping[str, Any]) -> bool:
+    """A node whose Ready condition is there and not True, or that carries a not-ready taint."""
+    taints = (item.get("spec") or {}).get("taints") or []
+    if any(isinstance(t, Mapping) and t.get("key") in NOT_READY_TAINTS for t in taints):
+        return True
+    conditions = (item.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, Mapping) and c.get("type") == "Ready" and str(c.get("status")) != "True"
+        for c in conditions
+    )
 
 
 def _read_slurm(

@@ -96,6 +96,29 @@ def test_kubernetes_nodes_are_read_in_one_call_cordons_counted_ours_told_apart(t
     assert calls == [["get", "nodes", "-o", "json", "--request-timeout=30s"]]  # one call for the fleet
 
 
+def test_kubernetes_nodes_not_ready_are_out(tmp_path: Path) -> None:
+    """A node the node controller cannot reach or finds not ready (its taint, or its Ready condition not
+    True) takes no work: it counts against the floors as a cordoned one does."""
+    kube = _kube(
+        tmp_path,
+        {
+            "u": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+            "n": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
+            "f": {"ready": False},
+            "r": {"ready": True},
+        },
+    )
+    reading = read_nodes([_host("u"), _host("n"), _host("f"), _host("r")], kube)
+    assert {h: s.phase for h, s in reading.states.items()} == {
+        "u": "notready",
+        "n": "notready",
+        "f": "notready",
+        "r": "in",
+    }
+    assert set(reading.out()) == {"u", "n", "f"}
+    assert reading.states["u"].why() == "kubernetes notready by someone else"
+
+
 def test_slurm_nodes_are_read_in_one_call_with_the_hosts_slurm_conf(tmp_path: Path) -> None:
     scontrol = _scontrol(
         tmp_path,

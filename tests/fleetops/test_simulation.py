@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetops.policy.language import Storm
 from tests.simulation import Simulation
 
 
@@ -21,6 +22,7 @@ def test_a_simulated_week_keeps_every_invariant(capsys: pytest.CaptureFixture[st
     assert stats.faults >= 50 and stats.storms >= 1 and stats.skew_refusals >= 1, stats.table()
     assert stats.paused_passes >= 1 and stats.completed >= 100, stats.table()
     assert stats.checks >= 500 and sum(stats.actions.values()) >= 100, stats.table()
+    assert stats.bursts >= 5 and stats.limited_passes >= 50, stats.table()
 
 
 def test_without_the_write_condition_the_simulation_fails() -> None:
@@ -41,5 +43,19 @@ def test_the_simulation_is_reproducible() -> None:
 def test_without_the_floors_the_simulation_fails() -> None:
     """The same week with passes that ignore the default policy's capacity floors: quarantines pile up in the
     small group past its cap and disruptive actions take it below its floor, and the checks say so."""
-    stats = Simulation(hosts=500, seed=7, floors=False).run(days=7)
+    stats = Simulation(hosts=500, seed=7, floors=False, limited=False).run(days=7)
     assert any("the floor keeps" in v or "(cap " in v for v in stats.violations), stats.table()
+
+
+def test_alert_bursts_keep_the_storm_brake_fleet_wide() -> None:
+    """Storm limits below the budgets (the brake trips at 2 hosts of a rule), so that the brake, not a
+    budget, is what stops a storm; alert bursts send one pass per alerting host, one after another. No
+    braked rung acts while its rule matched more hosts than the limit, as the passes saw them. With each
+    limited pass counting only its own scan (the code before issue 38 item 1), seed 1 broke it 9 times and
+    seed 7 once."""
+    tight = Storm(min_hosts=1, fleet_pct=0.1, group_pct=0.1)
+    runs = [Simulation(hosts=200, seed=seed, storm=tight).run(days=2) for seed in (1, 7)]
+    assert all(r.violations == [] for r in runs), "\n\n".join(
+        r.table() + "\n" + "\n".join(r.violations) for r in runs
+    )
+    assert sum(r.limited_passes for r in runs) >= 40, "\n\n".join(r.table() for r in runs)

@@ -43,6 +43,7 @@ SECONDS = {
     "test_drift_lab.py": 54,
     "test_protected_units_lab.py": 49,
     "test_slurm_lab.py": 90,  # 64 s alone on 2026-12-05 with the --evict test and its cut-off re-run
+    "test_doors_lab.py": 128,  # 2026-12-07, alone on a named lab (90 s the storm test, 29 s the floor's)
     "test_storm_lab.py": 56,  # 2026-12-03, in CI
     "test_auto_replace_lab.py": 41,
     "test_scan_leak.py": 35,

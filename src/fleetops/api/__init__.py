@@ -503,6 +503,11 @@ def _auto(
             store=open_store(inventories),
             operator=operator(),
             nodes=node_states,
+            stopped={
+                h.name: f"EC2 instance {h.hostvars['ec2_state']}"
+                for h in listing.every
+                if h.hostvars.get("ec2_state") not in (None, "", "running")
+            },
         ),
         run_action,
         obs.message,

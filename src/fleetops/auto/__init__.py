@@ -19,6 +19,10 @@ The pure part is :mod:`fleetops.policy` (``decide``, ``commit``); this module ru
    action on it still inside its budget's window: it outlives a ladder its action cleared). A dry
    run records nothing.
 
+A pass limited to a few hosts decides with the whole fleet's state (:mod:`.seen`): the storm brake and
+the floors count the hosts outside it as the latest passes recorded them, and a host nobody recorded
+within ``SEEN_FRESH_S`` is capacity unknown. Every applying pass records what it saw.
+
 With a shared store (``inputs.store``, :mod:`fleetops.store`), step 3 reads the ladders and the ledger
 from the store under the pass's lease instead (the state directory and the tags are read once, to seed
 it), a pause in the store holds the pass before it acts and before every action (exit 5) — what a dead
@@ -39,7 +43,8 @@ or ran out); else 0 (acting, waiting, blocked by a budget, clean).
 
 The package, by concern: :mod:`.result` (what a pass did, its document and exit code), :mod:`.actions`
 (the policy against the registry, the batches), :mod:`.tags` (the EC2 ladder and spent tags),
-:mod:`.state` (the state directory, the pass lock, the brakes without a store), :mod:`.context` (the
+:mod:`.state` (the state directory, the pass lock, the brakes without a store), :mod:`.seen` (the fleet
+record: what each pass saw per host, for the passes limited to a few hosts), :mod:`.context` (the
 inputs and what every part shares), :mod:`.guards` (the holds: unreachable, nodes, drains, the storm
 brakes, the floors), :mod:`.finish` (what a dead pass left: in-flight steps, re-runs in doubt) and
 :mod:`.passes` (:func:`run_pass`, with the state directory or the shared store).

@@ -16,6 +16,7 @@ from fleetops.auto.result import (
     RunAction,
     Say,
 )
+from fleetops.auto.seen import FleetRecord, Sighting
 from fleetops.auto.tags import TagTarget, merge_tags, write_tags
 from fleetops.errors import FleetopsError
 from fleetops.exitcodes import ExitCode
@@ -55,6 +56,8 @@ class PassInputs:
     operator: str = ""  # who runs the pass (the store's lease names them)
     # the schedulers' view of the fleet's nodes, read once before deciding (None: not read)
     nodes: NodeReading | None = None
+    # hosts of the fleet whose instance the inventory lists as not running -> why (the floors count them)
+    stopped: Mapping[str, str] = field(default_factory=dict)
 
 
 # Why a batch must not start (pause, lease lost, store unreachable), or None; given the action and its
@@ -78,6 +81,8 @@ class PassBase:
         self.in_flight: dict[str, str] = {}  # host -> what a dead pass left half done on it (the store's)
         self.brakes: dict[str, dict[str, Any]] = {}  # the storm brakes in force before this pass
         self.trip: Callable[[Mapping[str, str]], None] = lambda new: None  # record brakes this pass trips
+        self.seen = FleetRecord()  # what the passes recorded of each host (fleetops.auto.seen)
+        self.saw: dict[str, Sighting] = {}  # what this pass saw, once it decided
         inputs = self.inputs
         fleet = inputs.fleet if inputs.fleet is not None else inputs.group_of
         self.fleet = fleet

@@ -9,8 +9,10 @@ from collections.abc import Mapping
 
 from fleetops.auto.actions import disruptive
 from fleetops.auto.context import PassBase
+from fleetops.auto.seen import SEEN_FRESH_S
 from fleetops.policy import (
     NO_GROUP,
+    Decision,
     LadderState,
     fmt_duration,
     hold_for_brakes,
@@ -65,21 +67,56 @@ class Guards(PassBase):
             result.node_failures.append(line)
             self.warn(f"nodes: {line}: the pass fails, and takes no disruptive action in its hosts' groups")
 
-    def hold_unknown_capacity(self) -> None:
+    def outside(self) -> list[str]:
+        """The fleet's hosts this pass did not scan (outside its limit, left out with --exclude)."""
+        scanned = self.inputs.scan_report.get("hosts") or {}
+        return sorted(h for h in self.fleet if h not in scanned)
+
+    def hold_unknown_capacity(self, now: float) -> None:
         """A disruptive rung in a group whose nodes could not be read (``inputs.nodes.unknown``) waits
-        (status ``floor``): the group's capacity is unknown."""
-        reading = self.inputs.nodes
-        if reading is None or not reading.unknown:
-            return
-        unknown = {self.group_of(h) or NO_GROUP: why for h, why in reading.unknown.items()}
+        (status ``floor``): the group's capacity is unknown. So does one under a floor in a group with a
+        host outside this pass that the fleet record has not seen within ``SEEN_FRESH_S``
+        (:mod:`fleetops.auto.seen`): nobody knows whether it is in service. One line when there are any."""
+        reading, policy = self.inputs.nodes, self.inputs.policy
+        # group -> why, and whether only a rung under a floor waits for it (an unrecorded host)
+        unknown: dict[str, tuple[str, bool]] = {
+            self.group_of(h) or NO_GROUP: (why, False)
+            for h, why in (reading.unknown.items() if reading else ())
+        }
+        fresh = self.seen.fresh(now)
+        unseen: dict[str, list[str]] = {}
+        for host in self.outside():
+            if host not in fresh:
+                unseen.setdefault(self.group_of(host) or NO_GROUP, []).append(host)
+        self.result.unrecorded = {g: list(hs) for g, hs in sorted(unseen.items())}
+        window = fmt_duration(int(SEEN_FRESH_S))
+        if unseen:
+            hosts = [h for hs in unseen.values() for h in hs]
+            self.say(
+                f"fleet record: {len(hosts)} host(s) outside this pass seen by no pass within {window} "
+                f"({', '.join(hosts[:5])}{', ...' if len(hosts) > 5 else ''}): the capacity of group(s) "
+                f"{', '.join(sorted(unseen))} is unknown; a disruptive rung under a floor there waits",
+                "warning",
+            )
+        for group, hs in unseen.items():
+            unknown.setdefault(
+                group, (f"{len(hs)} of its hosts outside this pass have no record within {window}", True)
+            )
+
+        def held(d: Decision) -> bool:
+            if d.status != "act" or not disruptive(d.action) or d.group not in unknown:
+                return False
+            found = policy.rule(d.rule) if d.rule else None
+            return not unknown[d.group][1] or (found is not None and policy.floor_of(found) is not None)
+
         self.result.decisions = [
             dataclasses.replace(
                 d,
                 status="floor",
                 action=None,
-                reason=f"floor: the capacity of group {d.group} is unknown ({unknown[d.group]})",
+                reason=f"floor: the capacity of group {d.group} is unknown ({unknown[d.group][0]})",
             )
-            if d.status == "act" and disruptive(d.action) and d.group in unknown
+            if held(d)
             else d
             for d in self.result.decisions
         ]
@@ -135,16 +172,27 @@ class Guards(PassBase):
             )
         self.result.decisions = decisions
 
-    def apply_brakes(self) -> None:
+    def apply_brakes(self, ladder: LadderState, now: float) -> None:
         """The storm brake: rules this pass shows in a storm trip (recorded with ``apply``, told once), and
-        every brake in force holds its rule's braked rungs (reboot, stop-start, replace) fleet-wide."""
+        every brake in force holds its rule's braked rungs (reboot, stop-start, replace) fleet-wide. A rule
+        counts the hosts this pass matched and, outside it, those whose latest record within
+        ``SEEN_FRESH_S`` matched it or whose ladder on it started within that window."""
         inputs, result = self.inputs, self.result
         failed = {
             h: self.group_of(h) or NO_GROUP
             for h, state in (inputs.nodes.states.items() if inputs.nodes is not None else ())
             if state.failed
         }
-        tripped = storm_brakes(inputs.policy, result.decisions, self.sizes, failed)
+        fresh = self.seen.fresh(now)
+        elsewhere: dict[str, dict[str, str]] = {}
+        for host in self.outside():
+            rules = set(fresh[host].rules) if host in fresh else set()
+            rules |= {
+                r for r, rec in ladder.hosts.get(host, {}).items() if rec.first_tried >= now - SEEN_FRESH_S
+            }
+            for rule in rules:
+                elsewhere.setdefault(rule, {})[host] = self.group_of(host) or NO_GROUP
+        tripped = storm_brakes(inputs.policy, result.decisions, self.sizes, failed, elsewhere)
         in_force = {r: str(b.get("why") or "") for r, b in self.brakes.items()}
         new = {r: w for r, w in tripped.items() if r not in in_force}
         in_force.update(new)
@@ -168,10 +216,12 @@ class Guards(PassBase):
         if inputs.apply and new:
             self.trip(new)
 
-    def apply_floors(self, ladder: LadderState) -> None:
+    def apply_floors(self, ladder: LadderState, now: float) -> None:
         """The capacity floors (the policy's ``floor``): per group, the hosts out of service now —
         unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), left half
-        done by a dead pass (``in_flight``) — and the ones this pass takes; a disruptive action that would
+        done by a dead pass (``in_flight``), out of scheduling (``inputs.nodes``), an instance the inventory
+        lists as not running (``inputs.stopped``), and outside this pass, not scanned by the latest pass
+        that recorded it (the fleet record) — and the ones this pass takes; a disruptive action that would
         leave its group below the floor waits (status ``floor``). One line per group with such an action."""
         inputs, result = self.inputs, self.result
         policy = inputs.policy
@@ -184,6 +234,13 @@ class Guards(PassBase):
                     self.group_of(host) or NO_GROUP,
                     str(entry.get("status") or "not scanned"),
                 )
+        for host, why in inputs.stopped.items():
+            unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, why))
+        fresh = self.seen.fresh(now)
+        for host in self.outside():  # what the latest pass that scanned it saw
+            seen = fresh.get(host)
+            if seen is not None and seen.status != "ok":
+                unavailable[host] = (self.group_of(host) or NO_GROUP, seen.says(now))
         quarantined = {
             host: self.group_of(host) or NO_GROUP
             for host, rules in ladder.hosts.items()

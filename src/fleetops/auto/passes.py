@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fleetops import journal
+from fleetops.auto import seen as seen_mod
 from fleetops.auto.actions import batches, check_policy_actions
 from fleetops.auto.context import After, Before, PassInputs
 from fleetops.auto.finish import Finishers
@@ -78,6 +79,7 @@ def run_pass(
             save_brakes(brakes_path, {**ctx.brakes, **{r: {"since": now, "why": w} for r, w in new.items()}})
 
         ctx.trip = trip
+        ctx.read_record(seen_mod.load_dir(inputs.state_dir))
         malformed = ctx.merge_all_tags(ladder, ledger, clock())
         attempted: set[tuple[str, str]] = set()
         pause = paused(None)  # this controller's pause: nothing acts, before and between actions
@@ -107,6 +109,7 @@ def run_pass(
                     )
                     ladder.save(ladder_path)
                     ledger.save(ledger_path, clock())
+                    seen_mod.save_dir(inputs.state_dir, ctx.seen, ctx.saw, clock())
                     ctx.write_mirror(ladder, ledger, malformed)
     return result
 
@@ -128,12 +131,16 @@ class _Pass(Guards, Finishers):
         result.decisions = decide(
             inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
         )
+        rules_of: dict[str, list[str]] = {}
+        for d in result.decisions:
+            rules_of.setdefault(d.host, []).extend(([d.rule] if d.rule else []) + list(d.waiting_rules))
+        self.saw = seen_mod.sightings(inputs.scan_report.get("hosts") or {}, rules_of, now)
         self.count_unreachable()
         self.read_nodes()
-        self.apply_brakes()
-        self.hold_unknown_capacity()
+        self.apply_brakes(ladder, now)
+        self.hold_unknown_capacity(now)
         self.wait_for_drains(now)
-        self.apply_floors(ladder)
+        self.apply_floors(ladder, now)
         for d in result.decisions:
             style = {"act": "bold", "human": "warning", "exhausted": "warning", "not_scanned": "error"}.get(
                 d.status, ""
@@ -173,6 +180,13 @@ class _Pass(Guards, Finishers):
             if run.stop_requested is not None:  # `fleetops stop`: a person stops the pass, not one action
                 say(f"{action}: {run.stop_requested}; the pass starts no further action", "warning")
                 break
+
+    def read_record(self, record: seen_mod.FleetRecord) -> None:
+        """The fleet record as read; what of it did not parse, one warning each (the pass fails)."""
+        self.seen = record
+        for line in record.malformed:
+            self.warn(line)
+        self.result.malformed_record = list(record.malformed)
 
     # ---- with the shared store
 
@@ -221,6 +235,7 @@ class _Pass(Guards, Finishers):
                 self.warn(line)
             result.malformed_store = list(state.malformed)
             self.brakes = store.brakes()
+            self.read_record(seen_mod.load_store(store))
             operator = inputs.operator or controller_id()
 
             def trip(new: Mapping[str, str]) -> None:
@@ -322,6 +337,9 @@ class _Pass(Guards, Finishers):
                         )
                         try:
                             state.flush(self.clock())
+                            seen_mod.save_store(
+                                store, self.seen, self.saw, self.group_of, self.clock(), self.warn
+                            )
                         except StoreFailure as exc:
                             result.store_failure = str(exc)
                             self.warn(str(exc))

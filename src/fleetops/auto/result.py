@@ -91,6 +91,10 @@ class PassResult:
     # hosts whose node takes no new work (cordoned, drained, down) -> its state; backends not readable
     nodes_out: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_failures: list[str] = field(default_factory=list)
+    # the fleet record (fleetops.auto.seen): what did not parse (kept; the pass fails), and per group the
+    # hosts outside this pass it has no recent record of (their capacity unknown)
+    malformed_record: list[str] = field(default_factory=list)
+    unrecorded: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def tolerated(self) -> frozenset[str]:
@@ -116,6 +120,7 @@ class PassResult:
             or self.malformed_store
             or self.unfinished
             or self.node_failures
+            or self.malformed_record
         ):
             return ExitCode.FAILED
         if self.paused is not None:
@@ -138,6 +143,11 @@ class PassResult:
             doc["capacity"] = [dict(c) for c in self.capacity]
         if self.nodes_out or self.node_failures:
             doc["nodes"] = {"out": dict(self.nodes_out), "failures": list(self.node_failures)}
+        if self.malformed_record or self.unrecorded:
+            doc["fleet_record"] = {
+                "malformed": list(self.malformed_record),
+                "unrecorded": dict(self.unrecorded),
+            }
         if self.unreachable:
             doc["unreachable"] = {
                 "hosts": list(self.unreachable),

@@ -19,6 +19,7 @@ from fleetops.auto_schema import DecisionStatus
 from fleetops.policy.language import DEFAULT_SEVERITIES, HUMAN, Budget, Policy, Rule, fmt_duration
 from fleetops.policy.records import RungRecord
 from fleetops.policy.state import BudgetLedger, LadderState
+from fleetops.policy.tags import CLOCK_SKEW_S
 
 NO_GROUP = "-"  # the group of a host group_of knows nothing about
 
@@ -41,8 +42,9 @@ def _verdict(
 
 class Spending:
     """The budgets as a pass sees them: per budgeted action, the ledger's entries in its window
-    before ``now`` (at most ``now``), across the fleet and per group (counted once, so a pass costs
-    O(hosts + entries)), plus what the pass itself takes (``take``)."""
+    before ``now`` (and those up to ``CLOCK_SKEW_S`` after it: another controller's clock may run ahead of
+    this one's), across the fleet and per group (counted once, so a pass costs O(hosts + entries)),
+    plus what the pass itself takes (``take``)."""
 
     def __init__(self, ledger: BudgetLedger, budgets: Mapping[str, Budget], now: float) -> None:
         self.budgets = budgets
@@ -50,7 +52,7 @@ class Spending:
         self.group: Counter[tuple[str, str]] = Counter()
         for e in ledger.entries:
             budget = budgets.get(e.action)
-            if budget is not None and now - budget.window_s < e.at <= now:
+            if budget is not None and now - budget.window_s < e.at <= now + CLOCK_SKEW_S:
                 self.fleet[e.action] += 1
                 self.group[(e.action, e.group)] += 1
 
@@ -330,6 +332,7 @@ def storm_brakes(
     decisions: Collection[Decision],
     group_sizes: Mapping[str, int],
     failed: Mapping[str, str] | None = None,
+    elsewhere: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
     """The rules this pass's decisions show in a storm (``Storm.tripped``) -> why. A host counts for each
     rule its findings match (the rule it acts on and those waiting their turn), whatever its status;
@@ -338,8 +341,11 @@ def storm_brakes(
     ``failed`` (host -> group): hosts the scheduler itself took out as failing (Slurm: not responding, an
     unexpected reboot; ``NodeState.failed``), whatever their findings: a fault that hangs a node outright
     leaves no finding to match (the host is unreachable), so each such host counts as one more for every
-    rule that matched a host this pass, in the fleet and in the groups where the rule matched."""
+    rule that matched a host this pass, in the fleet and in the groups where the rule matched.
+
+    ``elsewhere`` (rule -> host -> group): hosts outside this pass known to match the rule recently."""
     failed = dict(failed or {})
+    elsewhere = elsewhere or {}
     fleet = sum(group_sizes.values())
     matched: dict[str, list[Decision]] = {}
     for d in decisions:
@@ -351,19 +357,25 @@ def storm_brakes(
         if found is None:
             continue
         hosts = {d.host for d in ds}
+        known = {h: g for h, g in elsewhere.get(name, {}).items() if h not in hosts}
+        hosts |= set(known)
         down = {h: g for h, g in failed.items() if h not in hosts}
         counts = Counter(d.group for d in ds)
+        counts.update(known.values())
         counts.update(g for g in down.values() if g in counts)
         groups = {g: (n, group_sizes.get(g, n)) for g, n in counts.items()}
-        why = policy.storm_of(found).tripped(len(ds) + len(down), fleet, groups)
+        why = policy.storm_of(found).tripped(len(ds) + len(known) + len(down), fleet, groups)
         if why is not None:
-            out[name] = why + (
-                f" ({len(down)} of them failed in the scheduler, no finding: {', '.join(sorted(down)[:5])}"
-                f"{', ...' if len(down) > 5 else ''})"
-                if down
-                else ""
-            )
+            notes = {
+                "outside this pass, as the fleet record and the ladders show": known,
+                "failed in the scheduler, no finding": down,
+            }
+            out[name] = why + "".join(f" ({len(h)} of them {n}: {_some(h)})" for n, h in notes.items() if h)
     return out
+
+
+def _some(hosts: Collection[str]) -> str:
+    return ", ".join(sorted(hosts)[:5]) + (", ..." if len(hosts) > 5 else "")
 
 
 def hold_for_brakes(
