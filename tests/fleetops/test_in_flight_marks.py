@@ -222,3 +222,25 @@ def test_a_long_mark_is_split_within_the_tag_limit_and_read_back() -> None:
     assert len(tags) > 1 and all(len(v) <= TAG_VALUE_MAX for v in tags.values())
     assert list(tags)[:2] == [IN_FLIGHT_TAG, IN_FLIGHT_TAG + ":2"]
     assert decode(tags) == record
+
+
+def test_the_shipped_awx_configuration_names_a_store_and_creates_its_table() -> None:
+    """Every AWX job starts with an empty state directory: the inventory config its passes read names a
+    store, and awx/configure.yml creates that table from the same config."""
+    import yaml
+
+    from fleetops.store import config_for
+    from tests.helpers import REPO
+
+    settings = yaml.safe_load((REPO / "awx" / "settings.yml").read_text())
+    inventory = REPO / settings["fleetops_awx_inventory_config"]
+    config = config_for([inventory])
+    assert config is not None and config.table == "fleetops" and config.region == "us-east-1"
+    (play,) = yaml.safe_load((REPO / "awx" / "configure.yml").read_text())
+    (task,) = [t for t in play["tasks"] if "store" in t["name"] and "ansible.builtin.command" in t]
+    argv = task["ansible.builtin.command"]["argv"]
+    assert argv[:4] == ["fleetops", "store", "init", "-i"]
+    assert (
+        argv[4].endswith("/{{ fleetops_awx_inventory_config }}")
+        and settings["fleetops_awx_store_init"] is True
+    )
