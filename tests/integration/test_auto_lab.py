@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetops.auto.marks import IN_FLIGHT_TAG
 from fleetops_lab import Lab
 from fleetops_lab.ec2 import REGION, running
 from fleetops_lab.ec2sim import STOP_SECONDS_TAG, client
@@ -366,3 +367,68 @@ def test_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_th
         assert boots(lab, others) == before
     finally:
         remove_crashloop_unit(lab, CRASH, name="killed")
+
+
+def test_without_a_store_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_the_next(
+    lab: Lab, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same kill with no shared store (issue 38, item 11): the dead pass marked lab-01's instance
+    (tag ``fleetops:in-flight``) before its stop. A new pass — an empty state directory, an inventory of
+    running instances that does not list lab-01 — finds the mark with one filtered DescribeInstances
+    call, starts the instance, removes the mark, and touches nothing else."""
+    env = {k: v for k, v in {**env, **_cluster(tmp_path)}.items() if not k.startswith("FLEETOPS_STORE")}
+    config = yaml.safe_load(lab.ec2_inventory_path().read_text())
+    config.pop("store_table", None)
+    config["filters"]["instance-state-name"] = ["running"]  # as AWX's inventory of running instances
+    inv = tmp_path / "running.fleet_ec2.yml"
+    inv.write_text(yaml.safe_dump(config))
+    policy = tmp_path / "kill.yml"
+    policy.write_text(KILL_POLICY)
+    install_crashloop_unit(lab, CRASH, name="nostore", restart_sec=0.5)
+    iid = _instance(lab, CRASH)["InstanceId"]
+    url = running(lab.state_dir)
+    assert url is not None
+    client(url, REGION).create_tags(Resources=[iid], Tags=[{"Key": STOP_SECONDS_TAG, "Value": "15"}])
+    others = [EVENT, UCX, ECC]
+    before = boots(lab, others)
+    try:
+        time.sleep(4)  # a few restarts
+        argv = [str(FLEETOPS), "remediate", "auto", "-i", str(inv), "--policy", str(policy), "--apply",
+                "-l", CRASH, "--canary", "0", "--sample-seconds", "2", "--state-dir", str(tmp_path / "dead")]  # fmt: skip
+        first = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        try:
+            deadline, seen = time.monotonic() + 180, ""
+            while time.monotonic() < deadline and first.poll() is None:
+                seen = _instance(lab, CRASH)["State"]["Name"]
+                if seen == "stopping":
+                    break
+                time.sleep(0.2)
+            kill_tree(first.pid)  # the CLI and ansible-playbook (a session of its own) with it
+        finally:
+            first.wait(timeout=30)
+        assert seen == "stopping", (seen, first.stderr.read() if first.stderr else "")
+        deadline = time.monotonic() + 60
+        while _instance(lab, CRASH)["State"]["Name"] != "stopped" and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _instance(lab, CRASH)["State"]["Name"] == "stopped"  # and nobody starts it
+        tags = {t["Key"]: t["Value"] for t in _instance(lab, CRASH).get("Tags") or []}
+        assert json.loads(tags[IN_FLIGHT_TAG])["action"] == "stop-start"
+
+        rc, doc, err = _pass(
+            lab, env, str(policy), "--apply", "--state-dir", str(tmp_path / "fresh"), inventory=inv
+        )
+        assert rc == 0, err
+        assert "store" not in doc
+        assert CRASH not in _decisions(doc)  # not in the inventory: stopped when it was listed
+        assert [line.split(":")[0] for line in doc["in_flight"]["finished"]] == [f"{CRASH} ({iid})"], err
+        assert "no shared store: the records of this pass" in err
+        assert _actions(doc) == []  # nothing else is touched
+        assert _instance(lab, CRASH)["State"]["Name"] == "running"
+        assert IN_FLIGHT_TAG not in {t["Key"] for t in _instance(lab, CRASH).get("Tags") or []}
+        deadline = time.monotonic() + 120
+        while lab.run(CRASH, "true").returncode != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert boots(lab, others) == before
+    finally:
+        remove_crashloop_unit(lab, CRASH, name="nostore")

@@ -29,7 +29,10 @@ it), a pause in the store holds the pass before it acts and before every action 
 pass left in flight or in doubt included: nothing is finished or run again, the pass says what it would
 finish (``store.would_finish``) and those hosts count against their floors —, each action's
 budget is reserved in the store before its rollout starts and settled after (ladders climb then), a dead
-pass's unsettled reservations count as attempted, and the tags are written as a mirror.
+pass's unsettled reservations count as attempted, and the tags are written as a mirror. Without one, a
+disruptive EC2 step in flight is also marked on its instance (tag ``fleetops:in-flight``, written before
+the batch, removed when it settles) and every applying pass finishes the marks a dead pass left with the
+same finishers (:mod:`.marks`).
 
 Ctrl-C (stop after the batch), SIGTERM or SIGHUP during an action ends that rollout as
 ``fleetops remediate`` would (state saved for ``--resume``); the pass then starts no further action,
@@ -46,7 +49,8 @@ The package, by concern: :mod:`.result` (what a pass did, its document and exit 
 :mod:`.state` (the state directory, the pass lock, the brakes without a store), :mod:`.seen` (the fleet
 record: what each pass saw per host, for the passes limited to a few hosts), :mod:`.context` (the
 inputs and what every part shares), :mod:`.guards` (the holds: unreachable, nodes, drains, the storm
-brakes, the floors), :mod:`.finish` (what a dead pass left: in-flight steps, re-runs in doubt) and
+brakes, the floors), :mod:`.finish` (what a dead pass left: in-flight steps, re-runs in doubt), :mod:`.marks` (without a store,
+the in-flight marks on the instances a later pass finds whatever its inventory) and
 :mod:`.passes` (:func:`run_pass`, with the state directory or the shared store).
 """
 

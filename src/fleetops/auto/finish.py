@@ -10,12 +10,16 @@ from fleetops import journal as journal_mod
 from fleetops.ansible.collection import load
 from fleetops.auto.actions import action_params, freeze
 from fleetops.auto.context import PassBase
+from fleetops.auto.marks import FIELDS, IN_FLIGHT_TAG, InFlightMarks, Mark, encode
 from fleetops.auto.result import (
     SIGNAL_CODES,
 )
 from fleetops.fix import ACTIONABLE
 from fleetops.policy import (
+    NO_GROUP,
+    BudgetLedger,
     Decision,
+    LadderState,
     LedgerEntry,
 )
 from fleetops.remediations import REMEDIATIONS
@@ -69,69 +73,72 @@ class Finishers(PassBase):
         them clean; until then the journal keeps them. One that cannot be finished now fails the pass
         (exit 3) and is tried again by the next."""
         finishers = in_flight_modules()
-        result = self.result
         changed = False
         for entry, journal in state.unfinished(finishers):
-            instance = str(journal["instance"])
-            where = f"{entry.host} ({instance})"
-            if self.inputs.connection is None:
-                self.not_finished(
-                    entry,
-                    journal,
-                    where,
-                    f"the {entry.action} a dead pass left may be half done, and this inventory has no EC2 "
-                    "source to finish it with",
-                )
-                changed = True
-                continue
-            msg = ""
-            if not isinstance(journal.get("new_instances"), list):
-                regions = self.inputs.connection.regions
-                record = {
-                    **journal,
-                    "region": journal.get("region") or (regions[0] if regions else "us-east-1"),
-                    "at": entry.at,
-                }
-                module = load(f"plugins.modules.{finishers[entry.action]}")
-                try:
-                    done = module.finish_instance(self.inputs.connection.settings(), record)
-                except Exception as exc:
-                    self.not_finished(
-                        entry,
-                        journal,
-                        where,
-                        f"failed to finish the {entry.action} a dead pass left: {exc}",
-                        "; the next pass tries again",
-                    )
-                    changed = True
-                    continue
-                msg = str(done.get("msg", "done"))
-                if done.get("new_instances"):
-                    journal["new_instances"] = [str(i) for i in done["new_instances"]]
-                    changed = True
-            why = self.not_scanned_clean(journal.get("new_instances") or [])
-            if why is not None:
-                told = f": {msg}; it" if msg else ""
-                self.not_finished(
-                    entry,
-                    journal,
-                    where,
-                    f"the {entry.action} a dead pass left{told} is not finished: {why}",
-                    "; the next pass looks again",
-                )
-                changed = True
-                continue
-            journal["finished"] = True
+            self.finish_one(entry, journal, finishers[entry.action])
             changed = True
-            if journal.get("new_instances"):
-                msg = f"{msg + '; ' if msg else ''}{', '.join(journal['new_instances'])} scanned clean"
-            line = f"{where}: finished the {entry.action} a dead pass left half done: {msg or 'done'}"
-            result.finished.append(line)
-            self.say(line, "bold")
         if changed:
             state.flush()
         for entry, _journal in state.unfinished(finishers):
             self.in_flight[entry.host] = f"{entry.action} left half done"
+
+    def finish_one(self, entry: LedgerEntry, journal: dict[str, Any], finisher: str) -> bool:
+        """Finish one record a dead pass left (``journal``: its instance, region and what the finisher
+        needs; updated in place: ``finished``, ``new_instances``, the failed attempts). Whether it is
+        finished; one that is not fails the pass (exit 3) and is tried again by the next."""
+        result = self.result
+        instance = str(journal["instance"])
+        where = f"{entry.host} ({instance})"
+        if self.inputs.connection is None:
+            self.not_finished(
+                entry,
+                journal,
+                where,
+                f"the {entry.action} a dead pass left may be half done, and this inventory has no EC2 "
+                "source to finish it with",
+            )
+            return False
+        msg = ""
+        if not isinstance(journal.get("new_instances"), list):
+            regions = self.inputs.connection.regions
+            record = {
+                **journal,
+                "region": journal.get("region") or (regions[0] if regions else "us-east-1"),
+                "at": entry.at,
+            }
+            module = load(f"plugins.modules.{finisher}")
+            try:
+                done = module.finish_instance(self.inputs.connection.settings(), record)
+            except Exception as exc:
+                self.not_finished(
+                    entry,
+                    journal,
+                    where,
+                    f"failed to finish the {entry.action} a dead pass left: {exc}",
+                    "; the next pass tries again",
+                )
+                return False
+            msg = str(done.get("msg", "done"))
+            if done.get("new_instances"):
+                journal["new_instances"] = [str(i) for i in done["new_instances"]]
+        why = self.not_scanned_clean(journal.get("new_instances") or [])
+        if why is not None:
+            told = f": {msg}; it" if msg else ""
+            self.not_finished(
+                entry,
+                journal,
+                where,
+                f"the {entry.action} a dead pass left{told} is not finished: {why}",
+                "; the next pass looks again",
+            )
+            return False
+        journal["finished"] = True
+        if journal.get("new_instances"):
+            msg = f"{msg + '; ' if msg else ''}{', '.join(journal['new_instances'])} scanned clean"
+        line = f"{where}: finished the {entry.action} a dead pass left half done: {msg or 'done'}"
+        result.finished.append(line)
+        self.say(line, "bold")
+        return True
 
     def not_scanned_clean(self, instances: Sequence[str]) -> str | None:
         """Why this pass's scan does not show each of ``instances`` (EC2 ids) answering with no warning or
@@ -263,3 +270,137 @@ class Finishers(PassBase):
                 self.say(f"{action}: {why}; the pass starts no further action", "warning")
                 return False
         return True
+
+
+class MarkedFinishers(Finishers):
+    """Without a shared store: the in-flight marks on the instances (:mod:`fleetops.auto.marks`), written
+    around each disruptive batch and finished, by a later pass, with the store path's finishers."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.marked: dict[str, Mark] = {}  # host -> this pass's mark on its instance (the batch running)
+
+    def marks(self) -> InFlightMarks | None:
+        return InFlightMarks(self.inputs.connection) if self.inputs.connection is not None else None
+
+    def mark_batch(self, pass_id: str, action: str, decisions: Sequence[Decision]) -> str | None:
+        """Mark each instance of the batch before its first disruptive call (an action with a finisher,
+        ``Remediation.in_flight``); why the batch must not start (a mark not written: a later pass could
+        not find it), or None. Marks already written for the batch are removed on failure."""
+        inputs = self.inputs
+        if not inputs.apply or action not in in_flight_modules():
+            return None
+        api = self.marks()
+        if api is None:
+            return None
+        by_host = {d.host: d for d in decisions if d.host in inputs.tags}
+        instances = {h: (inputs.tags[h].instance, inputs.tags[h].region) for h in by_host}
+        try:  # no in-flight record, no disruptive call: a later pass could not finish it
+            records = self.in_flight_records(action, instances)
+        except Exception as exc:
+            why = f"{action}: could not read what a later pass would need to finish it: {exc}"
+            self.result.tag_failures.append(why)
+            return why
+        for host, d in sorted(by_host.items()):
+            instance, region = instances[host]
+            record = {
+                "host": host,
+                "action": action,
+                "pass": pass_id,
+                "at": round(self.clock(), 3),
+                "rule": d.rule or "",
+                "rung": d.rung or 0,
+                "check": d.check or "",
+                **(records.get(host) or {}),
+            }
+            try:
+                api.write(instance, region, record)
+            except Exception as exc:
+                why = f"{host}: Failed to write its tag {IN_FLIGHT_TAG} ({instance}): {exc}"
+                self.result.tag_failures.append(why)
+                self.unmark_batch()
+                return f"{why}; the {action} does not start"
+            self.marked[host] = Mark(instance, region, record, tuple(sorted(encode(record))))
+        return None
+
+    def unmark_batch(self) -> None:
+        """The batch settled (as the store path settles its reservations): its marks are removed. One
+        not removed is told (exit 3); the next pass finds its instance finished and removes it."""
+        marked, self.marked = self.marked, {}
+        api = self.marks() if marked else None
+        if api is None:
+            return
+        for host, mark in sorted(marked.items()):
+            try:
+                api.remove(mark.instance, mark.region, mark.keys)
+            except Exception as exc:
+                line = f"{host}: Failed to remove its tag {IN_FLIGHT_TAG} ({mark.instance}): {exc}"
+                self.result.tag_failures.append(line)
+                self.warn(line)
+
+    def finish_marked(self, ladder: LadderState, ledger: BudgetLedger, act: bool) -> None:
+        """Find every instance a dead pass marked in flight (one filtered Describe call per region,
+        whatever the inventory's filters) and finish it as the store path does (:meth:`finish_one`); its
+        rung counts as attempted and its budget as spent (``StoredState.recover``). Finished: the mark
+        is removed; not: it keeps the failed attempts and their cause, the pass fails (exit 3) and the
+        host counts against its group's floor. ``act`` False (paused): nothing is finished, the pass
+        says what would be."""
+        api = self.marks()
+        if api is None:
+            return
+        try:
+            found, bad = api.find()
+        except Exception as exc:
+            line = f"could not look for the instances a dead pass marked (tag {IN_FLIGHT_TAG}): {exc}"
+            self.result.unfinished.append(line)
+            self.warn(line)
+            return
+        for line in bad:
+            self.result.malformed_tags.append(line)
+            self.warn(line)
+        finishers = in_flight_modules()
+        for mark in found:
+            rec = mark.record
+            host, action = str(rec["host"]), str(rec["action"])
+            group = self.group_of(host) or NO_GROUP
+            entry = LedgerEntry(action, host, group, float(rec["at"]), id=str(rec["pass"]))
+            rule, check, rung = rec.get("rule"), rec.get("check"), rec.get("rung")
+            if isinstance(rule, str) and rule and isinstance(check, str) and isinstance(rung, int):
+                current = ladder.get(host, rule)
+                if current is None or current.last_tried < entry.at:
+                    ladder.record(host, rule, check, rung, action, entry.at)
+            ledger.record_once(action, host, group, entry.at)
+            journal = {k: v for k, v in rec.items() if k not in FIELDS}
+            journal.update(instance=mark.instance, region=mark.region)
+            where = f"{host} ({mark.instance})"
+            if not act:
+                line = (
+                    f"{where}: the {action} a dead pass left half done would be finished once automation "
+                    "is unpaused"
+                )
+                self.result.would_finish.append(line)
+                self.say(line, "warning")
+                self.report_stranded(entry, journal)
+                self.in_flight[host] = f"{action} left half done"
+                continue
+            if action in finishers:
+                done = self.finish_one(entry, journal, finishers[action])
+            else:
+                done = False
+                self.not_finished(
+                    entry, journal, where, f"its tag {IN_FLIGHT_TAG} names {action}, which no pass finishes"
+                )
+            kept: dict[str, Any] = {
+                k: journal[k] for k in ("attempts", "cause", "new_instances") if k in journal
+            }
+            try:
+                if done:
+                    api.remove(mark.instance, mark.region, mark.keys)
+                else:
+                    api.write(mark.instance, mark.region, {**rec, **kept}, old=mark.keys)
+            except Exception as exc:
+                line = f"{host}: Failed to {'remove' if done else 'write'} its tag {IN_FLIGHT_TAG} ({mark.instance}): {exc}"
+                self.result.tag_failures.append(line)
+                self.warn(line)
+            if not done:
+                self.in_flight[host] = f"{action} left half done"

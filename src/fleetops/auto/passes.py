@@ -12,7 +12,7 @@ from fleetops import journal
 from fleetops.auto import seen as seen_mod
 from fleetops.auto.actions import batches, check_policy_actions
 from fleetops.auto.context import After, Before, PassInputs
-from fleetops.auto.finish import Finishers
+from fleetops.auto.finish import MarkedFinishers
 from fleetops.auto.guards import Guards
 from fleetops.auto.result import (
     SIGNAL_CODES,
@@ -39,11 +39,22 @@ from fleetops.policy import (
     controller_id,
     decide,
 )
+from fleetops.remediations import REMEDIATIONS
 from fleetops.rollout.pause import PauseRecord, local_pause
 from fleetops.store import PassLease, Store, StoredState, StoreFailure
 
 # so the budget's window runs from when the batch really starts
 RESTAMP_S = 10.0
+
+
+def new_pass_id(clock: Callable[[], float]) -> str:
+    return f"auto-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(clock()))}-{secrets.token_hex(3)}"
+
+
+def disruptive_actions(inputs: PassInputs) -> list[str]:
+    """The disruptive actions the policy's ladders name (``Remediation.disruptive``)."""
+    named = {str(rung.action) for rule in inputs.policy.rules for rung in rule.ladder}
+    return sorted(a for a in named if a in REMEDIATIONS and REMEDIATIONS[a].disruptive)
 
 
 def paused(store: Store | None) -> PauseRecord | None:
@@ -82,20 +93,39 @@ def run_pass(
         ctx.read_record(seen_mod.load_dir(inputs.state_dir))
         malformed = ctx.merge_all_tags(ladder, ledger, clock())
         attempted: set[tuple[str, str]] = set()
+        pass_id = new_pass_id(clock)
+        disruptive = disruptive_actions(inputs)
+        if inputs.apply and disruptive:
+            where = (
+                "one state directory and on the instances (EC2 tags: a pass with another state directory "
+                "finishes what a dead one left in flight from them)"
+                if inputs.connection is not None
+                else "one state directory alone"
+            )
+            say(
+                f"no shared store: the records of this pass's {', '.join(disruptive)} live in {where}; "
+                "name a store (store_table) so every controller shares them",
+                "dim",
+            )
         pause = paused(None)  # this controller's pause: nothing acts, before and between actions
         if pause is not None:
             result.paused = pause.describe()
             say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+        if inputs.apply:  # what a dead pass marked in flight on its instances (held by a pause)
+            ctx.finish_marked(ladder, ledger, act=pause is None)
 
         def before(action: str, decisions: Sequence[Decision]) -> str | None:
             held = paused(None)
             if held is not None:
                 result.paused = held.describe()
                 return held.describe()
-            return None
+            return ctx.mark_batch(pass_id, action, decisions)
+
+        def after(action: str, run: ActionRun) -> None:
+            ctx.unmark_batch()
 
         try:
-            ctx.decide_and_act(ladder, ledger, clock(), attempted, before, act=pause is None)
+            ctx.decide_and_act(ladder, ledger, clock(), attempted, before, after, act=pause is None)
         finally:
             if inputs.apply:
                 with shield():
@@ -114,8 +144,9 @@ def run_pass(
     return result
 
 
-class _Pass(Guards, Finishers):
-    """A pass: its holds (:class:`Guards`), what it finishes (:class:`Finishers`), deciding and acting."""
+class _Pass(Guards, MarkedFinishers):
+    """A pass: its holds (:class:`Guards`), what it finishes (:class:`MarkedFinishers`), deciding and
+    acting."""
 
     def decide_and_act(
         self,
@@ -219,7 +250,7 @@ class _Pass(Guards, Finishers):
         inputs, result = self.inputs, self.result
         result.store = store.where()
         store.ready()  # created on first use; refuses a controller whose clock is off the store's
-        pass_id = f"auto-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(self.clock()))}-{secrets.token_hex(3)}"
+        pass_id = new_pass_id(self.clock)
         lease = PassLease(store, pass_id, inputs.operator or controller_id()) if inputs.apply else None
         if lease is not None:
             lease.take()

@@ -154,6 +154,14 @@ class PassResult:
                 "limit": self.unreachable_limit,
                 "tolerated": bool(self.tolerated),
             }
+        if self.store is None and (self.finished or self.unfinished or self.would_finish or self.stranded):
+            # without a store: what dead passes marked in flight on their instances (fleetops.auto.marks)
+            doc["in_flight"] = {
+                "finished": list(self.finished),
+                "unfinished": list(self.unfinished),
+                "would_finish": list(self.would_finish),
+                "stranded": [dict(s) for s in self.stranded],
+            }
         if self.store is not None:
             doc["store"] = {
                 "where": self.store,
