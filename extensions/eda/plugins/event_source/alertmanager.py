@@ -15,8 +15,8 @@ sent them: conditions may match on them; a rulebook never puts them in a templat
 events too (``fleetops.status``); the fleetops rulebooks act on firing ones only. No ``meta.hosts`` is
 set: the rulebooks run their playbook on localhost and pass the host as a value, never as a limit.
 
-A payload that does not parse (not UTF-8, not JSON, nested deeper than ``MAX_DEPTH``), has no ``alerts`` list, an alert without labels or host label, a host name
-that is no exact name of the inventory (unknown, a group, a pattern), or more than ``max_hosts``
+A payload that does not parse (not UTF-8, not JSON, nested deeper than ``MAX_DEPTH``), has no ``alerts``
+list, an alert without labels or host label, a host name that is no exact name of the inventory (unknown, a group, a pattern), or more than ``max_hosts``
 different hosts, is logged as ONE warning line per payload; the alerts that pass still become events,
 except over ``max_hosts``, where none does (an alert storm across the fleet is the scheduled full pass's
 to handle, and the people's: route the rulebook's receiver with ``group_by: [alertname, host]`` so a
