@@ -72,6 +72,15 @@ class Name(str):
         return self  # str(name) (the runner's, say) keeps counting: it would otherwise copy a plain str
 
 
+def _listed(hosts: list[Any]) -> Any:
+    """What ``launch.selected`` returns for a fleet the test made: its hosts, no group names, none unmatched."""
+    from fleetops.ansible.inventory import InventoryTargets
+
+    return InventoryTargets(
+        hosts=list(hosts), groups=frozenset(), present=frozenset(h.name for h in hosts), every=list(hosts)
+    )
+
+
 def names(n: int) -> list[str]:
     return [Name(f"node-{i:05d}") for i in range(n)]
 
@@ -167,7 +176,9 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
 
     monkeypatch.setattr(ansible_runner, "run", fake_run)
     monkeypatch.setattr(runner, "_stop_leftovers", lambda marker: None)  # reads /proc: other processes' count
-    monkeypatch.setattr(api, "_targets", lambda inventories, limit, group_by: list(fleet["hosts"]))
+    monkeypatch.setattr(
+        api, "_selected", lambda inventories, limit, group_by, strict=True: _listed(fleet["hosts"])
+    )
 
     def make(n: int) -> Callable[[], object]:
         fleet["hosts"] = [InventoryHost(name=h, group=AZS[i % 3]) for i, h in enumerate(names(n))]
@@ -229,7 +240,9 @@ def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[
 
     monkeypatch.setattr(direct._Calls, "run", lambda self, argv, data, timeout: (0, reply, b""))
     monkeypatch.setattr(direct, "ThreadPoolExecutor", Inline)
-    monkeypatch.setattr(api, "_targets", lambda inventories, limit, group_by: list(fleet["hosts"]))
+    monkeypatch.setattr(
+        api, "_selected", lambda inventories, limit, group_by, strict=True: _listed(fleet["hosts"])
+    )
 
     def make(n: int) -> Callable[[], object]:
         def hostvars(i: int) -> dict[str, Any]:
