@@ -17,10 +17,11 @@ What it holds (keys; every document is versioned, every write conditional on the
   ladder items are the fencing tokens: a pass that lost its lease unnoticed finds its next write
   refused (``Conflict``) and starts nothing more.
 - ``ledger#<action>``: the budgeted actions taken (``fleetops.store.ledger/v1``), each entry also a
-  journal record: ``reserved`` by a pass before its batch starts, then ``done`` (attempted) or
-  removed (not attempted) after. A ``reserved`` entry the next pass finds was left by a pass that
-  died mid-batch: it counts as attempted (``in_doubt``), its ladder climbs as if the rung ran, and
-  the budget stays spent. Entries that do not parse are kept as they are, never deleted. Entries
+  journal record: ``reserved`` by a pass before its batch starts (spent whatever its time), then
+  ``done`` (attempted; its time moved to when its host was acted on, its batch's start) or removed
+  (not attempted) after. A ``reserved`` entry the next pass finds was left by a pass that died
+  mid-batch: it counts as attempted (``in_doubt``), its ladder climbs as if the rung ran, and the
+  budget stays spent, from when that pass found it. Entries that do not parse are kept as they are, never deleted. Entries
   leave after the longest budget window, except one a later pass must still finish (``pending``):
   that stays until finished, or closed by a person (``fleetops store forget``, :mod:`fleetops.journal`).
 - ``ladder#<host>``: where each ladder of the host stands (``fleetops.store.ladder/v1``).
