@@ -713,3 +713,25 @@ def test_a_reservation_a_dead_pass_left_counts_from_when_it_is_found(tmp_path: P
         ("a", T0 + 70 * 60, "in_doubt"),
         ("b", T0 + 70 * 60, "in_doubt"),
     }
+
+
+def test_a_reservation_a_pass_without_the_store_left_is_seeded_as_spent_from_when_it_is_found(
+    tmp_path: Path,
+) -> None:
+    """The upgrade path: the state directory holds two reboots a pass without the store reserved at T0 and
+    never settled (SIGKILLed mid-rollout); the first pass with the store, 70 minutes later, seeds them as
+    spent from then and reboots nobody."""
+    from fleetops.policy import BudgetLedger
+
+    ledger = BudgetLedger()
+    for host in "ab":
+        ledger.reserve("reboot", host, "az-a", T0, "ctl:1")
+    ledger.save(tmp_path / "auto" / auto.LEDGER_FILE)
+    clock = Clock(T0 + 70 * 60)
+    shared = memory(clock)
+    runner = Runner()
+    result = reboot_pass(tmp_path, report(c=[ecc()]), runner, shared, clock)
+    assert runner.calls == [] and [d.status for d in result.decisions] == ["budget"]
+    assert sum("ended before settling it" in w for w in result.warnings) == 2
+    entries = shared.backend.get("ledger#reboot").doc["entries"]
+    assert sorted((e["host"], e["at"]) for e in entries) == [("a", T0 + 70 * 60), ("b", T0 + 70 * 60)]

@@ -215,6 +215,8 @@ class _Pass(Guards, Finishers):
         ladder_path, ledger_path = self.inputs.state_dir / LADDER_FILE, self.inputs.state_dir / LEDGER_FILE
         with state_locks(self.inputs.state_dir):
             ladder, ledger = load_state(ladder_path, ledger_path)
+        for line in spend_unsettled(ledger, self.clock()):  # a pass without the store killed mid-rollout
+            self.warn(line)
         for host, rules in ladder.hosts.items():
             for rule, rec in rules.items():
                 mine = state.ladder.get(host, rule)
