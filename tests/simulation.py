@@ -12,14 +12,15 @@ store, and skews clocks. Faults of every kind the default policy acts on arrive 
 
 What cannot run here is stood in for, as the test files say: the actions' rollouts (a quarantine cordons,
 a stop-start stops the instance, yields, and starts it, a fix clears a software fault with some chance,
-...), EC2's tag mirror (not written) and the module that finishes a stop-start (it starts the simulated
+...; each rollout a canary and batches that take time, minutes to an hour and more, its pass's lease
+renewed meanwhile, each host's act time reported back as the engine's batches report it), EC2's tag mirror (not written) and the module that finishes a stop-start (it starts the simulated
 instance). Everything the store and the policy do is the product's own code.
 
-After every round (the passes of one hour) it checks the invariants: no budget exceeded in any window
-(fleet and per group, from what was really done), no instance left stopped by a pass that completed, no
+At every act, and after every round (the passes of one hour), it checks the invariants: no budget
+exceeded in any window (fleet and per group, from what was really done), no instance left stopped by a pass that completed, no
 reservation left unsettled after a completed pass, nothing acted on without a finding its rule's ladder
 acts on, no rung run twice in one fault episode, no action started after its pass saw the pause, and
-every action done in the ledger. At every disruptive action it checks the capacity floor from the fleet's
+every action done in the ledger, at the time its batch acted. At every disruptive action it checks the capacity floor from the fleet's
 truth: the host's group keeps its floor counting hosts stopped, cordoned by a pass or by a person (the
 pass reads the cordons as the schedulers' view, ``fleetops.nodes``) and those the pass took before, and no
 quarantine goes past the group's cap. One small group (5 hosts) is where floors bind. It counts kills,
@@ -55,6 +56,11 @@ mu = module_utils("store")
 T0 = 1_800_000_000.0
 HOUR = 3600.0
 SMALL = 5  # hosts in the small group
+# an action's rollout takes time: a canary of one host, then batches of BATCH hosts, each between BATCH_S
+# seconds apart (the action and its gate's scan: a reboot, the node back) and COOLDOWN_S after the one before
+BATCH = 4
+BATCH_S = (300.0, 1500.0)
+COOLDOWN_S = 300.0
 
 # A finding per acting rule of the default policy (checked against it at start: a policy change that
 # moves one to another rule fails the simulation loudly).
@@ -159,6 +165,8 @@ class Stats:
     foreign_cordons: int = 0
     floor_held: int = 0  # decisions a capacity floor held back
     actions: Counter[str] = field(default_factory=Counter)
+    batches: int = 0  # the stand-in rollouts' batches (a canary is one)
+    longest_rollout: float = 0.0  # seconds, from its first batch's start to its last batch's end
     checks: int = 0
     violations: list[str] = field(default_factory=list)
     bursts: int = 0  # alert bursts: one pass limited to each alerting host, one after another
@@ -173,6 +181,7 @@ class Stats:
                 f"{self.foreign_cordons} / {self.floor_held}",
             ),
             ("actions", ", ".join(f"{a} {n}" for a, n in sorted(self.actions.items())) or "none"),
+            ("rollout batches / longest rollout", f"{self.batches} / {self.longest_rollout / 60:.0f} min"),
             ("kills / stalls past the lease", f"{self.kills} / {self.stalls}"),
             ("compare-and-swap conflicts", str(self.conflicts)),
             ("lease races / takeovers", f"{self.lease_races} / {self.takeovers}"),
@@ -257,8 +266,13 @@ class Simulation:
         floors: bool = True,
         limited: bool = True,
         storm: Storm | None = None,
+        acts_told: bool = True,
     ) -> None:
         self.rng = random.Random(seed)
+        # acts_told=False: the stand-in says every host was acted on when its rollout started (the
+        # reservation's time), as passes stamped budgets before issue 38: the checks must find it
+        self.acts_told = acts_told
+        self.leases: dict[str, store.PassLease] = {}  # each controller's pass's lease, renewed as time passes
         self.policy: Policy = load_policy(default_policy_path())
         # what the passes run (floors=False: without the capacity floors, which the checks still hold them to)
         self.pass_policy = (
@@ -339,15 +353,49 @@ class Simulation:
         def run(action: str, hosts: Sequence[str], params: Mapping[str, Any]) -> auto.ActionRun:
             if ctl.last_pause_seen:
                 self.violate(f"{ctl.name} started {action} on {list(hosts)} after its pass saw the pause")
-            started = self.now  # a batch's budget is spent when it starts (its reservation)
-            for h in hosts:
-                self.sched.point()
-                self.act(ctl, action, h, started)
+            started = self.now + ctl.skew
+            acted = self.run_batches(ctl, action, hosts)
             return auto.ActionRun(
-                action, tuple(hosts), params, attempted=frozenset(hosts), done=frozenset(hosts)
+                action,
+                tuple(hosts),
+                params,
+                attempted=frozenset(hosts),
+                done=frozenset(hosts),
+                acted=acted if self.acts_told else dict.fromkeys(hosts, started),
             )
 
         return run
+
+    def run_batches(self, ctl: Controller, action: str, hosts: Sequence[str]) -> dict[str, float]:
+        """The stand-in rollout: a canary, then batches of BATCH hosts, each as long as BATCH_S allows and
+        COOLDOWN_S after the one before; each host is acted on at its batch's start. Returns host -> that time, on the
+        controller's clock (what the engine's ``batches`` say and api.auto hands the pass)."""
+        acted: dict[str, float] = {}
+        first = self.now
+        batches = [list(hosts[:1])] + [list(hosts[i : i + BATCH]) for i in range(1, len(hosts), BATCH)]
+        for index, batch in enumerate(batches):
+            if index:
+                self.elapse(ctl, COOLDOWN_S)
+            started = self.now
+            self.stats.batches += 1
+            for h in batch:
+                self.sched.point()
+                self.act(ctl, action, h, started)
+                acted[h] = started + ctl.skew
+            self.elapse(ctl, self.rng.uniform(*BATCH_S))
+        self.stats.longest_rollout = max(self.stats.longest_rollout, self.now - first)
+        return acted
+
+    def elapse(self, ctl: Controller, seconds: float) -> None:
+        """``seconds`` pass in ``ctl``'s rollout; its pass's lease is renewed every half of its TTL (its
+        renewing thread: every third; a half still outlasts the clocks' skew), a store call each: the
+        scheduler may switch, kill or throttle there."""
+        end = self.now + seconds
+        while self.now < end:
+            self.now = min(end, self.now + store.PASS_LEASE_TTL_S / 2)
+            lease = self.leases.get(ctl.name)
+            if lease is not None:
+                lease.renew()
 
     def act(self, ctl: Controller, action: str, host: str, started: float) -> None:
         fleet = self.fleet
@@ -366,6 +414,7 @@ class Simulation:
             self.check_brake(ctl, action, host, rule)
         fleet.actions.append((started, ctl.name, action, host, episode))
         self.stats.actions[action] += 1
+        self.check_budget_window(ctl, action, host, started)
         if action == "quarantine":
             fleet.cordoned.add(host)
         elif action == "stop-start":
@@ -408,6 +457,34 @@ class Simulation:
                     f"{ctl.name}: quarantine on {host}: {standing} quarantined in {group} (cap {cap})"
                 )
 
+    def check_budget_window(self, ctl: Controller, action: str, host: str, t: float) -> None:
+        """At every act: the window of ``action``'s budget that ends at this act (``t``) holds no more acts
+        than the budget allows, across the fleet and in the host's group, from what was really started (a
+        window's edge moves with the clocks' bound, as in ``check_budgets``)."""
+        budget = self.policy.limits.get(action)
+        if budget is None:
+            return
+        window = budget.window_s - store.MAX_SKEW_S - 1
+        group = self.fleet.group_of[host]
+        fleet = in_group = 0
+        for u, _w, a, h, _e in reversed(self.fleet.actions):
+            if u <= t - window - HOUR:  # acts are appended in time order, give or take one rollout's batch
+                break
+            if a == action and t - window < u <= t:
+                fleet += 1
+                in_group += self.fleet.group_of[h] == group
+        self.stats.checks += 1
+        if budget.max is not None and fleet > budget.max:
+            self.violate(
+                f"{ctl.name}: {action} on {host}: {fleet} in {budget.window} across the fleet (max {budget.max})"
+            )
+        limit = budget.group_limit(self.sizes[group])
+        if limit is not None and in_group > limit[0]:
+            self.violate(
+                f"{ctl.name}: {action} on {host}: {in_group} in group {group} within {budget.window} "
+                f"(limit {limit[1]})"
+            )
+
     def start(self, host: str) -> None:
         self.fleet.stopped.pop(host, None)
         if self.fleet.fault.get(host) in CLEARS["stop-start"][0] and self.rng.random() < 0.8:
@@ -442,6 +519,7 @@ class Simulation:
         """One pass over the running instances (``only``: a pass limited to those hosts, an alert's)."""
         name = ctl.name
         try:
+            self.leases.pop(name, None)
             self.sched.point()
             shared = self.store_for(ctl)
             ctl.last_pause_seen = None
@@ -684,7 +762,14 @@ class Simulation:
         new = self.fleet.actions[done_before:]
         for t, who, action, host, _e in new:
             self.stats.checks += 1
-            if not any(abs(at - t) < slack for at, _s in entries.get((action, host), [])):
+            # an entry settled at its batch's start; one a dead pass left: reserved before the act (spent
+            # whatever its time), or in doubt from when the next pass found it, after the act
+            if not any(
+                abs(at - t) < slack
+                or (state == store.RESERVED and at < t + slack)
+                or (state == store.IN_DOUBT and at > t - slack)
+                for at, state in entries.get((action, host), [])
+            ):
                 self.violate(f"{who}: {action} on {host} at t+{t - T0:.0f}s is not in the ledger")
         for (action, host), found in entries.items():
             for at, state in found:
@@ -718,18 +803,31 @@ class Simulation:
                     self.violate(f"{action}: {n} in group {group} within {budget.window} (limit {limit[1]})")
 
     def run(self, days: float, step: float = HOUR) -> Stats:
-        real = auto_context.write_tags, auto_finish.load, store.PassLease._renew_loop
+        real = auto_context.write_tags, auto_finish.load, store.PassLease._renew_loop, store.PassLease.take
         auto_context.write_tags = lambda *a, **k: {}  # type: ignore[assignment]  # no EC2 tag mirror here
         auto_finish.load = lambda relative: self.finisher()  # type: ignore[assignment]
-        store.PassLease._renew_loop = lambda self: None  # type: ignore[method-assign]  # passes are short
+        # no renewing thread: a rollout renews its pass's lease as simulated time passes (``elapse``)
+        store.PassLease._renew_loop = lambda self: None  # type: ignore[method-assign]
+        store.PassLease.take = self.lease_taken(real[3])  # type: ignore[method-assign]
         try:
             rounds = int(days * 86400 / step)
             for i in range(rounds):
                 self.round(i)
                 self.now += step - (self.now - T0) % step if (self.now - T0) % step else step
         finally:
-            auto_context.write_tags, auto_finish.load, store.PassLease._renew_loop = real  # type: ignore[assignment]
+            (auto_context.write_tags, auto_finish.load, store.PassLease._renew_loop, store.PassLease.take) = (
+                real  # type: ignore[assignment,method-assign]
+            )
         return self.stats
+
+    def lease_taken(self, take: Callable[[store.PassLease], None]) -> Callable[[store.PassLease], None]:
+        """``PassLease.take``, remembering each controller's lease for its rollout to renew."""
+
+        def taken(lease: store.PassLease) -> None:
+            take(lease)
+            self.leases[threading.current_thread().name] = lease
+
+        return taken
 
 
 class _SimConnection:
@@ -745,9 +843,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-condition", action="store_true", help="a store without compare-and-swap")
+    parser.add_argument(
+        "--acts-at-start",
+        action="store_true",
+        help="the stand-in says every host was acted on when its rollout started (budgets from the reservation)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    sim = Simulation(args.hosts, args.seed, conditional=not args.no_condition)
+    sim = Simulation(
+        args.hosts, args.seed, conditional=not args.no_condition, acts_told=not args.acts_at_start
+    )
     stats = sim.run(args.days)
     print(
         f"simulated {args.days:g} days over {args.hosts} hosts (seed {args.seed}) in {time.monotonic() - started:.0f} s"

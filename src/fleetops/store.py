@@ -17,10 +17,11 @@ What it holds (keys; every document is versioned, every write conditional on the
   ladder items are the fencing tokens: a pass that lost its lease unnoticed finds its next write
   refused (``Conflict``) and starts nothing more.
 - ``ledger#<action>``: the budgeted actions taken (``fleetops.store.ledger/v1``), each entry also a
-  journal record: ``reserved`` by a pass before its batch starts, then ``done`` (attempted) or
-  removed (not attempted) after. A ``reserved`` entry the next pass finds was left by a pass that
-  died mid-batch: it counts as attempted (``in_doubt``), its ladder climbs as if the rung ran, and
-  the budget stays spent. Entries that do not parse are kept as they are, never deleted. Entries
+  journal record: ``reserved`` by a pass before its batch starts (spent whatever its time), then
+  ``done`` (attempted; its time moved to when its host was acted on, its batch's start) or removed
+  (not attempted) after. A ``reserved`` entry the next pass finds was left by a pass that died
+  mid-batch: it counts as attempted (``in_doubt``), its ladder climbs as if the rung ran, and the
+  budget stays spent, from when that pass found it. Entries that do not parse are kept as they are, never deleted. Entries
   leave after the longest budget window, except one a later pass must still finish (``pending``):
   that stays until finished, or closed by a person (``fleetops store forget``, :mod:`fleetops.journal`).
 - ``ladder#<host>``: where each ladder of the host stands (``fleetops.store.ladder/v1``).
@@ -444,6 +445,7 @@ class StoredState:
                         at=float(raw["at"]),
                         controller=str(raw.get("controller", "")),
                         id=str(raw["id"]),
+                        reserved=raw.get("state") == RESERVED,
                     )
                 except (KeyError, TypeError, ValueError):
                     self.kept.setdefault(action, []).append(raw)  # not ours to judge: kept as it is
@@ -542,7 +544,7 @@ class StoredState:
         the parameters to run it again with). StoreFailure: not reserved, so the batch must not start."""
         ids: dict[str, str] = {}
         for host, group, rule, rung, check in picks:
-            entry = self.ledger.record(action, host, group, now, controller)
+            entry = self.ledger.reserve(action, host, group, now, controller)
             journal: dict[str, Any] = {
                 "state": RESERVED,
                 "pass": pass_id,
@@ -567,34 +569,47 @@ class StoredState:
         ]
         self.flush()
 
-    def settle(self, reserved: Mapping[str, str], attempted: Iterable[str], action: str, now: float) -> None:
-        """After the batch: each attempted host's entry is ``done`` and its ladder records the rung (its
-        clear time starts ``now``); a host not attempted gives its reservation back."""
-        tried = set(attempted)
-        gone = set()
+    def settle(
+        self,
+        reserved: Mapping[str, str],
+        attempted: Iterable[str],
+        action: str,
+        now: float,
+        acted: Mapping[str, float] | None = None,
+    ) -> None:
+        """After the batch: each attempted host's entry is ``done``, spent from when its host was acted
+        on (``acted``: host -> its batch's start; ``now`` where the run did not say), and its ladder
+        records the rung (its clear time starts ``now``); a host not attempted gives its reservation back."""
+        tried, when = set(attempted), dict(acted or {})
+        gone, spent = set(), {}
         for host, entry_id in reserved.items():
             journal = self.journal.get(entry_id, {})
             if host in tried:
                 journal["state"] = DONE
+                spent[entry_id] = when.get(host, now)
                 self.ladder.record(
                     host, str(journal["rule"]), str(journal["check"]), int(journal["rung"]), action, now
                 )
             else:
                 gone.add(entry_id)
                 self.journal.pop(entry_id, None)
-        self.ledger.entries = [e for e in self.ledger.entries if e.id not in gone]
+        self.ledger.settle(spent, now)
+        self.ledger.release(gone)
         self.flush()
 
-    def recover(self, pass_id: str) -> list[str]:
+    def recover(self, pass_id: str, now: float | None = None) -> list[str]:
         """Entries another pass reserved and never settled (it died mid-batch): each counts as
         attempted (``in_doubt``), its ladder records the rung at the entry's time (unless the ladder has
-        a later one), and its budget stays spent. One line each; written at once."""
+        a later one), and its budget stays spent, from ``now`` when given (its host may have been acted
+        on any time before: never counted from earlier than the act). One line each; written at once."""
         lines = []
+        found: dict[str, float] = {}
         for e in sorted(self.ledger.entries, key=lambda e: (e.at, e.id)):
             journal = self.journal.get(e.id)
             if not journal or journal.get("state") != RESERVED or journal.get("pass") == pass_id:
                 continue
             journal["state"] = IN_DOUBT
+            found[e.id] = e.at if now is None else max(e.at, now)
             rule, check, rung = journal.get("rule"), journal.get("check"), journal.get("rung")
             if isinstance(rule, str) and isinstance(check, str) and isinstance(rung, int):
                 current = self.ladder.get(e.host, rule)
@@ -605,6 +620,7 @@ class StoredState:
                 f"({e.controller or '?'}), which ended before settling it: counted as attempted"
             )
         if lines:
+            self.ledger.settle(found, max(found.values()))
             self.flush()
         return lines
 

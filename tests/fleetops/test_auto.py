@@ -92,6 +92,63 @@ class Runner:
         )
 
 
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Batches(Runner):
+    """A rollout that takes time: a canary of one host, then ``gap`` seconds (cooldown, gate) before each
+    further batch of ``size`` hosts, on ``clock``; ``acts`` records when each host was acted on. ``tell``:
+    the run reports those times (``ActionRun.acted``, as api.auto reads them from the rollout's batches)."""
+
+    def __init__(self, clock: Clock, gap: float, size: int = 1, tell: bool = True) -> None:
+        super().__init__()
+        self.clock, self.gap, self.size, self.tell = clock, gap, size, tell
+        self.acts: list[tuple[float, str, str]] = []
+
+    def __call__(self, action: str, hosts: Sequence[str], params: Mapping[str, Any]) -> auto.ActionRun:
+        self.calls.append((action, list(hosts), dict(params)))
+        batches = [list(hosts[:1])] + [
+            list(hosts[i : i + self.size]) for i in range(1, len(hosts), self.size)
+        ]
+        for index, batch in enumerate(batches):
+            if index:
+                self.clock.now += self.gap
+            self.acts.extend((self.clock.now, action, h) for h in batch)
+        return auto.ActionRun(
+            action,
+            tuple(hosts),
+            params,
+            attempted=frozenset(hosts),
+            done=frozenset(hosts),
+            **({"acted": {h: t for t, _a, h in self.acts}} if self.tell else {}),
+        )
+
+    def most_in_a_window(self, action: str, window: float) -> int:
+        """The most ``action`` acts any window of ``window`` seconds holds."""
+        times = sorted(t for t, a, _h in self.acts if a == action)
+        return max((sum(1 for u in times if t <= u < t + window) for t in times), default=0)
+
+
+# a reboot budget of 2 an hour, and nothing else in the way (no floor, no storm brake at 3 hosts)
+REBOOT_POLICY = """
+schema: fleetops.policy/v1
+storm: {min_hosts: 10}
+budgets:
+  reboot: {window: 1h, max: 2}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: reboot, clear_after: 10m}
+      - {action: human}
+"""
+
+
 def without_floor(policy: Policy) -> Policy:
     """The policy without its capacity floor: these tests are about ladders and budgets on fleets of a few
     hosts in one group, where the default floor (half a group stays in service) holds most actions."""
@@ -108,8 +165,11 @@ def run(
     policy_text: str | None = None,
     groups: Mapping[str, str | None] | None = None,
     tags: Mapping[str, auto.TagTarget] | None = None,
+    clock: Clock | None = None,
 ) -> tuple[auto.PassResult, list[str]]:
     lines: list[str] = []
+    if clock is not None:
+        clock.now = now
     # the default policy's capacity floor (proven in test_floors.py) would hold these small one-group fleets
     policy = (
         parse_policy(policy_text, "policy.yml")
@@ -125,7 +185,9 @@ def run(
         apply=apply,
         tags=dict(tags or {}),
     )
-    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=lambda: now)
+    result = auto.run_pass(
+        inputs, runner, lambda text, style: lines.append(text), clock=clock or (lambda: now)
+    )
     return result, lines
 
 
@@ -222,6 +284,73 @@ rules:
     assert len(runner.calls) == 1
     run(tmp_path, report(**{"b": [ecc()]}), runner, T0 + H + 1, policy_text=policy)
     assert [(c[0], c[1]) for c in runner.calls][-1] == ("replace", ["b"])
+
+
+@pytest.mark.parametrize("tell", [True, False])
+def test_a_budget_window_counts_from_each_hosts_act_not_from_the_reservation(
+    tmp_path: Path, tell: bool
+) -> None:
+    """A reboot budget of 2/h; the pass's rollout reboots its canary at T0 and its second batch 65 minutes
+    later. A pass a minute after it may reboot one more host (the canary's hour is over, the second
+    batch's is not), never two: no hour holds more than 2 reboots. Without the batches' times (``tell``
+    False) both count from when the run returned: none more."""
+    clock = Clock(T0)
+    runner = Batches(clock, gap=65 * 60, tell=tell)
+    first, _ = run(tmp_path, report(a=[ecc()], b=[ecc()]), runner, T0, policy_text=REBOOT_POLICY, clock=clock)
+    assert [(c[0], c[1]) for c in runner.calls] == [("reboot", ["a", "b"])] and first.exit_code == ExitCode.OK
+    ledger = json.loads((tmp_path / "auto" / auto.LEDGER_FILE).read_text())
+    assert {e["host"]: e["at"] for e in ledger["entries"]} == (
+        {"a": T0, "b": T0 + 65 * 60} if tell else {"a": T0 + 65 * 60, "b": T0 + 65 * 60}
+    )
+    assert not any("reserved" in e for e in ledger["entries"])  # settled
+    later = report(a=[], b=[], c=[ecc()], d=[ecc()], e=[ecc()])
+    second, lines = run(tmp_path, later, runner, T0 + 66 * 60, policy_text=REBOOT_POLICY, clock=clock)
+    assert [c[1] for c in runner.calls[1:]] == ([["c"]] if tell else []), lines
+    assert sum(d.status == "budget" for d in second.decisions) == (2 if tell else 3)
+    assert runner.most_in_a_window("reboot", H) <= 2, runner.acts
+
+
+_KILLED_PASS = """
+import os, signal, sys
+from pathlib import Path
+from fleetops import auto
+from fleetops.policy import parse_policy
+
+tmp = Path(sys.argv[1])
+
+def run_action(action, hosts, params):  # the canary is rebooted; then the controller is SIGKILLed
+    (tmp / "acted").write_text(hosts[0])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+scan = {"hosts": {h: {"status": "ok", "findings": [%(ecc)r]} for h in ("a", "b")}}
+inputs = auto.PassInputs(policy=parse_policy(%(policy)r, "policy.yml"), policy_source="policy.yml",
+                         scan_report=scan, group_of={"a": "az-a", "b": "az-a"}, state_dir=tmp / "auto", apply=True)
+auto.run_pass(inputs, run_action, lambda text, style: None, clock=lambda: %(t0)r)
+"""
+
+
+def test_a_pass_killed_mid_rollout_leaves_its_budget_spent(tmp_path: Path) -> None:
+    """A real process SIGKILLed in its rollout's first batch (nothing of it unwinds): its reservation is
+    on disk before the batch starts, so the next pass counts both reboots as spent (from when it found
+    them: the hosts may have been acted on any time before) and reboots nobody. Before, nothing of the
+    killed pass was recorded and the next pass rebooted two more: four in one hour on a budget of 2."""
+    script = _KILLED_PASS % {"ecc": ecc(), "policy": REBOOT_POLICY, "t0": T0}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL and (tmp_path / "acted").read_text() == "a", done.stderr
+    runner = Runner()
+    later = report(a=[], b=[], c=[ecc()], d=[ecc()])
+    result, lines = run(tmp_path, later, runner, T0 + 30 * 60, policy_text=REBOOT_POLICY)
+    assert runner.calls == [], lines
+    assert [d.status for d in result.decisions if d.host in "cd"] == ["budget", "budget"]
+    assert (
+        sum("which ended before settling it: its budget counts as spent" in w for w in result.warnings) == 2
+    )
+    ledger = json.loads((tmp_path / "auto" / auto.LEDGER_FILE).read_text())
+    assert sorted((e["host"], e["at"], "reserved" in e) for e in ledger["entries"]) == [
+        ("a", T0 + 30 * 60, False),
+        ("b", T0 + 30 * 60, False),
+    ]
 
 
 def test_a_dry_run_acts_in_check_mode_and_records_nothing(tmp_path: Path) -> None:
@@ -482,9 +611,9 @@ def test_sigterm_between_actions_of_a_real_process_saves_the_pass_and_exits_143(
 def test_a_sigterm_as_the_pass_saves_waits_until_ladder_and_ledger_are_both_written(
     tmp_path: Path, held: bool
 ) -> None:
-    """A real SIGTERM to this process just as the commit starts: held, the pass writes both files (the
-    rung and the budget it spent), then raises Signalled (exit 143). Not held (the control), it
-    unwinds before either is written."""
+    """A real SIGTERM to this process just as the commit starts: held, the pass writes the rung (the
+    budget it spent was written as its batch ran), then raises Signalled (exit 143). Not held (the
+    control), it unwinds before the rung is written."""
     from fleetops import api
     from fleetops.errors import Signalled
 
@@ -508,12 +637,13 @@ def test_a_sigterm_as_the_pass_saves_waits_until_ladder_and_ledger_are_both_writ
         )
     assert err.value.exit_code == ExitCode.TERMINATED
     state = tmp_path / "auto"
+    # the budget is on disk either way: reserved before the batch, settled after it
+    ledger = json.loads((state / auto.LEDGER_FILE).read_text())
+    assert [(e["action"], "reserved" in e) for e in ledger["entries"]] == [("quarantine", False)]
     if held:
         assert LadderState.load(state / auto.LADDER_FILE).get("lab-03", "gpu-fatal") is not None
-        ledger = json.loads((state / auto.LEDGER_FILE).read_text())
-        assert [e["action"] for e in ledger["entries"]] == ["quarantine"]
     else:
-        assert not (state / auto.LADDER_FILE).exists() and not (state / auto.LEDGER_FILE).exists()
+        assert not (state / auto.LADDER_FILE).exists()
 
 
 @pytest.mark.parametrize("name", [auto.LADDER_FILE, auto.LEDGER_FILE])
@@ -874,7 +1004,7 @@ def test_api_auto_finds_the_new_instance_a_replace_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The replace module's result names the new instance: api.auto hands it to the pass (which writes
-    the spent tag there; the write itself is tested against moto above)."""
+    the spent tag there; the write itself is tested against moto above), with when its batch started."""
     import fleetops.api as api_mod
     from fleetops.rollout.outcome import HostOutcome
     from fleetops.rollout.state import new_rollout
@@ -892,6 +1022,7 @@ def test_api_auto_finds_the_new_instance_a_replace_reported(
                               plan={"batches": [["n1"]]}, max_failures=0, cooldown=0.0, gate=True,
                               state_path=tmp_path / "r.json")  # fmt: skip
         rollout.hosts = {"n1": "done"}
+        rollout.batches = [{"index": 0, "hosts": ["n1"], "started": T0 + 5, "finished": T0 + 99}]
         rollout.results["n1"] = HostOutcome(
             status="ok", result={"new_instances": [{"instance_id": "i-0new"}, {"instance_id": "i-0other"}]}
         )
@@ -907,6 +1038,7 @@ def test_api_auto_finds_the_new_instance_a_replace_reported(
     policy.write_text(_gpu_policy("{action: replace, clear_after: 2h}"))
     result = api_mod.auto(api_mod.AutoRequest(inventory=[inv], apply=False, policy=policy))
     assert result.result.runs[0].replacements == {"n1": ("i-0new", "eu-west-1")}
+    assert result.result.runs[0].acted == {"n1": T0 + 5}  # its budget counts from its batch's start
 
 
 def test_a_remediation_request_naming_hosts_acts_on_those_only(

@@ -25,7 +25,7 @@ from fleetops.ansible.collection import module_utils
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import parse_policy
 from fleetops_lab.ec2sim import MotoServer
-from tests.fleetops.test_auto import CRASHLOOP, T0, H, Runner, ecc, report
+from tests.fleetops.test_auto import CRASHLOOP, REBOOT_POLICY, T0, Batches, Clock, H, Runner, ecc, report
 
 mu = module_utils("store")
 aws = module_utils("aws")
@@ -222,14 +222,6 @@ rules:
       - {action: fix, clear_after: 10m}
       - {action: human}
 """
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def memory(clock: Clock, conditional: bool = True) -> store.Store:
@@ -639,3 +631,107 @@ def test_a_stop_start_a_dead_pass_left_stopped_is_started_by_the_next(tmp_path: 
         ec2.describe_instances(InstanceIds=[other])["Reservations"][0]["Instances"][0]["State"]["Name"]
         == "running"
     )
+
+
+# ------------------------------------------------------------------------------ budgets count from the act
+
+
+def reboot_pass(tmp_path: Path, scan: dict[str, Any], runner: Any, shared: store.Store, clock: Clock) -> Any:
+    """A pass over ``shared`` on ``clock`` (a rollout's batches move it) with a reboot budget of 2/h."""
+    inputs = auto.PassInputs(
+        policy=parse_policy(REBOOT_POLICY, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=scan,
+        group_of={h: "az-a" for h in scan["hosts"]},
+        state_dir=tmp_path / "auto",
+        apply=True,
+        store=shared,
+        operator="alice@bastion",
+    )
+    return auto.run_pass(inputs, runner, lambda text, style: None, clock=clock)
+
+
+@pytest.mark.parametrize("tell", [True, False])
+def test_a_rollout_whose_batches_run_an_hour_apart_spends_each_budget_from_its_act(
+    tmp_path: Path, tell: bool
+) -> None:
+    """The reproduction: a reboot budget of 2/h, a pass whose rollout reboots its canary at T0 and its
+    second batch 65 minutes later, a second pass a minute after. Before, both entries were stamped at the
+    reservation (T0) and the second pass rebooted two more: three reboots in one hour. Now each counts
+    from its batch's start (``tell``), or from when the run returned where the run does not say."""
+    clock = Clock(T0)
+    shared = memory(clock)
+    runner = Batches(clock, gap=65 * 60, tell=tell)
+    first = reboot_pass(tmp_path, report(a=[ecc()], b=[ecc()]), runner, shared, clock)
+    assert first.exit_code == ExitCode.OK and runner.calls[0][1] == ["a", "b"]
+    entries = shared.backend.get("ledger#reboot").doc["entries"]
+    assert {e["host"]: (e["at"], e["state"]) for e in entries} == {
+        "a": (T0 if tell else T0 + 65 * 60, "done"),
+        "b": (T0 + 65 * 60, "done"),
+    }
+    clock.now += 60
+    second = reboot_pass(tmp_path, report(a=[], b=[], c=[ecc()], d=[ecc()], e=[ecc()]), runner, shared, clock)
+    assert [c[1] for c in runner.calls[1:]] == ([["c"]] if tell else [])
+    assert sum(d.status == "budget" for d in second.decisions) == (2 if tell else 3)
+    assert runner.most_in_a_window("reboot", H) <= 2, runner.acts
+
+
+def test_a_reservation_a_dead_pass_left_counts_from_when_it_is_found(tmp_path: Path) -> None:
+    """A pass reserved two reboots at T0 and died mid-rollout (its second batch may have run at any time
+    until then). The next pass, 70 minutes later, counts both as spent from now, not from T0, and reboots
+    nobody; before, they had left the window and it rebooted two more."""
+    clock = Clock(T0)
+    shared = memory(clock)
+    dead = store.StoredState(shared)
+    dead.load()
+    dead.mark_seeded("test")
+    dead.reserve(
+        "auto-dead", "reboot", [(h, "az-a", "gpu-fatal", 0, "gpu_health") for h in "ab"], "ctl:1", T0
+    )
+    # a dry run first (no lease, no recovery): the reservations count whatever their time
+    clock.now = T0 + 70 * 60
+    dry = auto.run_pass(
+        auto.PassInputs(
+            policy=parse_policy(REBOOT_POLICY, "policy.yml"),
+            policy_source="policy.yml",
+            scan_report=report(c=[ecc()]),
+            group_of={"c": "az-a"},
+            state_dir=tmp_path / "dry",
+            apply=False,
+            store=shared,
+        ),
+        Runner(),
+        lambda text, style: None,
+        clock=clock,
+    )
+    assert [d.status for d in dry.decisions] == ["budget"]
+    runner = Runner()
+    result = reboot_pass(tmp_path, report(a=[], b=[], c=[ecc()], d=[ecc()]), runner, shared, clock)
+    assert runner.calls == [] and len(result.recovered) == 2
+    entries = shared.backend.get("ledger#reboot").doc["entries"]
+    assert {(e["host"], e["at"], e["state"]) for e in entries} == {
+        ("a", T0 + 70 * 60, "in_doubt"),
+        ("b", T0 + 70 * 60, "in_doubt"),
+    }
+
+
+def test_a_reservation_a_pass_without_the_store_left_is_seeded_as_spent_from_when_it_is_found(
+    tmp_path: Path,
+) -> None:
+    """The upgrade path: the state directory holds two reboots a pass without the store reserved at T0 and
+    never settled (SIGKILLed mid-rollout); the first pass with the store, 70 minutes later, seeds them as
+    spent from then and reboots nobody."""
+    from fleetops.policy import BudgetLedger
+
+    ledger = BudgetLedger()
+    for host in "ab":
+        ledger.reserve("reboot", host, "az-a", T0, "ctl:1")
+    ledger.save(tmp_path / "auto" / auto.LEDGER_FILE)
+    clock = Clock(T0 + 70 * 60)
+    shared = memory(clock)
+    runner = Runner()
+    result = reboot_pass(tmp_path, report(c=[ecc()]), runner, shared, clock)
+    assert runner.calls == [] and [d.status for d in result.decisions] == ["budget"]
+    assert sum("ended before settling it" in w for w in result.warnings) == 2
+    entries = shared.backend.get("ledger#reboot").doc["entries"]
+    assert sorted((e["host"], e["at"]) for e in entries) == [("a", T0 + 70 * 60), ("b", T0 + 70 * 60)]

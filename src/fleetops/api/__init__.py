@@ -473,6 +473,13 @@ def _auto(
             document=result.document,
             stop_requested=str(stopped.get("reason")) if stopped.get("kind") == STOP_KILL_SWITCH else None,
             replacements=replacements,
+            # each host's budget is spent from its batch's start, not from when the action was reserved
+            acted={
+                h: float(b["started"])
+                for b in (rollout.batches if rollout is not None else [])
+                if isinstance(b.get("started"), (int, float))
+                for h in b.get("hosts") or []
+            },
             # no rollout: the remediation's own step found nothing to do on any of them; or it refused some
             cannot_act=frozenset(names)
             if rollout is None and is_empty_document(result.document)

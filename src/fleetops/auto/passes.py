@@ -43,7 +43,8 @@ from fleetops.remediations import REMEDIATIONS
 from fleetops.rollout.pause import PauseRecord, local_pause
 from fleetops.store import PassLease, Store, StoredState, StoreFailure
 
-# so the budget's window runs from when the batch really starts
+# a reservation that took longer than this is stamped again before its batch starts (the window runs from
+# each host's act once settled; until then the reservation counts as spent whatever its time)
 RESTAMP_S = 10.0
 
 
@@ -61,6 +62,18 @@ def paused(store: Store | None) -> PauseRecord | None:
     """The pause in force: this controller's (``fleetops pause`` without a store) first, then the
     shared store's."""
     return local_pause() or (store.paused() if store is not None else None)
+
+
+def spend_unsettled(ledger: BudgetLedger, now: float) -> list[str]:
+    """The state directory's reservations no pass settled (a pass killed mid-batch, a run that raised):
+    spent from ``now``, as their hosts may have been acted on any time before. One line each."""
+    left = {e.id: e for e in ledger.entries if e.reserved}
+    ledger.settle(dict.fromkeys(left, now), now)
+    return [
+        f"{e.host}: {e.action} reserved at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(e.at))} by "
+        f"{e.controller or '?'}, which ended before settling it: its budget counts as spent"
+        for e in left.values()
+    ]
 
 
 def run_pass(
@@ -92,6 +105,8 @@ def run_pass(
         ctx.trip = trip
         ctx.read_record(seen_mod.load_dir(inputs.state_dir))
         malformed = ctx.merge_all_tags(ladder, ledger, clock())
+        for line in spend_unsettled(ledger, clock()):
+            ctx.warn(line)
         attempted: set[tuple[str, str]] = set()
         pass_id = new_pass_id(clock)
         disruptive = disruptive_actions(inputs)
@@ -107,6 +122,7 @@ def run_pass(
                 "name a store (store_table) so every controller shares them",
                 "dim",
             )
+        reserved: dict[str, dict[str, str]] = {}  # action -> {host: ledger entry id}, batch by batch
         pause = paused(None)  # this controller's pause: nothing acts, before and between actions
         if pause is not None:
             result.paused = pause.describe()
@@ -119,16 +135,32 @@ def run_pass(
             if held is not None:
                 result.paused = held.describe()
                 return held.describe()
-            return ctx.mark_batch(pass_id, action, decisions)
+            held_by_mark = ctx.mark_batch(pass_id, action, decisions)  # the in-flight marks, without a store
+            if held_by_mark is not None:
+                return held_by_mark
+            if inputs.apply:  # spent before the batch starts, on disk: a pass killed mid-batch keeps it spent
+                now, who = clock(), controller_id()
+                reserved[action] = {
+                    d.host: ledger.reserve(action, d.host, d.group, now, who).id for d in decisions
+                }
+                ledger.save(ledger_path)
+            return None
 
         def after(action: str, run: ActionRun) -> None:
             ctx.unmark_batch()
+            ids, now = reserved.pop(action, {}), clock()
+            tried = run.attempted | run.cannot_act
+            ledger.settle({i: run.acted.get(h, now) for h, i in ids.items() if h in tried}, now)
+            ledger.release({i for h, i in ids.items() if h not in tried})
+            if inputs.apply:
+                ledger.save(ledger_path)
 
         try:
             ctx.decide_and_act(ladder, ledger, clock(), attempted, before, after, act=pause is None)
         finally:
             if inputs.apply:
                 with shield():
+                    spend_unsettled(ledger, clock())  # a run that raised: its hosts may have been acted on
                     commit(
                         result.decisions,
                         ladder,
@@ -136,6 +168,7 @@ def run_pass(
                         clock(),
                         taken=lambda d: (d.host, d.action or "") in attempted or d.action == HUMAN,
                         controller=controller_id(),
+                        spent=False,  # reserved and settled batch by batch (before, after)
                     )
                     ladder.save(ladder_path)
                     ledger.save(ledger_path, clock())
@@ -228,6 +261,8 @@ class _Pass(Guards, MarkedFinishers):
         ladder_path, ledger_path = self.inputs.state_dir / LADDER_FILE, self.inputs.state_dir / LEDGER_FILE
         with state_locks(self.inputs.state_dir):
             ladder, ledger = load_state(ladder_path, ledger_path)
+        for line in spend_unsettled(ledger, self.clock()):  # a pass without the store killed mid-rollout
+            self.warn(line)
         for host, rules in ladder.hosts.items():
             for rule, rec in rules.items():
                 mine = state.ladder.get(host, rule)
@@ -283,7 +318,7 @@ class _Pass(Guards, MarkedFinishers):
                 result.paused = pause.describe()
                 self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
             if inputs.apply:
-                for line in state.recover(pass_id):
+                for line in state.recover(pass_id, self.clock()):
                     self.warn(line)
                     result.recovered.append(line)
                 if pause is None:
@@ -341,7 +376,9 @@ class _Pass(Guards, MarkedFinishers):
 
             def after(action: str, run: ActionRun) -> None:
                 if inputs.apply and action in reserved:
-                    state.settle(reserved.pop(action), run.attempted | run.cannot_act, action, self.clock())
+                    state.settle(
+                        reserved.pop(action), run.attempted | run.cannot_act, action, self.clock(), run.acted
+                    )
 
             attempted: set[tuple[str, str]] = set()
             try:

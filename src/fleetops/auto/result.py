@@ -45,6 +45,9 @@ class ActionRun:
     # a host its action replaced (replace) -> its new instance (id, region): the spent tag goes there too,
     # as the old instance is gone and an inventory of running instances never lists it again
     replacements: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # host -> when it was acted on (its batch's start, the rollout's ``batches``): its budget is spent from
+    # then; a host attempted but not here is counted from when the run returned (never earlier than the act)
+    acted: Mapping[str, float] = field(default_factory=dict)
 
 
 # (action, hosts, params) -> ActionRun; the API runs it through the rollout engine

@@ -47,7 +47,8 @@ tried; a host that scans without the finding has that ladder reset (a later recu
 the first rung again); a host that was not scanned keeps its ladder as it is. ``human`` is a note,
 not an action: a ladder that reaches it, or runs out of rungs, says "needs a human" every pass.
 
-Budgets count what the ledger holds in the window before ``now``: ``max`` across the fleet,
+Budgets count what the ledger holds in the window before ``now`` (an entry's time is when its host
+was acted on; one reserved and not yet settled counts whatever its time): ``max`` across the fleet,
 ``per_group`` in the host's group, and ``per_group_pct`` percent of the group's hosts (rounded down,
 but at least 1: a percent budget never forbids an action outright; ``per_group: 0`` does). With
 both, the smaller wins. An action without a budget is not limited by the policy (the engine's own

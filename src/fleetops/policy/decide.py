@@ -43,8 +43,8 @@ def _verdict(
 class Spending:
     """The budgets as a pass sees them: per budgeted action, the ledger's entries in its window
     before ``now`` (and those up to ``CLOCK_SKEW_S`` after it: another controller's clock may run ahead of
-    this one's), across the fleet and per group (counted once, so a pass costs O(hosts + entries)),
-    plus what the pass itself takes (``take``)."""
+    this one's) and those reserved and not yet settled, across the fleet and per group (counted once, so a
+    pass costs O(hosts + entries)), plus what the pass itself takes (``take``)."""
 
     def __init__(self, ledger: BudgetLedger, budgets: Mapping[str, Budget], now: float) -> None:
         self.budgets = budgets
@@ -52,7 +52,8 @@ class Spending:
         self.group: Counter[tuple[str, str]] = Counter()
         for e in ledger.entries:
             budget = budgets.get(e.action)
-            if budget is not None and now - budget.window_s < e.at <= now + CLOCK_SKEW_S:
+            # a reservation not yet settled is spent whatever its time (its batch may act any moment)
+            if budget is not None and (e.reserved or now - budget.window_s < e.at <= now + CLOCK_SKEW_S):
                 self.fleet[e.action] += 1
                 self.group[(e.action, e.group)] += 1
 
@@ -308,10 +309,12 @@ def commit(
     now: float,
     taken: Callable[[Decision], bool] | None = None,
     controller: str = "",
+    spent: bool = True,
 ) -> None:
     """Record a pass: every ladder a scan showed cleared is reset, and every action taken (by
     default every decided action; ``taken`` says which ran) is recorded in the ladder and, but
-    ``human``, in the ledger. ``now``: when the actions finished (a rung's clear time starts then)."""
+    ``human``, in the ledger (not with ``spent=False``: the pass reserved and settled its budgets batch
+    by batch). ``now``: when the actions finished (a rung's clear time starts then)."""
     for d in decisions:
         for rule in d.reset:
             ladder_state.reset(d.host, rule)
@@ -320,7 +323,7 @@ def commit(
         if taken is not None and not taken(d):
             continue
         ladder_state.record(d.host, d.rule, d.check, d.rung, d.action, now)
-        if d.action != HUMAN:
+        if d.action != HUMAN and spent:
             budget_ledger.record(d.action, d.host, d.group, now, controller)
 
 

@@ -27,3 +27,6 @@ class LedgerEntry:
     at: float
     controller: str = ""
     id: str = field(default_factory=lambda: secrets.token_hex(8))
+    # reserved before its batch, not yet settled (``at``: when it was reserved): whatever its time, every
+    # budget counts it as spent until it is settled (``at`` moved to when its host was acted on) or released
+    reserved: bool = False

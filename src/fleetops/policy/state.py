@@ -18,8 +18,8 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -107,6 +107,7 @@ class _LedgerEntryDoc(_StateDoc):
     group: str
     at: Epoch
     controller: str = ""
+    reserved: bool = False
 
 
 class _LedgerDoc(_StateDoc):
@@ -294,14 +295,37 @@ class BudgetLedger:
             added += self.record_once(action, host, group, min(at, now), controller=FROM_TAG)
         return added
 
+    def reserve(self, action: str, host: str, group: str, now: float, controller: str = "") -> LedgerEntry:
+        """``action`` on ``host`` before its batch starts: spent from now until ``settle`` or ``release``."""
+        entry = LedgerEntry(
+            action=action, host=host, group=group, at=now, controller=controller, reserved=True
+        )
+        self.entries.append(entry)
+        return entry
+
+    def settle(self, acted: Mapping[str, float], now: float) -> None:
+        """The reserved entries ``acted`` names (entry id -> when its host was acted on: its batch's
+        start) are spent from then, no later than ``now``: a budget's window counts from the act."""
+        self.entries = [
+            replace(e, at=min(acted[e.id], now), reserved=False) if e.id in acted and e.reserved else e
+            for e in self.entries
+        ]
+
+    def release(self, entry_ids: Collection[str]) -> None:
+        """Give back the reservations ``entry_ids`` (their hosts were not acted on)."""
+        self.entries = [e for e in self.entries if not (e.reserved and e.id in entry_ids)]
+
     def prune(self, now: float, keep: float = MAX_WINDOW_S) -> None:
-        """Forget entries older than any budget window."""
-        self.entries = [e for e in self.entries if e.at > now - keep]
+        """Forget entries older than any budget window (never one still reserved)."""
+        self.entries = [e for e in self.entries if e.reserved or e.at > now - keep]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": LEDGER_SCHEMA,
-            "entries": [vars(e).copy() for e in sorted(self.entries, key=lambda e: e.at)],
+            "entries": [
+                {k: v for k, v in vars(e).items() if k != "reserved" or v}  # written only while reserved
+                for e in sorted(self.entries, key=lambda e: e.at)
+            ],
         }
 
     @classmethod
@@ -316,6 +340,7 @@ class BudgetLedger:
                     at=float(e["at"]),
                     controller=e.get("controller", ""),
                     id=e["id"],
+                    reserved=e.get("reserved", False),
                 )
                 for e in data["entries"]
             ]
