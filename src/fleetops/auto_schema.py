@@ -50,6 +50,10 @@ class AutoDecision(OpenModel):
     reset: list[str]
     still_quarantined: list[str]
     blind: list[str] | None = None
+    what_if: Literal[True] | None = Field(
+        default=None,
+        description="a what-if (remediate auto --from): this action was not taken; absent in a pass",
+    )
 
 
 class AutoAction(OpenModel):
@@ -71,6 +75,10 @@ class AutoUnreachable(OpenModel):
     tolerated: bool
 
 
+class AutoWhatIf(OpenModel):
+    from_: str = Field(alias="from", description="the saved scan report (fleetops.scan/v1) decided against")
+
+
 class AutoPass(OpenModel):
     """``fleetops remediate auto --format json``; the AWX job's artifact."""
 
@@ -86,3 +94,7 @@ class AutoPass(OpenModel):
     warnings: list[str]
     exit_code: _NonNegInt
     unreachable: AutoUnreachable | None = None
+    what_if: AutoWhatIf | None = Field(
+        default=None,
+        description="remediate auto --from: decided against a saved scan, nothing run or recorded",
+    )

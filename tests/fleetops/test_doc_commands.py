@@ -193,7 +193,8 @@ def test_each_documented_command_parses(name: str, number: int, command: str) ->
         ("fleetops lab up", True),  # inventory/README.md said so once: the CLI has no lab command
         ("fleetops rollout --canary 1", True),
         ("fleetops scan --no-such-option", True),
-        ("fleetops policy check FILE", True),  # the policy reference said so once: python -m fleetops.policy
+        ("fleetops policy lint FILE", True),  # the verb is check (fleetops policy check FILE)
+        ("fleetops policy check FILE", False),
         ("fleetops-lab up 3", False),
         ("fleetops remediate ACTION --help", False),
         ("fleetops scan -i fleet.yml --limit 'gpu_*'", False),

@@ -361,6 +361,8 @@ def auto(
     policy_path = request.policy if request.policy is not None else default_policy_path()
     policy = load_policy(policy_path)
     auto_mod.check_policy_actions(policy, str(policy_path))
+    if request.from_report is not None:
+        return _what_if(request, obs, policy, policy_path)
     signals = PassSignals()
     if request.cause is not None:
         ensure_audit_writable()  # a pass with a cause is audited: AuditError (exit 3) before it acts
@@ -379,6 +381,36 @@ def auto(
 
         write_auto_textfile(result.document, request.prometheus, time.time())
     return result
+
+
+def _what_if(request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_path: Path) -> AutoResult:
+    """``auto`` against a saved scan report: the pass's decisions, nothing run (``fleetops.auto.whatif``)."""
+    from fleetops import auto as auto_mod
+
+    assert request.from_report is not None
+    given = [
+        option
+        for option, on in (
+            ("--apply", request.apply),
+            ("--cause", request.cause is not None),
+            ("--prometheus", request.prometheus is not None),
+            ("-i/--inventory", bool(request.inventory)),
+            ("-l/--limit", bool(request.limit)),
+            ("--exclude", bool(request.exclude)),
+        )
+        if on
+    ]
+    if given:
+        raise UsageError(
+            f"--from {request.from_report}: a what-if against a saved scan runs nothing and reads no "
+            f"inventory: {', '.join(given)} cannot go with it"
+        )
+    report_ = _read_report(request.from_report)
+    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    result = auto_mod.what_if(
+        policy, str(policy_path), report_, str(request.from_report), state_dir, obs.message
+    )
+    return AutoResult(result, result.document(), result.exit_code)
 
 
 def _tag_targets(hosts: Sequence[Any]) -> dict[str, auto_mod.TagTarget]:

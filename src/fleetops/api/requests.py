@@ -322,6 +322,8 @@ class AutoRequest(RolloutCaps, RolloutLimits):
     cause: str | None = None
     # node_exporter's textfile: the pass's own state as gauges (fleetops.metrics.AUTO_GAUGES), for alerts
     prometheus: Path | None = None
+    # a what-if: decide against this saved scan report (fleetops.scan/v1) and run nothing
+    from_report: Path | None = None
 
 
 @dataclass(frozen=True)

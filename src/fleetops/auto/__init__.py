@@ -77,6 +77,7 @@ from fleetops.auto.state import (
     save_brakes,
 )
 from fleetops.auto.tags import TagTarget, merge_tags, write_tags
+from fleetops.auto.whatif import what_if
 
 __all__ = [
     "AUTO_SCHEMA",
@@ -103,5 +104,6 @@ __all__ = [
     "merge_tags",
     "run_pass",
     "save_brakes",
+    "what_if",
     "write_tags",
 ]

@@ -98,6 +98,8 @@ class PassResult:
     # hosts outside this pass it has no recent record of (their capacity unknown)
     malformed_record: list[str] = field(default_factory=list)
     unrecorded: dict[str, list[str]] = field(default_factory=dict)
+    # a what-if (remediate auto --from FILE): the saved scan report decided against; nothing ran
+    what_if: str | None = None
 
     @property
     def tolerated(self) -> frozenset[str]:
@@ -182,6 +184,15 @@ class PassResult:
         return doc
 
     def _document(self) -> dict[str, Any]:
+        doc = self._pass_document()
+        if self.what_if is not None:  # absent in a pass: the documents of passes before it, unchanged
+            doc["what_if"] = {"from": self.what_if}
+            for d in doc["decisions"]:
+                if d.get("action"):
+                    d["what_if"] = True
+        return doc
+
+    def _pass_document(self) -> dict[str, Any]:
         return {
             "schema": AUTO_SCHEMA,
             "apply": self.apply,

@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetops.cli.merge import register as register_merge
 
     register_merge(sub)
+    from fleetops.cli.policy import register as register_policy
+
+    register_policy(sub)
     return parser
 
 

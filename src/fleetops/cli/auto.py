@@ -45,6 +45,15 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
         metavar="FILE",
         help="the policy (fleetops.policy/v1 YAML; default: the one fleetops ships, policies/default.yml)",
     )
+    p.add_argument(
+        "--from",
+        dest="from_report",
+        type=Path,
+        metavar="SCAN",
+        help="a what-if: decide against this saved scan report (fleetops scan -o SCAN; fleetops.scan/v1) "
+        "and print what each host's rung would do; no host is contacted, no store opened, nothing recorded "
+        "(the state directory's ladders and budgets are read, never written)",
+    )
     add_target_args(p)
     add_rollout_args(p)
     p.add_argument("--apply", action="store_true", help="act and record (default: dry run, nothing recorded)")
@@ -111,6 +120,7 @@ def auto_request(args: argparse.Namespace) -> api.AutoRequest:
         prometheus=args.prometheus,
         action_params={r.name: kube for r in REMEDIATIONS.values() if r.kubernetes} if kube else {},
         cause=args.cause,
+        from_report=args.from_report,
     )
 
 
@@ -141,11 +151,20 @@ def cmd_auto(args: argparse.Namespace) -> int:
         for d in result.result.decisions:
             counts[d.status] = counts.get(d.status, 0) + 1
             run = ran.get((d.host, d.action or ""))
-            out.print(escape(d.line() + (_outcome(run, d.host, result.result.apply) if run else "")))
+            what_if = (
+                f" -> what-if: would {d.action}" if result.result.what_if is not None and d.action else ""
+            )
+            out.print(escape(d.line() + (_outcome(run, d.host, result.result.apply) if run else what_if)))
         told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         out.print(
             f"auto: {len(result.result.decisions)} host(s): {told or 'none'}"
-            + ("" if result.result.apply else " (dry run: nothing recorded; add --apply to act)")
+            + (
+                f" (what-if against {result.result.what_if}: nothing run, nothing recorded)"
+                if result.result.what_if is not None
+                else ""
+                if result.result.apply
+                else " (dry run: nothing recorded; add --apply to act)"
+            )
         )
     return result.exit_code
 

@@ -81,7 +81,10 @@ The package, by concern (each module imports only those before it):
 - :mod:`~fleetops.policy.state`: ``LadderState``, ``BudgetLedger``, their files and ``file_lock``;
 - :mod:`~fleetops.policy.decide`: ``decide``, ``commit``, ``Decision`` and ``Spending``, the one
   place budgets are counted;
-- :mod:`~fleetops.policy.schema`: the JSON Schema and ``python -m fleetops.policy``.
+- :mod:`~fleetops.policy.lint`: what loads but never matches (data keys no finding declares, entries
+  an earlier rule always takes first), for ``fleetops policy check``;
+- :mod:`~fleetops.policy.schema`: the JSON Schema and ``python -m fleetops.policy`` (``--check``: the
+  same check).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from fleetops.documents import (  # the one-line DocumentError every document of
     read_document,
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
-from fleetops.schemas import Severity
+from fleetops.schemas import FINDING_DATA_KEYS, Severity
 from fleetops.util import DAY_S, HOUR_S
 
 POLICY_SCHEMA = "fleetops.policy/v1"
@@ -51,19 +51,9 @@ if TYPE_CHECKING:
     Action = str
 else:
     Action = Literal[ACTIONS]
-# The checks node_health reports (docs/guides/scanning.md, its detectors); a rule naming another is a typo.
-CHECKS = (
-    "zombie_memcg",
-    "crashloop_unit",
-    "crashloop_container",
-    "ucx_mmap_hooks",
-    "anon_rss_growth",
-    "ec2_scheduled_event",
-    "ena_resets",
-    "cpu_starvation",
-    "gpu_health",
-    "unexpected_unit",
-)
+# The checks node_health reports (docs/guides/scanning.md, its detectors): the declaration of their
+# findings' data keys names them; a rule naming another is a typo.
+CHECKS: tuple[str, ...] = tuple(FINDING_DATA_KEYS)
 DEFAULT_SEVERITIES: tuple[Severity, ...] = ("warning", "critical")
 MAX_WINDOW_S = 7 * DAY_S  # the longest budget window; the ledger keeps entries this long
 RULE_NAME = r"^[a-z0-9][a-z0-9_.-]*$"

@@ -57,9 +57,16 @@ from fleetops.schemas.models import (
     Severity,
     _Open,
 )
-from fleetops.schemas.reports import DriftReport, ScanHostLine, ScanPartialHeader, ScanReport
+from fleetops.schemas.reports import (
+    FINDING_DATA_KEYS,
+    DriftReport,
+    ScanHostLine,
+    ScanPartialHeader,
+    ScanReport,
+)
 
 __all__ = [
+    "FINDING_DATA_KEYS",
     "MAX_EPOCH",
     "MODELS",
     "STATE_SCHEMA",

@@ -72,6 +72,51 @@ FINDING_DATA: dict[str, type[_Open]] = {
     "ucx_mmap_hooks": UcxData,
 }
 
+# Every check node_health reports, in its detectors' order, and the top-level keys of its findings'
+# ``data`` beyond the fields FINDING_DATA's model declares (the detectors in plugins/module_utils set
+# them; tests/unit/plugins/module_utils/conftest.py holds every finding the detector tests make to it).
+_MORE_DATA_KEYS: dict[str, tuple[str, ...]] = {
+    "zombie_memcg": (
+        "cgroup_version", "growth", "id_headroom", "id_headroom_basis", "id_max", "id_used", "live",
+        "scope", "total",
+        # health.py: the culprits of growth, merged in (or, with no zombie finding, the growth itself)
+        "growth_per_min", "growth_basis", "seconds", "total_per_min", "live_per_min", "zombies_per_min",
+    ),
+    "crashloop_unit": (
+        "active_state", "exec_main_status", "fragment_path", "n_restarts", "rate_basis", "restart",
+        "restarts_in_window", "restarts_per_min", "result", "sub_state", "unit_file_preset",
+        "unit_file_state", "vendor_unit",
+    ),
+    "crashloop_container": (
+        "created_age_s", "exit_code", "full_id", "id", "labels", "rate_basis", "recreated",
+        "restart_count", "restarting", "restarts_in_window", "restarts_per_min", "started_age_s", "status",
+    ),
+    "ucx_mmap_hooks": (
+        "cmdline", "environ_readable", "fixed_upstream", "growth", "hooks_on", "libdir", "libraries",
+        "policy", "rcache_bounded", "restart_pending", "same_mount_ns", "upstream_fix", "variables",
+        "version", "version_source",
+    ),
+    "anon_rss_growth": (
+        "anon_kb", "anon_mb_per_min", "cmdline", "comm", "map_count", "minutes_to_exhaust_available",
+        "pid", "rss_kb", "rss_mb_per_min", "smaps_rollup", "thresholds", "unit", "unit_manager",
+        "vsz_mb_per_min", "window_seconds",
+    ),
+    "ec2_scheduled_event": (
+        "code", "description", "event_id", "not_after", "not_before", "source", "state",
+    ),
+    "ena_resets": ("ena_resets_critical", "interfaces", "recent", "window_seconds"),
+    "cpu_starvation": ("cpus", "critical_pct", "warning_pct", "window_seconds"),
+    "gpu_health": ("gpus", "new_xid_events", "smi_error", "xid"),
+    "unexpected_unit": ("allowlist", "preset", "state", "unit"),
+}  # fmt: skip
+
+# The declaration policies are checked against (``fleetops policy check``): per check, every
+# top-level key its findings' ``data`` may hold.
+FINDING_DATA_KEYS: dict[str, frozenset[str]] = {
+    check: frozenset(more) | frozenset(FINDING_DATA[check].model_fields if check in FINDING_DATA else ())
+    for check, more in _MORE_DATA_KEYS.items()
+}
+
 
 class Finding(_Open):
     """One finding; for the checks in FINDING_DATA, ``data`` is also checked against that model
