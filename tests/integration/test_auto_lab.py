@@ -215,7 +215,7 @@ def test_passes_fix_software_quarantine_hardware_climb_within_budget_and_reset(
     assert {d[h]["status"] for h in (CRASH, EVENT, UCX)} == {"clean"}, two
     assert _actions(two) == []
     assert sorted(_ladder_tags(lab)) == [ECC]  # the cleared ladders' tags are deleted
-    assert _ladder_tags(lab, SPENT) == spent  # but lab-02's stop-start still counts for its hour
+    assert _ladder_tags(lab, SPENT) == spent, err  # but lab-02's stop-start still counts for its hour
 
     # pass 2b, from a third fresh controller: lab-02's ladder tag is gone with its fault, and its spent tag
     # alone still holds the hour's one stop-start

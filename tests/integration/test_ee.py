@@ -242,6 +242,7 @@ def test_execution_node_stream_through_the_ee_worker_matches_fleetops_scan(
     if not playbook.startswith("fleetops."):
         (pdd / "project" / "playbooks").mkdir(parents=True)
         shutil.copy(REPO / playbook, pdd / "project" / playbook)
+        _project_tasks(pdd / "project")
     out = tmp_path / "processed"
     out.mkdir()
     runner = BIN / "ansible-runner"
@@ -361,6 +362,12 @@ def _stream(
         ["bash", "-o", "pipefail", "-c", pipeline], capture_output=True, text=True, env=_env(), timeout=300
     )
     return proc, time.monotonic() - started
+
+
+def _project_tasks(project: Path) -> None:
+    """The task files the project's playbooks include (playbooks/tasks/: the targets check first), as a
+    project checkout has them beside the playbooks."""
+    shutil.copytree(REPO / "playbooks" / "tasks", project / "playbooks" / "tasks", dirs_exist_ok=True)
 
 
 def _events(out: Path) -> list[dict[str, Any]]:
@@ -570,6 +577,7 @@ def test_remediate_auto_playbook_in_the_ee_runs_the_real_fleetops_and_fails_on_a
     shutil.copy(
         REPO / "playbooks" / "remediate_auto.yml", pdd / "project" / "playbooks" / "remediate_auto.yml"
     )
+    _project_tasks(pdd / "project")
     (pdd / "project" / "bad-policy.yml").write_text("schema: fleetops.policy/v0\nrules: []\n")
     (pdd / "inventory").mkdir()
     (pdd / "inventory" / "hosts.yml").write_text(
@@ -621,6 +629,7 @@ def _auto_job(lab: Lab, pdd: Path, policy: str, check: bool) -> Path:
     project = pdd / "project"
     (project / "playbooks").mkdir(parents=True)
     shutil.copy(REPO / "playbooks" / "remediate_auto.yml", project / "playbooks" / "remediate_auto.yml")
+    _project_tasks(project)
     (project / "policy.yml").write_text(policy)
     # the lab's EC2 config, its connection variables but the key (the job's credential) and known hosts
     config = yaml.safe_load(lab.ec2_inventory_path().read_text())

@@ -49,6 +49,12 @@ def merge_tags(
             warn(f"{exc}: ignored, and left as it is for a person to mend or delete")
             malformed.add((host, TAG_KEY))
             continue
+        # a host whose spent tag was read has its budgeted actions from there, each at its act; its ladder
+        # records a rung when the action finished (the clear time's start), later than the act by the
+        # rollout's length: counting it too would spend one action twice. Only a host without a spent tag
+        # (an older controller wrote ladders alone) has its rungs counted from the ladder.
+        if host in (spent or {}) and (host, SPENT_TAG_KEY) not in malformed:
+            continue
         for rec in ladder.hosts.get(host, {}).values():
             if rec.action == HUMAN or now - rec.last_tried > MAX_WINDOW_S or rec.last_tried > now:
                 continue
