@@ -60,6 +60,7 @@ from fleetops.api.requests import (
     StopRolloutResult,
     StoreRequest,
     StoreResult,
+    auto_state_dir,
     empty_document,
     is_empty_document,
     needs_reboot,
@@ -82,7 +83,7 @@ from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
-from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator, state_home
+from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator
 from fleetops.scan import FAIL_ON, PartialReport, ScanOptions, run_scan, shard_hosts, with_nodes, write_report
 from fleetops.scan import selection_record as _selection_record
 from fleetops.util import check_writable
@@ -406,7 +407,7 @@ def _what_if(request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_
             f"inventory: {', '.join(given)} cannot go with it"
         )
     report_ = _read_report(request.from_report)
-    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    state_dir = auto_state_dir(request.state_dir)
     result = auto_mod.what_if(
         policy, str(policy_path), report_, str(request.from_report), state_dir, obs.message
     )
@@ -520,7 +521,7 @@ def _auto(
             ),
         )
 
-    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    state_dir = auto_state_dir(request.state_dir)
     # the schedulers' view of every host's node (cordoned, drained), once per pass: the floors count it
     kube = next((dict(p) for a, p in request.action_params.items() if get_remediation(a).kubernetes), {})
     node_states = read_nodes(

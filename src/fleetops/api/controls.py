@@ -17,11 +17,12 @@ from fleetops.api.requests import (
     StopRolloutResult,
     StoreRequest,
     StoreResult,
+    auto_state_dir,
 )
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout.lease import connection_for
-from fleetops.rollout.state import operator, state_home
+from fleetops.rollout.state import operator
 
 # ------------------------------------------------------------------------------------------ stop
 
@@ -166,7 +167,7 @@ def lift_brake(request: LiftBrakeRequest) -> StoreResult:
     from fleetops.rollout.audit import audit_event
 
     who = operator()
-    state_dir = request.state_dir if request.state_dir is not None else state_home() / "auto"
+    state_dir = auto_state_dir(request.state_dir)
     shared = open_store(paths.resolve_inventories(request.inventory)) if request.inventory else None
     audit_event("lift-brake", who, rule=request.rule, reason=request.reason or "no reason given")
     where = []

@@ -20,7 +20,7 @@ from fleetops.planner import MaxParallel, Plan
 from fleetops.rollout import guards
 from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.lease import DEFAULT_SETTLE_S, DEFAULT_TTL_S
-from fleetops.rollout.state import Rollout
+from fleetops.rollout.state import Rollout, state_home
 from fleetops.scan import FAIL_ON_DEFAULT, ScanOptions
 from fleetops.util import PLAN_SCHEMA
 
@@ -298,6 +298,11 @@ class LiftBrakeRequest:
     inventory: Sequence[Path] = ()
     state_dir: Path | None = None
     reason: str = ""
+
+
+def auto_state_dir(given: Path | None) -> Path:
+    """Where the auto passes keep ladder.json, ledger.json and brakes.json: ``given``, else <state home>/auto."""
+    return given if given is not None else state_home() / "auto"
 
 
 # ------------------------------------------------------------------------------------------ auto
