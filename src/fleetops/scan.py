@@ -24,7 +24,7 @@ from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import SCAN_HOST_SCHEMA, SCAN_SCHEMA, atomic_write, digest_value, open_append
+from fleetops.util import SCAN_HOST_SCHEMA, SCAN_SCHEMA, atomic_write, digest_value, iso_utc, open_append
 from fleetops.values import Shard
 
 SCHEMA = SCAN_SCHEMA
@@ -191,7 +191,7 @@ def report_document(
     """The ``fleetops.scan/v1`` document of ``hosts`` (sorted by name), with its summary."""
     return {
         "schema": SCHEMA,
-        "started_at": _iso(started),
+        "started_at": iso_utc(started),
         "duration_s": round(finished - started, 3),
         **({"shard": shard.to_dict()} if shard is not None else {}),
         **({"options": options} if options is not None else {}),
@@ -432,7 +432,7 @@ class PartialReport:
             why = "a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
             raise UsageError(f"cannot write {path}: {why}") from None
         self._fh: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8")
-        header: dict[str, Any] = {"schema": PARTIAL_SCHEMA, "started_at": _iso(time.time())}
+        header: dict[str, Any] = {"schema": PARTIAL_SCHEMA, "started_at": iso_utc(time.time())}
         if targets is not None:
             header["targets"] = list(targets)
         if shard is not None:
@@ -490,7 +490,3 @@ def read_partial_text(text: str) -> tuple[dict[str, Any] | None, dict[str, dict[
         elif "host" in record and isinstance(record.get("entry"), dict):
             hosts[str(record["host"])] = record["entry"]
     return header, hosts
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

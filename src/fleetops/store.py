@@ -54,7 +54,7 @@ from fleetops.policy.language import MAX_WINDOW_S
 from fleetops.policy.records import LedgerEntry, RungRecord
 from fleetops.rollout.lease import Ec2Connection
 from fleetops.rollout.pause import PauseRecord, reason_line
-from fleetops.util import dead_here, process_id
+from fleetops.util import dead_here, iso_utc, process_id
 
 PAUSE_KEY: str = constant("store", "PAUSE_KEY")
 LEASE_KEY = "auto#lease"
@@ -87,10 +87,6 @@ class StoreLockedError(FleetopsError):
     """Another auto pass holds the store's lease."""
 
     exit_code = ExitCode.LOCKED
-
-
-def _now_iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -178,7 +174,7 @@ class Store:
 
     def audit(self, event: str, operator: str, **data: Any) -> None:
         now = self.clock()
-        key = f"{AUDIT_PREFIX}{_now_iso(now)}#{secrets.token_hex(4)}"
+        key = f"{AUDIT_PREFIX}{iso_utc(now)}#{secrets.token_hex(4)}"
         doc = {"event": event, "operator": operator, "at": now, **data}
         self.call(self.backend.put, key, doc, None)
 
@@ -322,7 +318,7 @@ class PassLease:
                 )
                 live = False
             if live and doc.get("pass") != self.pass_id:
-                left = f", expires {_now_iso(expires)}" if isinstance(expires, (int, float)) else ""
+                left = f", expires {iso_utc(expires)}" if isinstance(expires, (int, float)) else ""
                 raise StoreLockedError(
                     f"another 'fleetops remediate auto' pass holds the shared store ({self.store.where()}): "
                     f"pass {doc.get('pass', '?')} by {doc.get('operator', '?')}{left}"
@@ -616,7 +612,7 @@ class StoredState:
                 if current is None or current.last_tried < e.at:
                     self.ladder.record(e.host, rule, check, rung, e.action, e.at)
             lines.append(
-                f"{e.host}: {e.action} reserved at {_now_iso(e.at)} by pass {journal.get('pass')} "
+                f"{e.host}: {e.action} reserved at {iso_utc(e.at)} by pass {journal.get('pass')} "
                 f"({e.controller or '?'}), which ended before settling it: counted as attempted"
             )
         if lines:

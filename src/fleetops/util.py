@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import stat
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ ROLLOUT_CUT_OFF = "running (no process)"  # `fleetops rollouts`: saved as runnin
 # A rollout id (it names lock and lease records): rollout.lease.ROLLOUT_ID, schemas' rollout id field.
 ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
 log = logging.getLogger("fleetops")
+
+
+def iso_utc(ts: float) -> str:
+    """A Unix time as fleetops writes times for people and records: ``2026-12-07T06:58:21Z`` (UTC, seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def private_dir(directory: Path) -> None:

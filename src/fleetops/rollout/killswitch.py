@@ -55,6 +55,7 @@ from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout.lease import KEY_PREFIX, ROLLOUT_ID
 from fleetops.rollout.state import state_home
+from fleetops.util import iso_utc
 
 SCHEMA = "fleetops.rollout.stop/v1"
 STOP_DIR = "stops"
@@ -105,15 +106,11 @@ class StopRequest:
 
     def describe(self) -> str:
         """One line: ``stopped by alice@bastion at 2026-11-29T17:01:02Z (fleetops stop --all): wrong AMI``."""
-        when = "an unknown time" if not math.isfinite(self.requested) else _iso(self.requested)
+        when = "an unknown time" if not math.isfinite(self.requested) else iso_utc(self.requested)
         scope = self.scope or (
             "fleetops stop --all" if self.rollout is None else f"fleetops stop {self.rollout}"
         )
         return f"stopped by {self.operator} at {when} ({scope}; {self.source}): {self.reason}"
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _parse_iso(text: str) -> float:
@@ -225,7 +222,7 @@ def request_stop(
         "rollout": rollout_id,
         "operator": one_line(who, 200) or "unknown",
         "requested": requested,
-        "requested_at": _iso(requested),
+        "requested_at": iso_utc(requested),
         "reason": one_line(reason, MAX_REASON) or "no reason given",
     }
     folder = stop_dir(directory)
@@ -339,7 +336,7 @@ def stop_tag_value(rollout_id: str | None, reason: str, who: str, now: float) ->
     why = one_line(reason, TAG_VALUE_MAX) or "no reason given"
 
     def encode(operator: str, why: str) -> str:
-        record = {"rollout": rollout_id or TAG_ALL, "operator": operator, "at": _iso(now), "reason": why}
+        record = {"rollout": rollout_id or TAG_ALL, "operator": operator, "at": iso_utc(now), "reason": why}
         return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
 
     if len(encode(operator, why)) > TAG_VALUE_MAX:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.state import state_home
-from fleetops.util import atomic_write, private_dir
+from fleetops.util import atomic_write, iso_utc, private_dir
 
 PAUSE_FILE = "pause.json"
 SCHEMA = "fleetops.pause/v1"
@@ -35,10 +35,6 @@ def reason_line(text: str) -> str:
     return one_line(text, REASON_MAX) or "no reason given"
 
 
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
 @dataclass(frozen=True)
 class PauseRecord:
     """A pause in force: the shared store's or this controller's."""
@@ -48,7 +44,7 @@ class PauseRecord:
     reason: str
 
     def describe(self) -> str:
-        return f"automation paused by {self.operator} at {_iso(self.since)}: {self.reason}"
+        return f"automation paused by {self.operator} at {iso_utc(self.since)}: {self.reason}"
 
 
 def pause_path(directory: Path | None = None) -> Path:
@@ -95,7 +91,7 @@ def pause_here(operator: str, reason: str, directory: Path | None = None) -> tup
     record = PauseRecord(operator, time.time(), reason_line(reason))
     path = pause_path(directory)
     private_dir(path.parent)
-    doc = {"schema": SCHEMA, **vars(record), "since_at": _iso(record.since)}
+    doc = {"schema": SCHEMA, **vars(record), "since_at": iso_utc(record.since)}
     atomic_write(path, json.dumps(doc, sort_keys=True) + "\n")
     return record, True
 
