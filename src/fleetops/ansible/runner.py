@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from fleetops import paths
+from fleetops.ansible import control_path
 from fleetops.ansible.collection import module_utils
 from fleetops.errors import FleetopsError
 
@@ -137,6 +138,9 @@ def ansible_env() -> dict[str, str]:
         # that callback in itself (ansible-playbook exits 250); use the job's original callback
         env["ANSIBLE_STDOUT_CALLBACK"] = os.environ["ORIGINAL_STDOUT_CALLBACK"]
         env["ANSIBLE_CALLBACK_PLUGINS"] = ""
+    short = control_path.control_path_dir()  # a home too long for ssh's ControlMaster sockets
+    if short is not None:
+        env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = short
     root = paths.collection_root()
     if root is not None:
         env.setdefault("ANSIBLE_CONFIG", os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")))
