@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +188,12 @@ def test_a_closed_port_is_unreachable_and_the_other_hosts_are_scanned(tmp_path: 
 
 
 def test_a_host_past_its_timeout_is_reported_timed_out(tmp_path: Path) -> None:
-    slow = tmp_path / "slow-python"
-    slow.write_text("#!/bin/sh\nsleep 60\n")
+    """The host's command and everything it started (here a shell's child holding the pipes, as a
+    ProxyCommand would) end at the timeout: the scan does not wait for them (it waited 60 s once)."""
+    slow, pid = tmp_path / "slow-python", tmp_path / "child.pid"
+    slow.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pid}\nwait\n")
     slow.chmod(0o755)
+    started = time.monotonic()
     inventory = _inventory(
         tmp_path, {"stuck": {"ansible_connection": "local", "ansible_python_interpreter": str(slow)}}
     )
@@ -198,6 +202,12 @@ def test_a_host_past_its_timeout_is_reported_timed_out(tmp_path: Path) -> None:
     assert rc == 3
     assert stuck["status"] == "unreachable" and stuck.get("timed_out") is True, stuck
     assert "no answer within the per-host timeout" in stuck["msg"]
+    assert time.monotonic() - started < 300  # not the child's 600 s
+    child = int(pid.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # killed: gone once its parent, init, reaps it
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
 def test_a_python_that_gives_no_answer_is_scanned_by_ansible(tmp_path: Path) -> None:

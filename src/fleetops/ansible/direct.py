@@ -27,7 +27,9 @@ that wants a password). AWX, and every remediation, run through ansible.
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -269,7 +271,7 @@ class _Calls:
             out, err = proc.communicate(data, timeout=max(0.1, timeout))
             return proc.returncode, out, err
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill(proc)
             proc.communicate()
             return None
         finally:
@@ -280,7 +282,16 @@ class _Calls:
         with self.lock:
             self.cancelled = True
             for proc in self.procs:
-                proc.kill()
+                _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the command's whole session (ssh and a ProxyCommand, a local shell and its children):
+    one of them left alive holds the pipes open, and the scan would wait for it past the timeout."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: its group is its pid
+    except OSError:  # gone already
+        proc.kill()
 
 
 def scan_host(target: Target, calls: _Calls, sha: str, archive: bytes) -> TaskResult | str:
