@@ -133,7 +133,8 @@ def test_the_ssh_transport_becomes_root_through_sudo(lab: Lab, tmp_path: Path) -
     assert result.rc == 3, result.stderr  # lab-03's sudo is nowhere: ansible-playbook fails it too
     assert report["hosts"]["lab-01"]["status"] == report["hosts"]["lab-02"]["status"] == "ok", report["hosts"]
     assert report["hosts"]["lab-03"]["status"] == "failed" and report["hosts"]["lab-03"]["msg"]
-    assert not report["hosts"]["lab-03"]["msg"].startswith("the runner gave no answer")  # ansible's own failure
+    # ansible-playbook's own failure, never the direct path's reason for handing the host over
+    assert not report["hosts"]["lab-03"]["msg"].startswith("the runner gave no answer")
     assert report["transport"]["name"] == "auto"
     (why,) = report["transport"]["by_ansible"].values()
     assert list(report["transport"]["by_ansible"]) == ["lab-03"]
