@@ -255,3 +255,39 @@ def test_an_unknown_transport_is_refused_before_anything_runs(tmp_path: Path) ->
     assert not out.exists() and not out.with_name("r.json.partial").exists()
     result = fleetops("scan", "-i", str(inventory), "--transport", "paramiko")
     assert result.rc == 2 and "invalid choice: 'paramiko'" in result.stderr and not result.stdout
+
+
+def test_ctrl_c_without_a_cancel_event_ends_the_ssh_commands_at_once(tmp_path: Path) -> None:
+    """A pass's or a gate's scan has no ``cancel``: a KeyboardInterrupt (or a signal's exception) in the
+    scanning thread kills the running commands (each in a session of its own, out of the terminal's reach)
+    and starts no more, instead of waiting for every host."""
+    import signal
+    import threading
+    import time
+
+    pids = tmp_path / "pids"
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    slow.chmod(0o755)
+    hosts = [
+        _host(f"h{i}", ansible_connection="local", ansible_python_interpreter=str(slow)) for i in range(3)
+    ]
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2:
+            time.sleep(0.05)
+        os.kill(
+            os.getpid(), signal.SIGINT
+        )  # a real Ctrl-C: Python raises KeyboardInterrupt in the main thread
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        direct.run(hosts, {}, forks=2, host_timeout=60, connect_timeout=None)
+    assert time.monotonic() - started < 20
+    running = [int(p) for p in pids.read_text().split()]
+    assert len(running) == 2  # forks 2: the third host never started
+    for pid in running:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped

@@ -369,7 +369,14 @@ def run(
     watcher.start()
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets) or 1))) as pool:
-            list(pool.map(one, targets))
+            try:
+                list(pool.map(one, targets))
+            except BaseException:
+                # Ctrl-C or a signal's exception in this thread (a pass's or a rollout's scan has no
+                # ``cancel``): end the running ssh commands (each in a session of its own, out of the
+                # terminal's reach) and start no more, so the pool's shutdown does not wait for every host
+                calls.cancel()
+                raise
     finally:
         stop.set()
         watcher.join()
