@@ -6,8 +6,9 @@ hosts, so the controller opens one ssh connection per inventory host as it would
 D more addresses are blackholed and time out as a gone instance does. An alias is its host: the
 targets' CPU is the lab's, shared with the controller on this machine's cores (see docs/fleet-scale.md).
 
-For each size and transport (``ansible``: ansible-playbook through ansible-runner, what AWX runs;
-``ssh``: fleetops' own ssh commands) one cold ``fleetops scan -o REPORT`` is run and measured:
+For each size and transport (``auto``, the default, run without ``--transport``: fleetops' own ssh commands;
+``ansible``: ansible-playbook through ansible-runner, what AWX's scan template runs; ``ssh``: auto's alias)
+one cold ``fleetops scan -o REPORT`` is run and measured:
 
 - wall time, and hosts a minute;
 - the controller's CPU seconds a host: the rusage of the scan's whole process tree (ssh and its
@@ -28,7 +29,7 @@ dead host costs once. It prints the figures; it does not assert the goals. Needs
 the lab's hosts when fewer are up and takes down a lab it booted. Run it under the dev lock:
 
     flock /run/fleetops-dev.lock python bench/fleet_scale.py [--lab b1] [--hosts 50]
-        [--sizes 500,2500,7500] [--dead-pct 2] [--transports ansible,ssh] [--json FILE]
+        [--sizes 500,2500,7500] [--dead-pct 2] [--transports auto,ansible] [--json FILE]
 """
 
 from __future__ import annotations
@@ -48,7 +49,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scan_fleet import FLEETOPS, REPO, BenchError, _ansible_env, _cpu, _subreaper
+from scan_fleet import (
+    BENCH_TRANSPORTS,
+    FLEETOPS,
+    REPO,
+    BenchError,
+    _ansible_env,
+    _cpu,
+    _subreaper,
+    transport_args,
+)
 from scan_floor import TargetCpu
 
 from fleetops.ansible.inventory import load_hosts
@@ -179,8 +189,7 @@ def scan(lab: Lab, transport: str, size: int, dead: int, target: TargetCpu) -> R
             "scan",
             "-i",
             str(inventory),
-            "--transport",
-            transport,
+            *transport_args(transport),
             "-q",
             "-o",
             str(report),
@@ -289,8 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="inventory sizes (default: %(default)s)")  # fmt: skip
     parser.add_argument("--dead-pct", type=float, default=2.0, metavar="P",
                         help="also the largest size with P%% of its hosts dead (0: not; default 2)")  # fmt: skip
-    parser.add_argument("--transports", default=",".join(TRANSPORTS), metavar="T,..",
-                        help=f"the scan's transports to measure (default: {','.join(TRANSPORTS)})")  # fmt: skip
+    parser.add_argument("--transports", default=",".join(BENCH_TRANSPORTS), metavar="T,..",
+                        help=f"the scan's transports to measure (default: {','.join(BENCH_TRANSPORTS)}; the "
+                        "default one runs without --transport)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
     try:

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from fleetops.ansible.runner import ansible_env  # noqa: E402
-from fleetops.scan import MAX_FORKS, ScanOptions  # noqa: E402
+from fleetops.scan import DEFAULT_TRANSPORT, DIRECT_TRANSPORTS, MAX_FORKS, TRANSPORTS, ScanOptions  # noqa: E402
 from fleetops_lab import Lab  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -224,6 +224,16 @@ def timed(argv: Sequence[str], env: Mapping[str, str], control_dir: Path | None 
 
 def _ansible_env() -> dict[str, str]:
     return {**ansible_env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+
+
+# the transports a benchmark compares by default: the default one (auto) and ansible-playbook's (ssh is auto's
+# alias: the same run again)
+BENCH_TRANSPORTS = (DEFAULT_TRANSPORT, *(t for t in TRANSPORTS if t not in DIRECT_TRANSPORTS))
+
+
+def transport_args(transport: str) -> list[str]:
+    """``--transport T``, or nothing for the default one: what a user types."""
+    return [] if transport == DEFAULT_TRANSPORT else ["--transport", transport]
 
 
 def scan_argv(inventory: Path, report: Path, forks: int | None = None, sample_s: float = 0) -> list[str]:

@@ -8,9 +8,10 @@ once as the scan's forks: every host up to 100), no connection reuse (``ControlM
 ssh plugin adds, connection sharing off). Any host failing fails the benchmark.
 
 The scan is ``fleetops scan --format json --transport T`` on the same hosts, for each transport asked
-(``ansible``: ansible-playbook; ``ssh``: fleetops' own ssh commands), cold each run (a fresh ssh
+(``auto``, the default, run without ``--transport``: fleetops' own ssh commands, ansible-playbook for the
+hosts they cannot serve; ``ansible``: ansible-playbook; ``ssh``: auto's alias), cold each run (a fresh ssh
 control-path directory), as ``bench/scan_fleet.py`` runs it; it must exit 0 or 1 (findings) and report
-every host scanned, none left to ansible-playbook by the ssh transport.
+every host scanned, none left to ansible-playbook by the direct path.
 
 They are interleaved (floor, each scan, floor, each scan, ... ``--runs`` times, after one untimed warm-up
 of each) and the medians reported: wall time, the ratio scan/floor, the controller's CPU seconds per
@@ -24,7 +25,7 @@ prints the figures; it does not assert the goal. Needs root (the lab); boots the
 fewer are up, and takes down only a lab it booted from nothing. Run it under the dev lock:
 
     flock /run/fleetops-dev.lock python bench/scan_floor.py [--lab b1] [--hosts 50] [--runs 3]
-        [--transports ansible,ssh] [--json FILE]
+        [--transports auto,ansible] [--json FILE]
 """
 
 from __future__ import annotations
@@ -48,7 +49,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scan_fleet import BenchError, _ansible_env, _cpu, _subreaper, scan_argv, timed
+from scan_fleet import (
+    BENCH_TRANSPORTS,
+    BenchError,
+    _ansible_env,
+    _cpu,
+    _subreaper,
+    scan_argv,
+    timed,
+    transport_args,
+)
 
 from fleetops.ansible import direct
 from fleetops.ansible.inventory import InventoryHost, load_hosts
@@ -136,7 +146,7 @@ def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None, transport
     """``fleetops scan --transport T`` once, cold: (wall s, controller CPU s); every host must be scanned."""
     with tempfile.TemporaryDirectory(prefix="fleetops-bench-") as tmp:
         report = Path(tmp) / "scan.json"
-        argv = scan_argv(inventory, report) + (["-l", limit] if limit else []) + ["--transport", transport]
+        argv = scan_argv(inventory, report) + (["-l", limit] if limit else []) + transport_args(transport)
         timing, output = timed(argv, _ansible_env())
         if timing.rc not in (0, 1) or not report.exists():
             raise BenchError(f"fleetops scan exited {timing.rc}: {output.strip()[-2000:]}")
@@ -210,9 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=GOAL_HOSTS, help=f"lab hosts (default: {GOAL_HOSTS})")
     parser.add_argument("--runs", type=int, default=3, help="floor/scan pairs; the medians are reported")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--transports", default=",".join(TRANSPORTS), metavar="T,..",
+    parser.add_argument("--transports", default=",".join(BENCH_TRANSPORTS), metavar="T,..",
                         help="the scan's transports to measure, each after the floor in every run "
-                        f"(default: {','.join(TRANSPORTS)})")  # fmt: skip
+                        f"(default: {','.join(BENCH_TRANSPORTS)}; the default one runs without --transport)")  # fmt: skip
     args = parser.parse_args(argv)
     transports = [t for t in args.transports.split(",") if t]
     if not transports or set(transports) - set(TRANSPORTS):

@@ -24,7 +24,15 @@ from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, RunnerOptions, TaskResult, run_playbook
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.util import SCAN_HOST_SCHEMA, SCAN_SCHEMA, atomic_write, digest_value, iso_utc, open_append
+from fleetops.util import (
+    SCAN_HOST_SCHEMA,
+    SCAN_SCHEMA,
+    SCAN_TRANSPORTS,
+    atomic_write,
+    digest_value,
+    iso_utc,
+    open_append,
+)
 from fleetops.values import Shard
 
 SCHEMA = SCAN_SCHEMA
@@ -41,7 +49,17 @@ CONNECT_TIMEOUT_S = 10
 NOT_SCANNED_MSG = "no answer before the scan was interrupted"
 NO_RESULT_MSG = "no result: the scan ended without an answer from this host"
 PARTIAL_SCHEMA = "fleetops.scan.partial/v1"
-TRANSPORTS = ("ansible", "ssh")  # ScanOptions.transport
+# --transport, how hosts are reached (ScanOptions.transport; the report's ``transport``):
+# - "auto", the default: fleetops' own ssh command a host (fleetops.ansible.direct, the runner node_health's
+#   action stages, a seventh of ansible-playbook's controller CPU) for every host it can serve, and
+#   ansible-playbook for the others (``direct``'s ``fallback``: another connection type, a become password, a
+#   template, a host whose runner gives no answer) in the same scan, named with why in ``transport.by_ansible``;
+# - "ansible": ansible-playbook (playbooks/scan.yml) for every host, as AWX's scan template runs it;
+# - "ssh": what "auto" was called before it was the default, kept as its alias (a scan that wanted the direct
+#   path alone would have to fail the hosts it cannot serve, which no transport does).
+TRANSPORTS = SCAN_TRANSPORTS
+DEFAULT_TRANSPORT = "auto"
+DIRECT_TRANSPORTS = ("auto", "ssh")  # the direct path first, ansible-playbook for the rest
 # --fail-on: the findings that make a scan exit 1 (FINDINGS). "warning", the default, is the exit code a
 # scan always had; "critical" lets a schedule (a timer, a CI job) stay green on warnings; "never" leaves
 # findings to the report and the metrics. A host that could not be scanned exits 3 whatever it says.
@@ -69,9 +87,10 @@ class ScanOptions:
     extravars: dict[str, Any] = field(default_factory=dict)
     # --shard I/N: only the selected hosts that shard holds (fleetops.values.Shard), named exactly
     shard: Shard | None = None
-    # how hosts are reached: "ansible" (ansible-playbook, playbooks/scan.yml: what AWX runs) or "ssh" (one ssh
-    # command a host from this process, fleetops.ansible.direct; a host it cannot serve goes through ansible)
-    transport: str = "ansible"
+    # how hosts are reached (TRANSPORTS): "auto" (the default) and its alias "ssh", one ssh command a host from
+    # this process (fleetops.ansible.direct) and ansible-playbook for the hosts it cannot serve; "ansible",
+    # ansible-playbook (playbooks/scan.yml) for every host
+    transport: str = DEFAULT_TRANSPORT
 
     def runner_forks(self) -> int:
         return self.forks or MAX_FORKS
@@ -161,8 +180,9 @@ def build_report(
     transport: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report; ``targeted`` hosts that have no result (an interrupted scan) show as not_scanned.
-    ``shard`` and ``options``, when given, are recorded (``fleetops merge`` reads them); ``transport``
-    (``--transport ssh`` only): the hosts ansible-playbook scanned instead, and why."""
+    ``shard`` and ``options``, when given, are recorded (``fleetops merge`` reads them); ``transport``: how
+    the hosts were reached (its ``name``; ``by_ansible``, with auto and ssh: the hosts ansible-playbook
+    scanned instead of the direct path, and why)."""
     answered = {h: host_entry(run.results_for(h)) for h in run.hosts()}
     why = NOT_SCANNED_MSG if run.interrupted else NO_RESULT_MSG
     missing = {h: not_scanned_entry(why) for h in targeted if h not in answered}
@@ -282,9 +302,12 @@ def run_scan(
     ``not_scanned`` when it gave no answer; a shard that holds none of them is an empty report,
     nothing run (an empty selection never means all).
 
-    With ``opts.transport == "ssh"`` the hosts (``hosts``: the listed targets with their variables; None:
-    listed here) are scanned by ``fleetops.ansible.direct``, and those it cannot serve by the playbook.
+    With ``opts.transport`` auto (the default) or ssh the hosts (``hosts``: the listed targets with their
+    variables; None: listed here) are scanned by ``fleetops.ansible.direct``, and those it cannot serve by
+    the playbook, in one report; with ansible, every host by the playbook.
     """
+    if opts.transport not in TRANSPORTS:
+        raise UsageError(f"--transport: {opts.transport!r} is not one of {', '.join(TRANSPORTS)}")
     started = time.time()
     limit = opts.limit
     if opts.shard is not None:
@@ -321,11 +344,11 @@ def run_scan(
             cancel=cancel,
         )
 
-    transport: dict[str, Any] | None = None
+    transport: dict[str, Any] = {"name": opts.transport}
     try:
-        if opts.transport == "ssh":
+        if opts.transport in DIRECT_TRANSPORTS:
             run, by_ansible = _run_direct(opts, playbook, on_result, cancel, targets, hosts)
-            transport = {"name": "ssh", "by_ansible": by_ansible}
+            transport["by_ansible"] = by_ansible
         else:
             run = playbook(limit)
     finally:

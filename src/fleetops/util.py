@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -31,6 +31,10 @@ DAY_S = 24 * HOUR_S
 SCAN_SCHEMA = "fleetops.scan/v1"
 SCAN_HOST_SCHEMA = "fleetops.scan.host/v1"  # one line of `fleetops scan --format ndjson`
 DRIFT_SCHEMA = "fleetops.drift/v1"
+# how a scan reaches its hosts (fleetops.scan.TRANSPORT_HELP says what each does; the report's
+# ``transport.name``, schemas.reports.ScanTransport)
+ScanTransportName = Literal["auto", "ansible", "ssh"]
+SCAN_TRANSPORTS: tuple[str, ...] = get_args(ScanTransportName)
 PLAN_SCHEMA = "fleetops.plan/v1"
 ROLLOUTS_SCHEMA = "fleetops.rollouts/v1"  # `fleetops rollouts --format json`
 ROLLOUT_CUT_OFF = "running (no process)"  # `fleetops rollouts`: saved as running, no live process holds it

@@ -105,21 +105,22 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules), "started": start
 
 
 def test_a_scan_over_ssh_imports_only_what_it_uses(tmp_path: Path) -> None:
-    """`fleetops scan --transport ssh` lists its inventory in process (no ansible-inventory) and loads
-    none of SCAN_UNUSED; its hosts refuse the connection (port 1), so every one is scanned, unreachable."""
+    """`fleetops scan` (its default transport, auto: the direct path over ssh) lists its inventory in process
+    (no ansible-inventory) and loads none of SCAN_UNUSED; its hosts refuse the connection (port 1), so every
+    one is scanned by the direct path, unreachable."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         "all:\n  vars: {ansible_host: 127.0.0.1, ansible_port: 1, ansible_user: nobody}\n"
         "  hosts: {h1: {}, h2: {}}\n"
     )
-    argv = ["scan", "-i", str(inventory), "--transport", "ssh", "-q", "--format", "json"]
+    argv = ["scan", "-i", str(inventory), "-q", "--format", "json"]
     proc = subprocess.run(
         [sys.executable, "-c", SCANNED, *argv], capture_output=True, text=True, timeout=180, cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     report = json.loads(proc.stdout[: proc.stdout.rindex("\n{")])
-    assert report["transport"] == {"name": "ssh", "by_ansible": {}}, report["transport"]
+    assert report["transport"] == {"name": "auto", "by_ansible": {}}, report["transport"]
     assert sorted(report["hosts"]) == ["h1", "h2"]
     assert not any(Path(p).name == "ansible-inventory" for p in found["started"]), found["started"]
     loaded = [m for m in found["modules"] if m.startswith(SCAN_UNUSED)]

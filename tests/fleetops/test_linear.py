@@ -13,9 +13,10 @@ n log n), four times when it is quadratic. A case fails when the whole, or any o
 functions, the C functions they call or the name comparisons alone, grows faster than MAX_GROWTH (an
 O(n) step in a per-host loop is a small part of the whole at these sizes, but not of its own count).
 
-Covered: a scan's whole controller side (runner events handled, report, partial file, Prometheus file,
-ndjson lines, progress, the summarised table), the same over ``--transport ssh`` (each host's ssh command
-resolved from ansible's configuration, its options validated, its answer read), inventory listing, planning, merge, drift, a rollout
+Covered: a scan's whole controller side through ansible-playbook (runner events handled, report, partial
+file, Prometheus file, ndjson lines, progress, the summarised table), the same on the default transport (the
+direct path: each host's ssh command resolved from ansible's configuration, its options validated, its answer
+read), inventory listing, planning, merge, drift, a rollout
 (engine, state saves, progress, ``fleetops report``'s table) in a fixed number of batches, and two
 ``remediate auto`` passes (decide, floors, budgets, brake, commit, its JSON document) with the state
 directory as the record. Not covered: what happens in other processes (ansible-playbook,
@@ -138,8 +139,8 @@ def entry(i: int) -> dict[str, Any]:
 
 
 def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Callable[[], object]]:
-    """``api.scan`` with ansible-runner's events played in (two a host: the module's result and the
-    stats), the inventory listing stood in for, -o and --prometheus written; the CLI's ndjson stream,
+    """``api.scan --transport ansible`` with ansible-runner's events played in (two a host: the module's result
+    and the stats), the inventory listing stood in for, -o and --prometheus written; the CLI's ndjson stream,
     progress and summarised table on each host and on the result."""
     import ansible_runner
 
@@ -197,8 +198,9 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
                 progress.start(len(hosts))
 
             request = api.ScanRequest(
-                inventory=[inventory], output=tmp_path / "r.json", prometheus=tmp_path / "r.prom"
-            )
+                inventory=[inventory], output=tmp_path / "r.json", prometheus=tmp_path / "r.prom",
+                transport="ansible",
+            )  # fmt: skip
             result = api.scan(request, on_host=on_host, cancel=threading.Event(), on_targets=on_targets)
             progress.finish()
             stream.finish(result.report)
@@ -211,7 +213,7 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
 
 
 def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Callable[[], object]]:
-    """``api.scan`` with ``--transport ssh``: each host's ssh command resolved from ansible's configuration
+    """``api.scan`` on its default transport (auto): each host's ssh command resolved from ansible's configuration
     and its variables, its options validated, its answer turned into the report; the ssh processes stood in
     for (every host answers the runner's reply) and the thread pool run inline (profiling sees one
     thread)."""
@@ -252,7 +254,7 @@ def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[
         fleet["hosts"] = [InventoryHost(h, AZS[i % 3], hostvars=hostvars(i)) for i, h in enumerate(names(n))]
 
         def run() -> object:
-            request = api.ScanRequest(inventory=[inventory], output=tmp_path / "r.json", transport="ssh")
+            request = api.ScanRequest(inventory=[inventory], output=tmp_path / "r.json")  # the default: auto
             return api.scan(request, cancel=threading.Event())
 
         return run

@@ -442,7 +442,9 @@ def test_scan_shard_runs_exactly_its_hosts_and_records_the_shard(
     reports = []
     for i in (1, 2, 3):
         out = tmp_path / f"shard{i}.json"
-        result = api.scan(api.ScanRequest(inventory=[inventory], shard=Shard(i, 3), output=out))
+        result = api.scan(
+            api.ScanRequest(inventory=[inventory], shard=Shard(i, 3), output=out, transport="ansible")
+        )
         mine = [h for h in selected if Shard(i, 3).holds(h)]
         assert mine and fake.hosts[-1] == mine  # exact names, no pattern
         assert not Path(str(fake.limits[-1])[1:]).exists()  # the limit file is gone after the run
@@ -460,7 +462,7 @@ def test_a_killed_shard_scan_leaves_its_targets_first(
     monkeypatch.setattr(scan, "run_playbook", FakeRunner(die_after=1))
     out = tmp_path / "shard.json"
     with pytest.raises(KeyboardInterrupt):
-        api.scan(api.ScanRequest(inventory=[inventory], shard=Shard(2, 3), output=out))
+        api.scan(api.ScanRequest(inventory=[inventory], shard=Shard(2, 3), output=out, transport="ansible"))
     partial = out.with_name("shard.json.partial")
     lines = [json.loads(line) for line in partial.read_text().splitlines()]
     mine = [h for h in sorted(HOSTS)[:12] if Shard(2, 3).holds(h)]

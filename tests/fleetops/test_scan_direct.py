@@ -1,7 +1,7 @@
-"""``fleetops scan --transport ssh`` (fleetops.ansible.direct): how a host is reached comes from ansible's own
-configuration, the module's options from the same knobs, and the report is the ansible transport's. Real
-scans of this machine over the local connection (the ssh side: tests/integration/test_scan_lab.py, on lab
-hosts); an unreachable host is a closed port on loopback."""
+"""``fleetops scan``'s default transport, auto (``--transport ssh``: its alias; fleetops.ansible.direct): how a
+host is reached comes from ansible's own configuration, the module's options from the same knobs, and the
+report is the ansible transport's. Real scans of this machine over the local connection (the ssh side:
+tests/integration/test_scan_lab.py, on lab hosts); an unreachable host is a closed port on loopback."""
 
 from __future__ import annotations
 
@@ -137,8 +137,10 @@ def _inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def _scan(inventory: Path, transport: str, *extra: str) -> tuple[int, dict[str, Any]]:
-    result = fleetops("scan", "-i", str(inventory), "--transport", transport, "--format", "json", "-q",
+def _scan(inventory: Path, transport: str | None, *extra: str) -> tuple[int, dict[str, Any]]:
+    """``fleetops scan --transport TRANSPORT`` (None: no --transport, the default)."""
+    chosen = ("--transport", transport) if transport is not None else ()
+    result = fleetops("scan", "-i", str(inventory), *chosen, "--format", "json", "-q",
                       "--checks", "zombie_memcg,unexpected_unit", "-e", "fleetops_imds=never", *extra)  # fmt: skip
     assert result.stdout, result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
@@ -150,22 +152,28 @@ def _shape(value: Any) -> Any:
 
 
 def test_a_local_scan_reports_what_the_ansible_transport_reports(tmp_path: Path) -> None:
+    """The default transport (auto) scans a host it can serve itself and the other through ansible-playbook,
+    named once with why; ``ssh`` is its alias; the results are ansible-playbook's for every host."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": PYTHON}
     inventory = _inventory(tmp_path, {"here": local, "elevated": {**local, "ansible_become": True}})
-    rc_ssh, ours = _scan(inventory, "ssh")
+    rc_auto, ours = _scan(inventory, None)
+    rc_ssh, alias = _scan(inventory, "ssh")
     rc_ansible, theirs = _scan(inventory, "ansible")
-    assert rc_ssh == rc_ansible
-    assert ours["transport"] == {"name": "ssh", "by_ansible": {"elevated": "become on the local connection"}}
-    assert "transport" not in theirs
-    schemas.validate_scan_report(ours, "the ssh transport's report")  # its documented schema
-    assert set(ours["hosts"]) == set(theirs["hosts"]) == {"here", "elevated"}
+    assert rc_auto == rc_ssh == rc_ansible
+    by_ansible = {"elevated": "become on the local connection"}
+    assert ours["transport"] == {"name": "auto", "by_ansible": by_ansible}
+    assert alias["transport"] == {"name": "ssh", "by_ansible": by_ansible}
+    assert theirs["transport"] == {"name": "ansible"}  # every host by ansible-playbook
+    for report, what in ((ours, "the default transport's"), (alias, "ssh's"), (theirs, "ansible's")):
+        schemas.validate_scan_report(report, f"{what} report")  # its documented schema
+    assert set(ours["hosts"]) == set(alias["hosts"]) == set(theirs["hosts"]) == {"here", "elevated"}
     for host in ("here", "elevated"):
-        a, b = ours["hosts"][host], theirs["hosts"][host]
-        assert a["status"] == b["status"] == "ok", (a, b)
-        assert _shape(a["findings"]) == _shape(b["findings"])
-        assert a["checks"] == b["checks"] == ["zombie_memcg", "unexpected_unit"]
-        assert _shape(a["facts"]) == _shape(b["facts"])
-    assert ours["summary"] == theirs["summary"]
+        a, b, c = ours["hosts"][host], theirs["hosts"][host], alias["hosts"][host]
+        assert a["status"] == b["status"] == c["status"] == "ok", (a, b, c)
+        assert _shape(a["findings"]) == _shape(b["findings"]) == _shape(c["findings"])
+        assert a["checks"] == b["checks"] == c["checks"] == ["zombie_memcg", "unexpected_unit"]
+        assert _shape(a["facts"]) == _shape(b["facts"]) == _shape(c["facts"])
+    assert ours["summary"] == theirs["summary"] == alias["summary"]
 
 
 def test_a_closed_port_is_unreachable_and_the_other_hosts_are_scanned(tmp_path: Path) -> None:
@@ -176,7 +184,7 @@ def test_a_closed_port_is_unreachable_and_the_other_hosts_are_scanned(tmp_path: 
             "gone": {"ansible_host": "127.0.0.1", "ansible_port": 1},
         },
     )
-    rc, report = _scan(inventory, "ssh", "--host-timeout", "20")
+    rc, report = _scan(inventory, None, "--host-timeout", "20")
     assert rc == 3
     gone = report["hosts"]["gone"]
     assert gone["status"] == "unreachable"
@@ -197,7 +205,7 @@ def test_a_host_past_its_timeout_is_reported_timed_out(tmp_path: Path) -> None:
     inventory = _inventory(
         tmp_path, {"stuck": {"ansible_connection": "local", "ansible_python_interpreter": str(slow)}}
     )
-    rc, report = _scan(inventory, "ssh", "--host-timeout", "2")
+    rc, report = _scan(inventory, None, "--host-timeout", "2")
     stuck = report["hosts"]["stuck"]
     assert rc == 3
     assert stuck["status"] == "unreachable" and stuck.get("timed_out") is True, stuck
@@ -221,7 +229,7 @@ def test_a_python_that_gives_no_answer_is_scanned_by_ansible(tmp_path: Path) -> 
     inventory = _inventory(
         tmp_path, {"odd": {"ansible_connection": "local", "ansible_python_interpreter": str(wrapper)}}
     )
-    rc, report = _scan(inventory, "ssh")
+    rc, report = _scan(inventory, None)
     assert rc in (0, 1)
     assert report["hosts"]["odd"]["status"] == "ok"
     assert report["transport"]["by_ansible"] == {"odd": "the runner gave no answer (rc 2): no isolated mode"}
@@ -233,7 +241,7 @@ def test_the_runner_cache_is_used_as_the_action_uses_it(tmp_path: Path) -> None:
     inventory = _inventory(
         tmp_path, {"here": {"ansible_connection": "local", "ansible_python_interpreter": PYTHON}}
     )
-    _scan(inventory, "ssh")
+    _scan(inventory, None)
     resolver = _resolver()
     assert (home / f"runner-{resolver.sha}").is_dir()
 
@@ -244,3 +252,52 @@ def test_a_host_address_that_looks_like_an_option_stays_the_destination() -> Non
     argv = list(_resolver().target(_host(ansible_host="-oProxyCommand=touch /tmp/owned"), 60).argv)
     assert argv[argv.index("--") + 1] == "-oProxyCommand=touch /tmp/owned"
     assert argv.index("--") == len(argv) - 3
+
+
+def test_an_unknown_transport_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from fleetops import api
+    from fleetops.errors import UsageError
+
+    inventory = _inventory(tmp_path, {"here": {"ansible_connection": "local"}})
+    out = tmp_path / "r.json"
+    with pytest.raises(UsageError, match=r"^--transport: 'paramiko' is not one of auto, ansible, ssh$"):
+        api.scan(api.ScanRequest(inventory=[inventory], output=out, transport="paramiko"))
+    assert not out.exists() and not out.with_name("r.json.partial").exists()
+    result = fleetops("scan", "-i", str(inventory), "--transport", "paramiko")
+    assert result.rc == 2 and "invalid choice: 'paramiko'" in result.stderr and not result.stdout
+
+
+def test_ctrl_c_without_a_cancel_event_ends_the_ssh_commands_at_once(tmp_path: Path) -> None:
+    """A pass's or a gate's scan has no ``cancel``: a KeyboardInterrupt (or a signal's exception) in the
+    scanning thread kills the running commands (each in a session of its own, out of the terminal's reach)
+    and starts no more, instead of waiting for every host."""
+    import signal
+    import threading
+    import time
+
+    pids = tmp_path / "pids"
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    slow.chmod(0o755)
+    hosts = [
+        _host(f"h{i}", ansible_connection="local", ansible_python_interpreter=str(slow)) for i in range(3)
+    ]
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2:
+            time.sleep(0.05)
+        os.kill(
+            os.getpid(), signal.SIGINT
+        )  # a real Ctrl-C: Python raises KeyboardInterrupt in the main thread
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        direct.run(hosts, {}, forks=2, host_timeout=60, connect_timeout=None)
+    assert time.monotonic() - started < 20
+    running = [int(p) for p in pids.read_text().split()]
+    assert len(running) == 2  # forks 2: the third host never started
+    for pid in running:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped

@@ -189,6 +189,30 @@ def test_hosts_without_a_result_are_counted_and_the_first_named() -> None:
     assert "groups most affected" not in text  # no AZs known (a merged report): no such table
 
 
+@pytest.mark.parametrize("size", [3, 3000])
+def test_the_hosts_ansible_playbook_scanned_instead_of_the_direct_path_are_said_once(size: int) -> None:
+    """The default transport's hosts it could not serve (``transport.by_ansible``): one note line naming the
+    first ten with why, in the rows and in the summary; never a failure (their status is their scan's)."""
+    hosts, _ = fleet(size)
+    names = sorted(hosts)[:12]
+    by_ansible = {h: f"connection winrm {i}" for i, h in enumerate(names)}
+    report = {**report_of(hosts), "transport": {"name": "auto", "by_ansible": by_ansible}}
+    schemas.validate_scan_report(report, "the report")
+    text = render(report)
+    (note,) = [ln for ln in text.splitlines() if "scanned by ansible-playbook" in ln]
+    shown = list(by_ansible.items())[: min(10, len(names))]
+    assert note.startswith(
+        f"note: {len(by_ansible)} host(s) scanned by ansible-playbook, which the direct path"
+    )
+    assert "; ".join(f"{h} ({why})" for h, why in shown) in note
+    assert note.endswith(f"... and {len(names) - 10} more") == (len(names) > 10)
+    assert not any(h in note for h in names[10:])
+    plain = render({**report, "transport": {"name": "auto", "by_ansible": {}}})
+    assert "ansible-playbook" not in plain and "ansible-playbook" not in render(
+        {**report, "transport": {"name": "ansible"}}
+    )
+
+
 def test_all_lists_every_host_and_the_threshold_is_where_the_help_says() -> None:
     hosts, _ = fleet(400)
     text = render(report_of(hosts), show_all=True)

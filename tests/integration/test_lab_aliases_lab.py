@@ -3,8 +3,8 @@
 Two lab hosts with three addresses each and one dead address: the inventory lists the seven, every
 alias is reached at its own address and lands on its own host (its boot id; sshd's host key checked
 strictly against the lab's known_hosts), a fault injected on lab-02 shows on all of lab-02's aliases
-and on none of lab-01's, the same through both scan transports, and the dead address times out (a gone
-instance), not refused at once. ``up`` without ``--addresses`` takes the aliases away again.
+and on none of lab-01's, the same through both scan transports (the default and ansible), and the dead
+address times out (a gone instance), not refused at once. ``up`` without ``--addresses`` takes the aliases away again.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ def lab() -> Iterator[Lab]:
 
 
 def _scan(lab: Lab, transport: str) -> dict[str, Any]:
+    """``fleetops scan --transport TRANSPORT`` ("auto": no --transport, the default)."""
+    chosen = [] if transport == "auto" else ["--transport", transport]
     proc = subprocess.run(
-        [str(FLEETOPS), "scan", "-i", str(lab.inventory_path()), "--checks", "gpu_health", "--transport",
-         transport, "--host-timeout", str(HOST_TIMEOUT_S), "--format", "json", "-q"],
+        [str(FLEETOPS), "scan", "-i", str(lab.inventory_path()), "--checks", "gpu_health", *chosen,
+         "--host-timeout", str(HOST_TIMEOUT_S), "--format", "json", "-q"],
         capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr[-3000:]  # a host unreachable: the dead one
@@ -62,7 +64,7 @@ def test_every_alias_is_its_own_address_on_its_own_host_and_the_dead_one_times_o
     boot_id = "cat /proc/sys/kernel/random/boot_id"
     boots = {h: lab.run(h, boot_id, check=True).stdout.strip() for h in ("lab-01", "lab-02")}
     assert boots["lab-01"] != boots["lab-02"]
-    results = {t: _scan(lab, t) for t in ("ssh", "ansible")}
+    results = {t: _scan(lab, t) for t in ("auto", "ansible")}
     for transport, report in results.items():
         got = report["hosts"]
         assert set(got) == set(hosts), transport
@@ -79,8 +81,9 @@ def test_every_alias_is_its_own_address_on_its_own_host_and_the_dead_one_times_o
             transport,
             dead["msg"],
         )
-    # the two transports agree host by host
-    assert {h: e["status"] for h, e in results["ssh"]["hosts"].items()} == {
+    # the two transports agree host by host; the default served every host on the direct path
+    assert results["auto"]["transport"] == {"name": "auto", "by_ansible": {}}
+    assert {h: e["status"] for h, e in results["auto"]["hosts"].items()} == {
         h: e["status"] for h, e in results["ansible"]["hosts"].items()
     }
 

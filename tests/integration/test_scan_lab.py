@@ -70,23 +70,24 @@ def test_limit_narrows_the_scan(lab: Lab) -> None:
 
 
 def test_the_fast_path_and_the_module_find_the_same_faults(lab: Lab) -> None:
-    """node_health's action runs the staged runner (one command per host) unless told to run the module
-    (FLEETOPS_NODE_HEALTH_MODULE=1), and ``--transport ssh`` runs the same runner without ansible-playbook:
-    over ssh, on hosts with distinct faults, all three report the same findings. The unit tests compare
-    them over the local connection (tests/unit/plugins/action, tests/fleetops/test_scan_direct.py)."""
+    """Through ansible-playbook (``--transport ansible``) node_health's action runs the staged runner (one
+    command per host) unless told to run the module (FLEETOPS_NODE_HEALTH_MODULE=1), and the default transport
+    (auto; ``ssh`` is its alias) runs the same runner without ansible-playbook on every lab host: over ssh, on
+    hosts with distinct faults, all three report the same findings. The unit tests compare them over the
+    local connection (tests/unit/plugins/action, tests/fleetops/test_scan_direct.py)."""
     hardware.inject_ecc(lab, "lab-02", uncorrected=2)
     # enabled, never started: an unexpected unit on lab-03 only (no crash loop: its rate would move)
     unit = host_faults.install_crashloop_unit(lab, "lab-03", name="stray", start=False)
     try:
         args = ("scan", "-i", str(lab.inventory_path()), "--format", "json", "-q", "-e", "fleetops_imds=never",
                 "-e", '{"fleetops_unit_allowlist": ["ssh.service", "systemd-*"]}')  # fmt: skip
-        runner = fleetops(*args)
-        module = fleetops(*args, env={"FLEETOPS_NODE_HEALTH_MODULE": "1"})
-        own_ssh = fleetops(*args, "--transport", "ssh")  # fleetops' own ssh commands, no ansible-playbook
+        runner = fleetops(*args, "--transport", "ansible")
+        module = fleetops(*args, "--transport", "ansible", env={"FLEETOPS_NODE_HEALTH_MODULE": "1"})
+        default = fleetops(*args)  # the default: fleetops' own ssh commands, no ansible-playbook
     finally:
         hardware.clear_hardware(lab, "lab-02")
         host_faults.remove_crashloop_unit(lab, "lab-03", name="stray")
-    assert runner.rc == module.rc == own_ssh.rc == 1, (runner.stderr, module.stderr, own_ssh.stderr)
+    assert runner.rc == module.rc == default.rc == 1, (runner.stderr, module.stderr, default.stderr)
 
     def findings(report: dict[str, Any], host: str) -> list[tuple[str, str, str]]:
         return sorted(
@@ -94,8 +95,9 @@ def test_the_fast_path_and_the_module_find_the_same_faults(lab: Lab) -> None:
             for f in report["hosts"][host]["findings"]
         )
 
-    ours, theirs, direct = runner.json(), module.json(), own_ssh.json()
-    assert direct["transport"] == {"name": "ssh", "by_ansible": {}}  # every lab host served over ssh
+    ours, theirs, direct = runner.json(), module.json(), default.json()
+    assert direct["transport"] == {"name": "auto", "by_ansible": {}}  # every lab host took the direct path
+    assert ours["transport"] == theirs["transport"] == {"name": "ansible"}
     for host in ("lab-01", "lab-02", "lab-03"):
         assert ours["hosts"][host]["status"] == theirs["hosts"][host]["status"] == "ok"
         assert direct["hosts"][host]["status"] == "ok"
@@ -113,9 +115,10 @@ def test_the_fast_path_and_the_module_find_the_same_faults(lab: Lab) -> None:
 
 
 def test_the_ssh_transport_becomes_root_through_sudo(lab: Lab, tmp_path: Path) -> None:
-    """``ansible_become`` on a host: the ssh transport runs the runner under ``sudo -n`` (the lab hosts have
-    sudo; root may use it without a password), as ansible's sudo become would; a host whose sudo is not
-    there goes through ansible-playbook instead, in the same scan, which fails it as it fails any task there."""
+    """``ansible_become`` on a host: the default transport's direct path runs the runner under ``sudo -n`` (the
+    lab hosts have sudo; root may use it without a password), as ansible's sudo become would; a host whose
+    sudo is not there goes through ansible-playbook instead, in the same scan, which fails it as it fails any
+    task there (the direct path's reason is a note, never the failure)."""
     inventory = yaml.safe_load(lab.inventory_path().read_text())
     hosts = inventory["all"]["children"]["fleetops_lab"]["hosts"]
     hosts["lab-02"]["ansible_become"] = True
@@ -123,13 +126,16 @@ def test_the_ssh_transport_becomes_root_through_sudo(lab: Lab, tmp_path: Path) -
     inv = tmp_path / "become.yml"
     inv.write_text(yaml.safe_dump(inventory))
     # the lab's remote user is root: ansible (and this transport) skip become to the same user unless told
-    result = fleetops("scan", "-i", str(inv), "--transport", "ssh", "--format", "json", "-q",
+    result = fleetops("scan", "-i", str(inv), "--format", "json", "-q",
                       "--checks", "zombie_memcg", "-e", "fleetops_imds=never",
                       env={"ANSIBLE_BECOME_ALLOW_SAME_USER": "true"})  # fmt: skip
     report = result.json()
     assert result.rc == 3, result.stderr  # lab-03's sudo is nowhere: ansible-playbook fails it too
     assert report["hosts"]["lab-01"]["status"] == report["hosts"]["lab-02"]["status"] == "ok", report["hosts"]
     assert report["hosts"]["lab-03"]["status"] == "failed" and report["hosts"]["lab-03"]["msg"]
+    # ansible-playbook's own failure, never the direct path's reason for handing the host over
+    assert not report["hosts"]["lab-03"]["msg"].startswith("the runner gave no answer")
+    assert report["transport"]["name"] == "auto"
     (why,) = report["transport"]["by_ansible"].values()
     assert list(report["transport"]["by_ansible"]) == ["lab-03"]
     assert why.startswith("the runner gave no answer (rc 127)"), why

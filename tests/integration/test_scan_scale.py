@@ -186,10 +186,12 @@ def test_hung_host_is_unreachable_after_the_host_timeout_and_the_others_arrive(
     lab: Lab, tmp_path: Path
 ) -> None:
     """sshd SIGSTOPped: cold, ssh's connect timeout (half the host timeout) makes it unreachable;
-    behind a live ControlPersist master (a scan moments before), the task timeout does."""
+    through ansible-playbook behind a live ControlPersist master (a scan moments before), the task timeout
+    does. The default transport's direct path shares no connection: it is always cold."""
     host_timeout = 8
     warm, cold = tmp_path / "warm", tmp_path / "cold"
-    first = _scan(lab, host_timeout, warm)  # leaves ControlPersist masters to every host
+    ansible = ("--transport", "ansible")  # ControlPersist masters are ansible's ssh plugin's
+    first = _scan(lab, host_timeout, warm, *ansible)  # leaves ControlPersist masters to every host
     assert first.rc in (0, 1), first.stderr
     pids = _sshd_pids(lab, HUNG)
     for pid in pids:
@@ -198,8 +200,9 @@ def test_hung_host_is_unreachable_after_the_host_timeout_and_the_others_arrive(
         # warm first, while the first scan's masters are fresh (a loaded CI machine once let the cold
         # scan run long enough before it that the warm one found no live master to hide the hang)
         outcomes = {
-            "warm": _timed_scan(lab, host_timeout, warm),
-            "cold": _timed_scan(lab, host_timeout, cold),
+            "warm": _timed_scan(lab, host_timeout, warm, *ansible),
+            "cold": _timed_scan(lab, host_timeout, cold, *ansible),
+            "default": _timed_scan(lab, host_timeout, tmp_path / "default"),
         }
     finally:
         for pid in pids:
@@ -216,8 +219,10 @@ def test_hung_host_is_unreachable_after_the_host_timeout_and_the_others_arrive(
         # every other host answered while the hung one was waited for, and the wait was bounded
         assert elapsed < host_timeout + 15, (kind, elapsed)
         assert f"{HUNG}: unreachable" in result.stderr, (kind, result.stderr)
-    assert "banner exchange" in outcomes["cold"][0].json()["hosts"][HUNG]["msg"]
+    for kind in ("cold", "default"):
+        assert "banner exchange" in outcomes[kind][0].json()["hosts"][HUNG]["msg"], kind
     assert outcomes["warm"][0].json()["hosts"][HUNG]["timed_out"] is True
+    assert outcomes["default"][0].json()["transport"] == {"name": "auto", "by_ansible": {}}
     # the host is fine again once sshd runs
     again = _scan(lab, host_timeout, tmp_path / "again", "--limit", HUNG)
     assert again.json()["hosts"][HUNG]["status"] == "ok", again.stderr
@@ -230,9 +235,9 @@ def _scan(lab: Lab, host_timeout: int, control_dir: Path, *extra: str) -> CliRes
     )  # fmt: skip
 
 
-def _timed_scan(lab: Lab, host_timeout: int, control_dir: Path) -> tuple[CliResult, float]:
+def _timed_scan(lab: Lab, host_timeout: int, control_dir: Path, *extra: str) -> tuple[CliResult, float]:
     started = time.monotonic()
-    result = _scan(lab, host_timeout, control_dir)
+    result = _scan(lab, host_timeout, control_dir, *extra)
     return result, time.monotonic() - started
 
 

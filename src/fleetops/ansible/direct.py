@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -110,7 +111,11 @@ def _load_ansible() -> None:
 
         install_ansible_loader()  # ansible's collection finder, as the in-process inventory listing uses
 
-        connection_loader.get("ssh", class_only=True)
+        with warnings.catch_warnings():
+            # ansible's ssh-agent support imports cryptography's DSA, which newer cryptography (51.0.1 here)
+            # deprecates with a warning on stderr: ansible-playbook's own, not this scan's to print
+            warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"ansible\._internal\._ssh")
+            connection_loader.get("ssh", class_only=True)
         become_loader.get("sudo", class_only=True)
         load("plugins.action.node_health")
 
@@ -380,7 +385,14 @@ def run(
     watcher.start()
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(forks, len(targets) or 1))) as pool:
-            list(pool.map(one, targets))
+            try:
+                list(pool.map(one, targets))
+            except BaseException:
+                # Ctrl-C or a signal's exception in this thread (a pass's or a rollout's scan has no
+                # ``cancel``): end the running ssh commands (each in a session of its own, out of the
+                # terminal's reach) and start no more, so the pool's shutdown does not wait for every host
+                calls.cancel()
+                raise
     finally:
         stop.set()
         watcher.join()

@@ -84,7 +84,16 @@ from fleetops.rollout.budget import FailureBudget
 from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
 from fleetops.rollout.lease import connection_for, lease_targets
 from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator
-from fleetops.scan import FAIL_ON, PartialReport, ScanOptions, run_scan, shard_hosts, with_nodes, write_report
+from fleetops.scan import (
+    FAIL_ON,
+    TRANSPORTS,
+    PartialReport,
+    ScanOptions,
+    run_scan,
+    shard_hosts,
+    with_nodes,
+    write_report,
+)
 from fleetops.scan import selection_record as _selection_record
 from fleetops.util import check_writable
 
@@ -176,6 +185,8 @@ def scan(
         raise UsageError(f"--zombie-warning ({warning}) must not exceed --zombie-critical ({critical})")
     if request.fail_on not in FAIL_ON:
         raise UsageError(f"--fail-on: {request.fail_on!r} is not one of {', '.join(FAIL_ON)}")
+    if request.transport not in TRANSPORTS:
+        raise UsageError(f"--transport: {request.transport!r} is not one of {', '.join(TRANSPORTS)}")
     # what the hosts would be sent, checked here as node_health would check it on each of them
     if request.checks:
         knobs.check_checks(request.checks)
@@ -447,8 +458,11 @@ def _auto(
     inventories = paths.resolve_inventories(request.inventory)
     listing = _selected(inventories, request.limit, request.group_by)
     hosts = listing.hosts
+    # the default transport (the direct path, ansible-playbook for the hosts it cannot serve), on the hosts
+    # listed above: no second listing
     report_ = run_scan(
-        ScanOptions(inventory=inventories, limit=request.limit, sample_seconds=request.sample_seconds)
+        ScanOptions(inventory=inventories, limit=request.limit, sample_seconds=request.sample_seconds),
+        hosts=hosts,
     )
     if request.exclude:
         left_out = set(request.exclude)

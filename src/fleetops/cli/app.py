@@ -42,7 +42,7 @@ from fleetops.cli.args import (
 )
 from fleetops.cli.errors import run_main
 from fleetops.errors import UsageError
-from fleetops.scan import FAIL_ON, FAIL_ON_DEFAULT, MAX_FORKS, TRANSPORTS
+from fleetops.scan import DEFAULT_TRANSPORT, FAIL_ON, FAIL_ON_DEFAULT, MAX_FORKS, TRANSPORTS
 from fleetops.util import DAY_S, HOUR_S
 
 _Parser = Parser  # the name tests and older callers use
@@ -159,11 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument(
         "--transport",
         choices=TRANSPORTS,
-        default="ansible",
-        help="how hosts are reached: ansible (ansible-playbook runs playbooks/scan.yml, as AWX does) or ssh "
-        "(one ssh command a host from fleetops itself, the same runner and results, less controller CPU; "
-        "a host it cannot serve, such as one needing a become password or another connection type, goes through "
-        "ansible-playbook, in the same scan) (default: ansible)",
+        default=DEFAULT_TRANSPORT,
+        help="how hosts are reached: auto (one ssh command a host from fleetops itself, the same runner and "
+        "results for a seventh of the controller CPU, for every host it can serve; a host it cannot, such as one "
+        "needing a become password or another connection type, goes through ansible-playbook in the same scan, "
+        "named in the report's transport.by_ansible), ansible (ansible-playbook runs playbooks/scan.yml for every "
+        f"host, as AWX's scan template does) or ssh (auto's alias) (default: {DEFAULT_TRANSPORT})",
     )
     scan.add_argument(
         "--shard",

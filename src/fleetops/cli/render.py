@@ -246,6 +246,9 @@ def render_scan(
         render_scan_rows(report, console)
     else:
         render_scan_summary(report, console, groups)
+    by_ansible = transport_note(report)
+    if by_ansible:
+        console.print(by_ansible, soft_wrap=True)  # one line, whatever the width
     s = report["summary"]
     fs = s["findings"]
     console.print(
@@ -256,6 +259,20 @@ def render_scan(
         + (f"; {s['errors']:,} detector error(s)" if s.get("errors") else "")
         + (f"; {s['node_errors']:,} scheduler node(s) not read" if s.get("node_errors") else "")
         + (" [bold yellow](interrupted: partial report)[/]" if report.get("interrupted") else "")
+    )
+
+
+def transport_note(report: Mapping[str, Any], n: int = NAMED_PER_STATUS) -> str | None:
+    """The one line that says which hosts ansible-playbook scanned because the direct path (``--transport``
+    auto or ssh) cannot serve them, and why (the first ``n`` named); None when there are none."""
+    by_ansible: Mapping[str, str] = (report.get("transport") or {}).get("by_ansible") or {}
+    if not by_ansible:
+        return None
+    named = "; ".join(f"{host} ({why})" for host, why in list(by_ansible.items())[:n])
+    more = f" ... and {len(by_ansible) - n:,} more" if len(by_ansible) > n else ""
+    return (
+        f"[dim]note: {len(by_ansible):,} host(s) scanned by ansible-playbook, which the direct path cannot "
+        f"serve: {escape(named)}{more}[/]"
     )
 
 

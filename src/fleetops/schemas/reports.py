@@ -12,7 +12,7 @@ from fleetops.documents import (
     problem,
 )
 from fleetops.schemas.models import Dimension, Epoch, HostName, NonNegInt, Seconds, Severity, _Open
-from fleetops.util import DRIFT_SCHEMA, SCAN_HOST_SCHEMA, SCAN_SCHEMA
+from fleetops.util import DRIFT_SCHEMA, SCAN_HOST_SCHEMA, SCAN_SCHEMA, ScanTransportName
 
 # -------------------------------------------------------------- scan report (fleetops.scan/v1)
 
@@ -284,10 +284,15 @@ class MergedFrom(_Open):
 
 
 class ScanTransport(_Open):
-    """``fleetops scan --transport ssh``: the hosts ansible-playbook scanned instead, and why."""
+    """``fleetops scan --transport``: how the hosts were reached. auto (the default) and ssh, its alias: the
+    direct path (fleetops' own ssh command a host) for every host but those in ``by_ansible``, which
+    ansible-playbook scanned instead (and why); ansible: ansible-playbook for every host."""
 
-    name: Literal["ssh"]
-    by_ansible: dict[HostName, str] = Field(default_factory=dict)
+    name: ScanTransportName
+    by_ansible: dict[HostName, str] | None = Field(
+        default=None,
+        description="auto and ssh: the hosts ansible-playbook scanned, and why; absent with ansible",
+    )
 
 
 class ScanReport(_Open):
@@ -305,7 +310,9 @@ class ScanReport(_Open):
     merged: MergedFrom | None = Field(
         default=None, description="fleetops merge: absent in a scan's own report"
     )
-    transport: ScanTransport | None = Field(default=None, description="--transport ssh only")
+    transport: ScanTransport | None = Field(
+        default=None, description="absent in older reports and merged ones"
+    )
     hosts: dict[str, ScanHost]
     summary: ScanSummary
     interrupted: bool = False
