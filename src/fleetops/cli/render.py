@@ -63,15 +63,24 @@ def not_full(entry: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def coverage_lines(hosts: Mapping[str, Mapping[str, Any]], named: int | None = None) -> list[str]:
-    """One line per host and check that could not look fully, with the reason (``named``: at most that
-    many hosts per check and reason, then a count)."""
+    """A line per check and reason that could not look fully, with its hosts. ``named`` (a summarised
+    fleet): a line per check and level, its hosts counted and the first ``named`` of them named, and its
+    most common reason (reasons that hold counts differ from host to host)."""
     grouped: dict[tuple[str, str, str], list[str]] = {}
     for host, entry in hosts.items():
         for check, cov in not_full(entry).items():
-            grouped.setdefault((check, str(cov.get("level")), str(cov.get("reason") or "")), []).append(host)
+            reason = "" if named is not None else str(cov.get("reason") or "")
+            grouped.setdefault((check, str(cov.get("level")), reason), []).append(host)
     lines = []
     for (check, level, reason), names in grouped.items():
-        who = _names(names, named) if named is not None else escape(" ".join(names))
+        if named is None:
+            who = escape(" ".join(names))
+        else:
+            common = Counter(
+                str(hosts[h]["coverage"][check].get("reason") or "") for h in names
+            ).most_common()
+            reason = common[0][0] + (f" (and {len(common) - 1:,} other reason(s))" if len(common) > 1 else "")
+            who = f"{len(names):,} host(s) ({_names(names, named)})"
         lines.append(f"  [yellow]{'partial':8}[/] {who}: {escape(check)} ({level}): {escape(reason)}")
     return lines
 
