@@ -409,7 +409,8 @@ facts:
       type: dict
     gpu:
       description:
-        - Facts of C(gpu_health). C(nvidia_smi) (installed), C(nvidia_driver) (the kernel module is loaded), C(smi_error), C(gpus) (per GPU C(index), C(pci_bus_id),
+        - Facts of C(gpu_health). C(nvidia_smi) (installed), C(nvidia_driver) (the kernel module is loaded), C(smi_error),
+          C(gpus) (per GPU C(index), C(pci_bus_id),
           C(uuid), C(name), C(ecc_mode), C(ecc_uncorrected_volatile), C(ecc_corrected_volatile),
           C(ecc_uncorrected_aggregate), C(retired_pages_pending), C(remapped_rows_correctable),
           C(remapped_rows_uncorrectable), C(remapped_rows_pending), C(remapped_rows_failure); null where the GPU
