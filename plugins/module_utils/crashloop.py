@@ -19,6 +19,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import time
 
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
@@ -37,6 +38,8 @@ SHOW_PROPS = (
     "UnitFilePreset,FragmentPath,Restart,ActiveEnterTimestampMonotonic,InactiveEnterTimestampMonotonic"
 )
 VENDOR_DIRS = ("/lib/systemd/", "/usr/lib/systemd/", "/usr/local/lib/systemd/")
+# Where journald keeps the system journal (persistent, volatile): <dir>/<machine-id>/system.journal.
+JOURNAL_DIRS = ("/var/log/journal", "/run/log/journal")
 FAILED_RESULTS = ("exit-code", "signal", "core-dump", "watchdog", "timeout", "start-limit-hit", "oom-kill")
 
 DEFAULT_THRESHOLDS = dict(
@@ -117,7 +120,28 @@ def parse_list_units(text):
     return units
 
 
-def collect(run, use_journal=True, window_seconds=600, systemd_dir="/run/systemd/system"):
+def system_journal_readable(dirs=JOURNAL_DIRS):
+    """True when this user can read a system journal file, False when one exists and none is readable (a
+    user not root, not in systemd-journal or adm: journalctl then shows only the user's own entries, with
+    exit 0), None when there is no system journal file to tell."""
+    found = False
+    for folder in dirs:
+        try:
+            machines = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for machine in machines:
+            path = os.path.join(folder, machine, "system.journal")
+            if os.path.isfile(path):
+                found = True
+                if os.access(path, os.R_OK):
+                    return True
+    return False if found else None
+
+
+def collect(
+    run, use_journal=True, window_seconds=600, systemd_dir="/run/systemd/system", journal_dirs=JOURNAL_DIRS
+):
     """One sample. ``run(argv) -> (rc, stdout, stderr)``.
 
     Cheap at any unit count: one ``list-units`` (a single D-Bus call) and one ``journalctl`` pick
@@ -175,6 +199,7 @@ def collect(run, use_journal=True, window_seconds=600, systemd_dir="/run/systemd
     if counts is None:
         facts["journal_error"] = (jerr or jout).strip()[:200] or "journalctl exit %d" % rc
     elif use_journal:
+        facts["journal_readable"] = system_journal_readable(journal_dirs)
         facts["rate_basis"] = "journal"
         facts["window_seconds"] = window_seconds
         for unit, data in units.items():

@@ -28,6 +28,16 @@ SEVERITIES = ("info", "warning", "critical")
 RESTART_RATE_THRESHOLDS = {"crashloop_warning_per_min": 0.5, "crashloop_critical_per_min": 5.0}
 _SEVERITY_RANK = dict((name, rank) for rank, name in enumerate(SEVERITIES))
 
+# Coverage: whether a check could look at what it checks on this host, declared once (the controller reads
+# these names through fleetops.ansible.facts). "full": it saw everything there is to see; "partial": it saw
+# part (the reason says what it missed and why); "none": it could not look at all (reason). Each level's
+# value is the fleetops_check_coverage gauge's (plugins/module_utils/gauges.py).
+COVERAGE = (("full", 1.0), ("partial", 0.5), ("none", 0.0))
+COVERAGE_LEVELS = tuple(level for level, _value in COVERAGE)
+# A host that answered the scan is "ok" when every check it ran looked fully, else "partial": its findings
+# stand, but a clean result there does not mean clean.
+ANSWERED_STATUSES = ("ok", "partial")
+
 
 class DetectorError(Exception):
     """A detector could not run: unreadable or malformed input.
@@ -77,6 +87,23 @@ def restart_rate_severity(rate, limits):
     if rate >= limits["crashloop_warning_per_min"]:
         return "warning"
     return None
+
+
+def make_coverage(level, reason=None):
+    """One check's coverage: ``{"level": full|partial|none, "reason": text or None}``; a level other than
+    full needs its reason."""
+    if level not in COVERAGE_LEVELS:
+        raise ValueError("unknown coverage %r (expected one of %s)" % (level, ", ".join(COVERAGE_LEVELS)))
+    if level != "full" and not reason:
+        raise ValueError("coverage %s needs a reason" % level)
+    return {"level": level, "reason": reason or None}
+
+
+def answered_status(coverage):
+    """The status of a host that answered, from its ``coverage`` ({check: make_coverage(...)}): "ok" when
+    every check looked fully, else "partial"."""
+    full = all((c or {}).get("level") == "full" for c in (coverage or {}).values())
+    return ANSWERED_STATUSES[0] if full else ANSWERED_STATUSES[1]
 
 
 def make_error(check, msg):

@@ -22,7 +22,11 @@ __metaclass__ = type
 import collections
 import math
 
-from ansible_collections.fleetops.node.plugins.module_utils.findings import SEVERITIES
+from ansible_collections.fleetops.node.plugins.module_utils.findings import (
+    ANSWERED_STATUSES,
+    COVERAGE,
+    SEVERITIES,
+)
 
 PREFIX = "fleetops"
 
@@ -39,7 +43,7 @@ Gauge = collections.namedtuple("Gauge", ["name", "help", "labels", "scope"])
 
 # In the order the controller's textfile lists them (prometheus_client writes families in creation order).
 GAUGES = (
-    Gauge("scan_host_up", "1 when the host answered the scan (status ok), else 0", ("host",), "host"),
+    Gauge("scan_host_up", "1 when the host answered the scan (status ok or partial), else 0", ("host",), "host"),
     Gauge("scan_host_status", "1 for the host's scan status", ("host", "status"), "host"),
     Gauge("scan_host_duration_seconds", "Time the node_health module took on the host", ("host",), "host"),
     Gauge("memcg_total", "Memory cgroups the kernel holds (live + dying; host-wide)", ("host",), "host"),
@@ -88,6 +92,13 @@ GAUGES = (
     Gauge("host_info", "1, labelled with the host's kernel and OS (drift)", ("host", "kernel", "os"), "host"),
     Gauge("detector_errors", "Detectors that could not run on the host", ("host",), "host"),
     Gauge(
+        "check_coverage",
+        "Whether each check that ran could look: %s"
+        % ", ".join("%g %s" % (value, level) for level, value in COVERAGE),
+        ("host", "check"),
+        "host",
+    ),
+    Gauge(
         "ena_resets",
         "ENA NIC resets since the driver loaded, all ENA interfaces (ena_resets)",
         ("host",),
@@ -135,6 +146,7 @@ GAUGES = (
     Gauge("scan_hosts", "Hosts in the scan by status", ("status",), "controller"),
 )
 BY_NAME = dict((g.name, g) for g in GAUGES)
+_COVERAGE_VALUE = dict(COVERAGE)
 
 
 def metric_name(name):
@@ -159,7 +171,7 @@ def host_series(host, entry):
     def add(name, labels, value):
         out.append((name, (host,) + tuple(labels), value))
 
-    ok = entry["status"] == "ok"
+    ok = entry["status"] in ANSWERED_STATUSES
     add("scan_host_up", (), 1 if ok else 0)
     add("scan_host_status", (entry["status"],), 1)
     if entry.get("duration_ms") is not None:
@@ -199,6 +211,8 @@ def host_series(host, entry):
     if info.get("kernel"):
         add("host_info", (str(info["kernel"]), str(info.get("os") or "")), 1)
     add("detector_errors", (), len(entry.get("errors") or []))
+    for check, cov in (entry.get("coverage") or {}).items():
+        add("check_coverage", (check,), _COVERAGE_VALUE[cov["level"]])
     _hardware(facts, add)
     _subjects(findings, add)
     return out

@@ -73,6 +73,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 
 from ansible_collections.fleetops.node.plugins.module_utils import kernlog
@@ -85,6 +86,8 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
 )
 
 CHECK = "gpu_health"
+# Present while the NVIDIA kernel driver is loaded: only then can Xid lines reach the kernel log.
+NVIDIA_DRIVER_DIR = "/sys/module/nvidia"
 SMI_FIELDS = (
     "index", "pci.bus_id", "uuid", "name", "ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
     "ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.aggregate.total", "retired_pages.pending",
@@ -256,7 +259,7 @@ def parse_smi_csv(text):
     return gpus
 
 
-def collect(run, log=None, nvidia_smi=None):
+def collect(run, log=None, nvidia_smi=None, driver_dir=NVIDIA_DRIVER_DIR):
     """One sample. ``run(argv) -> (rc, stdout, stderr)``; ``log`` is a ``kernlog.read`` result."""
     log = log if log is not None else kernlog.read(run)
     events = parse_log(log["lines"])
@@ -274,6 +277,7 @@ def collect(run, log=None, nvidia_smi=None):
             gpus = parse_smi_csv(out)
     return {
         "nvidia_smi": smi is not None,
+        "nvidia_driver": os.path.isdir(driver_dir),
         "smi_error": smi_error,
         "gpus": gpus,
         "kernel_log": kernlog.summary(log),

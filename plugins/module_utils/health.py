@@ -20,6 +20,7 @@ import time
 
 from ansible_collections.fleetops.node.plugins.module_utils import (
     containers,
+    coverage,
     cpustat,
     crashloop,
     ec2events,
@@ -346,7 +347,7 @@ def module_result(result):
     """node_health's task result for run_checks' ``result``: the result itself, unchanged (read-only), and as a
     facts module the same data under the one fact ``fleetops_node_health`` (the module, its action's runner
     path and ``fleetops scan --transport ssh`` all answer this)."""
-    fact = dict((key, result[key]) for key in ("facts", "findings", "errors", "checks"))
+    fact = dict((key, result[key]) for key in ("facts", "findings", "errors", "checks", "coverage"))
     return dict(result, changed=False, ansible_facts={"fleetops_node_health": fact})
 
 
@@ -386,10 +387,16 @@ def run_checks(params):
     findings = _attribute(facts, findings, params)
     findings = _ucx_growth(facts, findings, params)
     facts["host"] = units.host_facts()  # always: what the host is, for drift reports (no process run)
+    # whether each requested check could look (coverage.of): none for one that could not run
+    covered = collections.OrderedDict(
+        (name, coverage.of(name, facts.get(DETECTORS[name].fact_key) if name in samples else None, errors))
+        for name in names
+    )
     return {
         "facts": facts,
         "findings": findings,
         "errors": errors,
         "checks": names,
+        "coverage": covered,
         "duration_ms": round((time.monotonic() - started) * 1000.0, 3),
     }

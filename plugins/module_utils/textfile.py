@@ -136,7 +136,8 @@ def which(name):
 
 def series(config, result, started):
     """The host's gauges for one node_health ``result``: its "host" gauges and the run's own."""
-    out = gauges.host_series(config["host"], dict(result, status="ok"))
+    status = findings.answered_status(result.get("coverage"))  # ok, or partial: a check could not look fully
+    out = gauges.host_series(config["host"], dict(result, status=status))
     out.append(("scan_duration_seconds", (), float(result["duration_ms"]) / 1000.0))
     out.append(("scan_timestamp_seconds", (), float(started)))
     return out

@@ -258,7 +258,7 @@ ansible_facts:
   type: dict
   contains:
     fleetops_node_health:
-      description: C(facts), C(findings), C(errors) and C(checks), as below.
+      description: C(facts), C(findings), C(errors), C(checks) and C(coverage), as below.
       type: dict
       returned: always
 checks:
@@ -267,6 +267,19 @@ checks:
   type: list
   elements: str
   sample: [zombie_memcg]
+coverage:
+  description:
+    - Per detector asked for, whether it could look on this host. C(level) is C(full) (it saw everything there is
+      to see), C(partial) (part of it) or C(none) (nothing, as where systemd is not PID 1, or the detector could
+      not run); C(reason) says what it missed and why (null when full).
+    - For example C(crashloop_unit) and C(unexpected_unit) are C(none) where systemd is not PID 1,
+      C(ucx_mmap_hooks) C(partial) when the memory maps of some processes cannot be read (another user's), and
+      C(zombie_memcg) C(partial) in a cgroup namespace. No docker, no ENA interface or no NVIDIA driver is C(full).
+  returned: always
+  type: dict
+  sample:
+    zombie_memcg: {level: full, reason: null}
+    crashloop_unit: {level: none, reason: "systemd is not PID 1 on this host: no service to read"}
 facts:
   description: Facts per detector, keyed by fact name; a detector that failed has no key here.
   returned: always
@@ -309,6 +322,8 @@ facts:
           restarted or failed, keyed by unit, with C(n_restarts), C(restarts_per_min),
           C(restarts_in_window), C(sub_state), C(result), C(unit_file_state), C(vendor_unit).
         - C(rate_basis) is C(samples), C(journal), or null (no rate could be measured).
+        - C(journal_readable) (with the journal's rate) is false when a system journal file exists that this user
+          cannot read (it then counts none of the system's restarts), null when there is no such file.
       returned: when crashloop_unit ran without error
       type: dict
     anon_rss:
@@ -394,7 +409,8 @@ facts:
       type: dict
     gpu:
       description:
-        - Facts of C(gpu_health). C(nvidia_smi) (installed), C(smi_error), C(gpus) (per GPU C(index), C(pci_bus_id),
+        - Facts of C(gpu_health). C(nvidia_smi) (installed), C(nvidia_driver) (the kernel module is loaded), C(smi_error),
+          C(gpus) (per GPU C(index), C(pci_bus_id),
           C(uuid), C(name), C(ecc_mode), C(ecc_uncorrected_volatile), C(ecc_corrected_volatile),
           C(ecc_uncorrected_aggregate), C(retired_pages_pending), C(remapped_rows_correctable),
           C(remapped_rows_uncorrectable), C(remapped_rows_pending), C(remapped_rows_failure); null where the GPU

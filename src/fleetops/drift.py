@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from fleetops.ansible.facts import answered
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.util import DRIFT_SCHEMA, SCAN_SCHEMA
@@ -180,11 +181,11 @@ def build_drift(
             raise UsageError(f"cannot group by {dim!r}: choose from {', '.join(DIMENSIONS)}")
     entries: Mapping[str, Mapping[str, Any]] = report.get("hosts") or {}
     hostvars = hostvars or {}
-    compared = {h: HostFacts(e) for h, e in sorted(entries.items()) if e.get("status") == "ok"}
+    compared = {h: HostFacts(e) for h, e in sorted(entries.items()) if answered(e)}
     not_compared = {
         h: {"status": e.get("status"), "msg": e.get("msg", "")}
         for h, e in sorted(entries.items())
-        if e.get("status") != "ok"
+        if not answered(e)
     }
     facts = sorted({f for hf in compared.values() for f in hf.values})
     reference = _majorities(compared, facts)

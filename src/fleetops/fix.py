@@ -111,7 +111,7 @@ def fix_plan_from_report(
     plan: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for host, entry in sorted(report["hosts"].items()):
-        if entry["status"] != "ok":
+        if not facts.answered(entry):  # ok or partial: its findings stand
             why = f" ({entry['msg']})" if entry.get("msg") else ""
             notes.append(f"{host}: {entry['status']} in the scan, left alone{why}")
             continue

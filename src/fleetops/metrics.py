@@ -43,8 +43,8 @@ def build_registry(report: dict[str, Any]) -> CollectorRegistry:
         made["scan_timestamp_seconds"].set(started.timestamp())
     else:
         reg.unregister(made["scan_timestamp_seconds"])  # no start time (an older report): no wrong one
-    for key in ("ok", "unreachable", "failed"):
-        made["scan_hosts"].labels(key).set(report["summary"][key])
+    for key in (*facts.answered_statuses(), "unreachable", "failed"):
+        made["scan_hosts"].labels(key).set(report["summary"].get(key, 0))
     nodes = {h: e["node"] for h, e in report["hosts"].items() if e.get("node")}
     # the controller's reading of the scheduler (fleetops.nodes.scan_view): not a host timer's gauge
     if nodes:

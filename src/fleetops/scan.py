@@ -60,13 +60,17 @@ PARTIAL_SCHEMA = "fleetops.scan.partial/v1"
 TRANSPORTS = SCAN_TRANSPORTS
 DEFAULT_TRANSPORT = "auto"
 DIRECT_TRANSPORTS = ("auto", "ssh")  # the direct path first, ansible-playbook for the rest
-# --fail-on: the findings that make a scan exit 1 (FINDINGS). "warning", the default, is the exit code a
-# scan always had; "critical" lets a schedule (a timer, a CI job) stay green on warnings; "never" leaves
-# findings to the report and the metrics. A host that could not be scanned exits 3 whatever it says.
+# --fail-on: what makes a scan exit 1 (FINDINGS): findings of these severities, and with PARTIAL a host that
+# answered partial (a check could not look fully). "warning", the default, is the exit code a scan always
+# had (a partial host alone exits 0: its status, reason and gauge say it); "critical" lets a schedule (a
+# timer, a CI job) stay green on warnings; "partial" is "warning" that also fails on blind spots; "never"
+# leaves findings to the report and the metrics. A host that could not be scanned exits 3 whatever it says.
+PARTIAL = "partial"
 FAIL_ON: dict[str, tuple[str, ...]] = {
     "never": (),
     "warning": ("critical", "warning"),
     "critical": ("critical",),
+    "partial": ("critical", "warning", PARTIAL),
 }
 FAIL_ON_DEFAULT = "warning"
 
@@ -146,13 +150,17 @@ def host_entry(results: Sequence[TaskResult]) -> dict[str, Any]:
     if scan.status == "failed":
         return {"status": "failed", "msg": scan.msg, "findings": [], "facts": {}}
     res = scan.result
+    coverage = {str(check): dict(c) for check, c in (res.get("coverage") or {}).items()}
     entry: dict[str, Any] = {
-        "status": "ok",
+        # partial: a check could not look fully (coverage: each check's level and reason)
+        "status": facts.answered_status(coverage),
         "findings": list(res.get("findings") or []),
         "facts": dict(res.get("facts") or {}),
         "errors": list(res.get("errors") or []),
         "checks": list(res.get("checks") or []),
     }
+    if "coverage" in res:  # every node_health of this collection says it; an older one's answer has none
+        entry["coverage"] = coverage
     if res.get("duration_ms") is not None:
         entry["duration_ms"] = res["duration_ms"]
     return entry
@@ -224,7 +232,9 @@ def report_document(
 
 def summarize(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     findings = dict.fromkeys(facts.severities(), 0)
-    status = {"ok": 0, "unreachable": 0, "failed": 0}  # plus not_scanned, in an interrupted scan
+    # ok, partial (answered, a check could not look fully), unreachable, failed; plus not_scanned, in an
+    # interrupted scan
+    status = dict.fromkeys((*facts.answered_statuses(), "unreachable", "failed"), 0)
     errors = node_errors = 0
     for entry in hosts.values():
         status[entry["status"]] = status.get(entry["status"], 0) + 1
@@ -269,12 +279,15 @@ def selection_record(
 def exit_code(report: dict[str, Any], fail_on: str = FAIL_ON_DEFAULT) -> ExitCode:
     """3 if any host was unreachable/failed/not scanned (or a detector could not run, or its scheduler
     could not be read), else 1 on a finding at least as severe as ``fail_on`` (FAIL_ON: by default a
-    warning or critical one; "never": none), else 0. (The CLI exits 130 for an interrupted scan whatever
-    this says.)"""
+    warning or critical one; "never": none) or, with ``partial``, a host that answered partial, else 0.
+    (The CLI exits 130 for an interrupted scan whatever this says.)"""
     s = report["summary"]
     if s["unreachable"] or s["failed"] or s.get("not_scanned") or s.get("errors") or s.get("node_errors"):
         return ExitCode.FAILED
-    if any(s["findings"].get(severity) for severity in FAIL_ON[fail_on]):
+    counted = FAIL_ON[fail_on]
+    if any(s["findings"].get(severity) for severity in counted if severity != PARTIAL):
+        return ExitCode.FINDINGS
+    if PARTIAL in counted and s.get(PARTIAL):
         return ExitCode.FINDINGS
     return ExitCode.OK
 

@@ -483,7 +483,7 @@ def _scan_run(report: dict[str, Any]) -> PlaybookRun:
             run.tasks[host] = [TaskResult(host, "unreachable", "scan", "fleetops.node.node_health",
                                           {"msg": entry["msg"]})]  # fmt: skip
         else:
-            keys = ("findings", "facts", "errors", "checks", "duration_ms")
+            keys = ("findings", "facts", "errors", "checks", "coverage", "duration_ms")
             result = {k: entry[k] for k in keys if k in entry}
             run.tasks[host] = [TaskResult(host, "ok", "scan", "fleetops.node.node_health", result)]
     return run

@@ -62,6 +62,7 @@ def test_contract_keys_and_summary() -> None:
     assert report["summary"] == {
         "hosts": 4,
         "ok": 2,
+        "partial": 0,
         "unreachable": 1,
         "failed": 1,
         "findings": {"critical": 0, "warning": 1, "info": 1},

@@ -110,7 +110,12 @@ def test_built_tarball_installs_into_an_empty_dir_and_scans_localhost(tmp_path: 
     summary = json.loads(stats.group(1))["fleetops_scan"]
     assert list(summary) == ["localhost"]
     entry = summary["localhost"]
-    assert entry["status"] == "ok", entry
+    # ok, or partial with a line per check that could not look (here, where systemd is not PID 1)
+    assert entry["status"] == ("partial" if entry["coverage"] else "ok"), entry
+    if not os.path.isdir("/run/systemd/system"):
+        assert any(
+            line.startswith("crashloop_unit (none): systemd is not PID 1") for line in entry["coverage"]
+        ), entry
     assert set(entry["findings"]) == {"critical", "warning", "info"}
     assert all(isinstance(n, int) and n >= 0 for n in entry["findings"].values())
     assert len(entry["summaries"]) == sum(entry["findings"].values())

@@ -49,7 +49,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, fleetops
+from tests.helpers import FLEETOPS, LAB_ANSWERED, fleetops
 from tests.paths import REPO
 
 IMAGE = "localhost/fleetops-ee:latest"
@@ -188,7 +188,7 @@ def expected(
         for host, entry in report["hosts"].items()
     }
     assert out[GHOST][0] == "unreachable"
-    assert {host for host, (status, _) in out.items() if status == "ok"} == {"lab-01", "lab-02"}
+    assert {host for host, (status, _) in out.items() if status == LAB_ANSWERED} == {"lab-01", "lab-02"}
     # the allow-list leaves units unexpected on every reachable host: there are findings to compare
     assert all(("unexpected_unit", "warning") in out[h][1] for h in ("lab-01", "lab-02")), out
     return out

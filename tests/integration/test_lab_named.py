@@ -20,7 +20,7 @@ import yaml
 from fleetops_lab import Lab
 from fleetops_lab import _system as system
 from fleetops_lab.names import current_name, lab_names
-from tests.helpers import fleetops
+from tests.helpers import LAB_ANSWERED, fleetops
 
 pytestmark = pytest.mark.lab
 
@@ -77,7 +77,7 @@ def test_two_named_labs_boot_and_scan_at_once_each_with_only_its_own_hosts(labs:
         assert result.rc in (0, 1), result.stderr
         report = result.json()
         assert sorted(report["hosts"]) == ["lab-01", "lab-02"]
-        assert {entry["status"] for entry in report["hosts"].values()} == {"ok"}
+        assert {entry["status"] for entry in report["hosts"].values()} == {LAB_ANSWERED}
 
     # a host of one lab cannot reach the other lab's hosts (no route: each lab is its own /24)
     probe = (

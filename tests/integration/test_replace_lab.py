@@ -21,7 +21,7 @@ from fleetops_lab import Lab
 from fleetops_lab import asg as lab_asg
 from fleetops_lab import ec2 as lab_ec2
 from fleetops_lab.ec2sim import client
-from tests.helpers import fleetops
+from tests.helpers import LAB_ANSWERED, fleetops
 
 pytestmark = pytest.mark.lab
 
@@ -151,7 +151,9 @@ def test_replace_dry_run_refusal_and_apply(lab: Lab, env: dict[str, str], tmp_pa
     # The fleet's next scan through the same inventory: lab-04 is a host (at its tagged address), lab-01 gone.
     scan_after = fleetops("scan", "-i", inventory, "--format", "json", "-q", env=env, timeout=300)
     hosts = scan_after.json()["hosts"]
-    assert sorted(hosts) == ["lab-02", "lab-03", "lab-04"] and hosts["lab-04"]["status"] == "ok", hosts
+    assert sorted(hosts) == ["lab-02", "lab-03", "lab-04"] and hosts["lab-04"]["status"] == LAB_ANSWERED, (
+        hosts
+    )
 
 
 def _replace(

@@ -30,7 +30,7 @@ from fleetops.scan import (
     read_partial,
 )
 from fleetops_lab import Lab
-from tests.helpers import FLEETOPS, REPO, CliResult, fleetops
+from tests.helpers import FLEETOPS, LAB_ANSWERED, REPO, CliResult, fleetops
 
 HOSTS = 6
 HUNG = "lab-03"
@@ -215,7 +215,9 @@ def test_hung_host_is_unreachable_after_the_host_timeout_and_the_others_arrive(
         assert hung["status"] == "unreachable", (kind, hung)
         assert re.search("timed out", hung["msg"], re.I), (kind, hung)
         others = {h: e["status"] for h, e in report["hosts"].items() if h != HUNG}
-        assert others == {f"lab-{i:02d}": "ok" for i in range(1, HOSTS + 1) if f"lab-{i:02d}" != HUNG}, kind
+        assert others == {
+            f"lab-{i:02d}": LAB_ANSWERED for i in range(1, HOSTS + 1) if f"lab-{i:02d}" != HUNG
+        }, kind
         # every other host answered while the hung one was waited for, and the wait was bounded
         assert elapsed < host_timeout + 15, (kind, elapsed)
         assert f"{HUNG}: unreachable" in result.stderr, (kind, result.stderr)
@@ -225,7 +227,7 @@ def test_hung_host_is_unreachable_after_the_host_timeout_and_the_others_arrive(
     assert outcomes["default"][0].json()["transport"] == {"name": "auto", "by_ansible": {}}
     # the host is fine again once sshd runs
     again = _scan(lab, host_timeout, tmp_path / "again", "--limit", HUNG)
-    assert again.json()["hosts"][HUNG]["status"] == "ok", again.stderr
+    assert again.json()["hosts"][HUNG]["status"] == LAB_ANSWERED, again.stderr
 
 
 def _scan(lab: Lab, host_timeout: int, control_dir: Path, *extra: str) -> CliResult:
@@ -289,10 +291,10 @@ def test_ctrl_c_mid_scan_leaves_a_valid_partial_report(lab: Lab, tmp_path: Path)
     assert report["interrupted"] is True
     statuses = {h: e["status"] for h, e in report["hosts"].items()}
     assert set(statuses) == {f"lab-{i:02d}" for i in range(1, HOSTS + 1)}, statuses
-    assert all(statuses[h] == "ok" for h in answered), statuses
+    assert all(statuses[h] == LAB_ANSWERED for h in answered), statuses
     not_scanned = [h for h, s in statuses.items() if s == "not_scanned"]
     assert HUNG in not_scanned, statuses  # the scan really was cut short: the stopped host never answered
-    assert set(statuses.values()) <= {"ok", "not_scanned"}, statuses
+    assert set(statuses.values()) <= {LAB_ANSWERED, "not_scanned"}, statuses
     assert report["summary"]["hosts"] == HOSTS
     assert report["summary"]["not_scanned"] == len(not_scanned)
     # runner was told to stop: no ansible-playbook of this scan is left running

@@ -25,7 +25,7 @@ import yaml
 
 from fleetops_lab import Lab, hardware
 from fleetops_lab.ec2sim import EVENT_TAG, STOP_SECONDS_TAG, client
-from tests.helpers import FLEETOPS, boots, fleetops, kill_tree
+from tests.helpers import FLEETOPS, LAB_ANSWERED, boots, fleetops, kill_tree
 from tests.paths import REPO
 
 pytestmark = pytest.mark.lab
@@ -68,7 +68,7 @@ def _inventory_with_secret(lab: Lab, tmp_path: Path) -> tuple[Path, str]:
 def _scan(inventory: Path, host: str) -> list[dict[str, Any]]:
     result = fleetops("scan", "-i", str(inventory), "-l", host, "--format", "json", "-q")
     entry = result.json()["hosts"][host]
-    assert entry["status"] == "ok", entry
+    assert entry["status"] == LAB_ANSWERED, entry
     findings: list[dict[str, Any]] = entry["findings"]
     return findings
 

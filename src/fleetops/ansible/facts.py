@@ -35,6 +35,30 @@ def severity_rank(severity: str) -> int:
 
 
 @cache
+def coverage_levels() -> tuple[str, ...]:
+    """Whether a check could look: ``("full", "partial", "none")`` (findings.COVERAGE_LEVELS)."""
+    return tuple(module_utils("findings").COVERAGE_LEVELS)
+
+
+@cache
+def answered_statuses() -> tuple[str, ...]:
+    """The scan statuses of a host that answered: ``("ok", "partial")`` (findings.ANSWERED_STATUSES); its
+    findings stand either way, ``partial`` says a check could not look fully."""
+    return tuple(module_utils("findings").ANSWERED_STATUSES)
+
+
+def answered(entry: Mapping[str, Any]) -> bool:
+    """A scan report entry whose host answered (``ok`` or ``partial``): its findings and facts can be used."""
+    return entry.get("status") in answered_statuses()
+
+
+def answered_status(coverage: Mapping[str, Any] | None) -> str:
+    """``ok`` when every check of ``coverage`` ({check: {level, reason}}) looked fully, else ``partial``
+    (findings.answered_status)."""
+    return str(module_utils("findings").answered_status(coverage))
+
+
+@cache
 def _thresholds() -> dict[str, Any]:
     return dict(constant("memcg", "DEFAULT_THRESHOLDS"))
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetops import journal as journal_mod
+from fleetops.ansible import facts
 from fleetops.ansible.collection import load
 from fleetops.auto.actions import action_params, freeze
 from fleetops.auto.context import PassBase
@@ -153,7 +154,7 @@ class Finishers(PassBase):
                     f"its new instance {iid} is not in this pass's scan (not yet in the inventory, or outside "
                     "its limit)"
                 )
-            if entry.get("status") != "ok":
+            if not facts.answered(entry):
                 status = entry.get("status") or "not scanned"
                 return f"its new instance {iid} ({host}) is {status} in this pass's scan"
             bad = [

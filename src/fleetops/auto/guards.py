@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from fleetops.ansible import facts
 from fleetops.auto.actions import disruptive
 from fleetops.auto.context import PassBase
 from fleetops.auto.seen import SEEN_FRESH_S
@@ -229,7 +230,7 @@ class Guards(PassBase):
             return
         unavailable: dict[str, tuple[str, str]] = {}
         for host, entry in (inputs.scan_report.get("hosts") or {}).items():
-            if isinstance(entry, Mapping) and entry.get("status") != "ok":
+            if isinstance(entry, Mapping) and not facts.answered(entry):
                 unavailable[host] = (
                     self.group_of(host) or NO_GROUP,
                     str(entry.get("status") or "not scanned"),
@@ -239,7 +240,7 @@ class Guards(PassBase):
         fresh = self.seen.fresh(now)
         for host in self.outside():  # what the latest pass that scanned it saw
             seen = fresh.get(host)
-            if seen is not None and seen.status != "ok":
+            if seen is not None and seen.status not in facts.answered_statuses():
                 unavailable[host] = (self.group_of(host) or NO_GROUP, seen.says(now))
         quarantined = {
             host: self.group_of(host) or NO_GROUP

@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         "scan",
         help="scan hosts for faults (default: this machine)",
         description="Scan hosts: one fleetops.node.node_health call per host, all detectors in one round trip.",
-        epilog="Exit codes: 0 clean (no finding --fail-on counts), 1 findings at or above --fail-on, 2 usage "
+        epilog="Exit codes: 0 clean (nothing --fail-on counts), 1 findings at or above --fail-on (or, with "
+        "--fail-on partial, a host a check could not fully look at), 2 usage "
         "error (checked before any host is contacted: options, --checks, every -e knob and its value), 3 a "
         "host unreachable, failed or not scanned, or a detector could not run (whatever --fail-on says), "
         "130 interrupted (Ctrl-C: what arrived is kept).",
@@ -106,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=tuple(FAIL_ON),
         default=FAIL_ON_DEFAULT,
         help="the least severe finding that makes the scan exit 1: warning (a warning or critical finding), "
-        "critical (only a critical one: a timer stays green on warnings), never (findings never change the "
-        f"exit code; they stay in the report and the metrics) (default: {FAIL_ON_DEFAULT})",
+        "critical (only a critical one: a timer stays green on warnings), partial (as warning, and also a host "
+        "whose status is partial: a check could not look fully, e.g. systemd not PID 1 or an unprivileged "
+        "user), never (findings never change the exit code; they stay in the report and the metrics) "
+        f"(default: {FAIL_ON_DEFAULT})",
     )
     scan.add_argument(
         "--sample-seconds",

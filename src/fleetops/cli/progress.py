@@ -28,6 +28,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from fleetops.ansible.facts import answered_statuses
 from fleetops.cli.args import PLAIN_EVERY_S, SUMMARY_ABOVE
 from fleetops.errors import FleetopsError
 from fleetops.rollout.engine import RolloutObserver
@@ -131,7 +132,7 @@ class ScanProgress:
         self.done += 1
         self.status[entry["status"]] = self.status.get(entry["status"], 0) + 1
         self.findings += bool(entry.get("findings"))
-        if self.total <= SUMMARY_ABOVE or entry["status"] != "ok":
+        if self.total <= SUMMARY_ABOVE or entry["status"] not in answered_statuses():
             self.console.print(self.line(host, entry), soft_wrap=True)
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, description=self.describe())

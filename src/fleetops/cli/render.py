@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleetops.ansible.facts import severities
+from fleetops.ansible.facts import answered_statuses, severities
 from fleetops.cli.args import SUMMARY_ABOVE
 from fleetops.drift import UNKNOWN_GROUP
 from fleetops.scan import node_out
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-STATUS_STYLE = {"ok": "green", "unreachable": "bold red", "failed": "bold red"}
+STATUS_STYLE = {"ok": "green", "partial": "yellow", "unreachable": "bold red", "failed": "bold red"}
 
 
 def _num(value: Any) -> str:
@@ -45,11 +45,44 @@ def host_line(host: str, entry: dict[str, Any]) -> str:
     """One progress line for a host that just answered."""
     status = entry["status"]
     node = f" ({escape(node_cell(entry['node']))})" if entry.get("node") else ""
-    if status != "ok":
+    if status not in answered_statuses():
         return f"[{STATUS_STYLE.get(status, '')}]{host}: {status}[/] {entry.get('msg', '')}".rstrip() + node
     worst = worst_severity(entry["findings"])
     tail = f"{len(entry['findings'])} finding(s), worst {worst}" if worst else "no findings"
-    return f"[green]{host}: ok[/] {tail}{node}"
+    blind = not_full(entry)
+    if blind:
+        tail += "; could not look fully: " + escape(
+            ", ".join(f"{c} ({cov['level']})" for c, cov in blind.items())
+        )
+    return f"[{STATUS_STYLE.get(status, '')}]{host}: {status}[/] {tail}{node}"
+
+
+def not_full(entry: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The checks of a host's entry that could not look fully: {check: {level, reason}}."""
+    return {str(c): cov for c, cov in (entry.get("coverage") or {}).items() if cov.get("level") != "full"}
+
+
+def coverage_lines(hosts: Mapping[str, Mapping[str, Any]], named: int | None = None) -> list[str]:
+    """A line per check and reason that could not look fully, with its hosts. ``named`` (a summarised
+    fleet): a line per check and level, its hosts counted and the first ``named`` of them named, and its
+    most common reason (reasons that hold counts differ from host to host)."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for host, entry in hosts.items():
+        for check, cov in not_full(entry).items():
+            reason = "" if named is not None else str(cov.get("reason") or "")
+            grouped.setdefault((check, str(cov.get("level")), reason), []).append(host)
+    lines = []
+    for (check, level, reason), names in grouped.items():
+        if named is None:
+            who = escape(" ".join(names))
+        else:
+            common = Counter(
+                str(hosts[h]["coverage"][check].get("reason") or "") for h in names
+            ).most_common()
+            reason = common[0][0] + (f" (and {len(common) - 1:,} other reason(s))" if len(common) > 1 else "")
+            who = f"{len(names):,} host(s) ({_names(names, named)})"
+        lines.append(f"  [yellow]{'partial':8}[/] {who}: {escape(check)} ({level}): {escape(reason)}")
+    return lines
 
 
 def node_lines(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -224,6 +257,8 @@ def render_scan_summary(
             console.print(
                 f"  [{STATUS_STYLE.get(status, 'bold red')}]{status}[/] {len(names):,} host(s): {_names(names)}"
             )
+    for line in coverage_lines(hosts, NAMED_PER_STATUS):
+        console.print(line)
     for line in node_lines(hosts):
         console.print(line)
     console.print(
@@ -252,7 +287,8 @@ def render_scan(
     s = report["summary"]
     fs = s["findings"]
     console.print(
-        f"{s['hosts']:,} host(s): {s['ok']:,} ok, {s['unreachable']:,} unreachable, {s['failed']:,} failed"
+        f"{s['hosts']:,} host(s): {s['ok']:,} ok, {s.get('partial', 0):,} partial, {s['unreachable']:,} "
+        f"unreachable, {s['failed']:,} failed"
         + (f", {s['not_scanned']:,} not scanned" if s.get("not_scanned") else "")
         + f"; findings: {fs.get('critical', 0):,} critical, {fs.get('warning', 0):,} warning, "
         f"{fs.get('info', 0):,} info"
@@ -326,6 +362,8 @@ def render_scan_rows(report: dict[str, Any], console: Console) -> None:
             )
         for err in entry.get("errors") or []:
             console.print(f"  [bold red]error   [/] {host}: {err.get('check')}: {err.get('msg')}")
+    for line in coverage_lines(report["hosts"]):
+        console.print(line)
 
 
 # ------------------------------------------------------------------------------------- rendering

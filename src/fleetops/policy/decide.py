@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from fleetops.ansible import facts
 from fleetops.auto_schema import DecisionStatus
 from fleetops.policy.language import DEFAULT_SEVERITIES, HUMAN, Budget, Policy, Rule, fmt_duration
 from fleetops.policy.records import RungRecord
@@ -168,7 +169,7 @@ def _decide_host(
     sizes: Mapping[str, int],
 ) -> Decision:
     status = result.get("status")
-    if status != "ok":
+    if not facts.answered(result):  # ok or partial: its findings are decided on
         msg = f": {result.get('msg')}" if result.get("msg") else ""
         return Decision(host, group, "not_scanned", f"not scanned ({status}){msg}: ladders left as they are")
 

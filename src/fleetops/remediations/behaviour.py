@@ -143,7 +143,7 @@ def unquarantine_prepare(
     report = run_scan(ScanOptions(inventory=inventory, limit=limit, sample_seconds=p["sample_seconds"]))
     found: dict[str, list[str]] = {}
     for host, entry in sorted(report.get("hosts", {}).items()):
-        if entry.get("status") != "ok":
+        if not facts.answered(entry):
             say(f"  {host}: its scan did not complete ({entry.get('status')}): it will be refused", "warning")
             continue
         found[host] = sorted(

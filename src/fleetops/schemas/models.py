@@ -30,6 +30,8 @@ Seconds = Annotated[float, Field(ge=0)]
 Epoch = Annotated[float, Field(ge=0, le=MAX_EPOCH, description="Unix time (seconds)")]
 HostName = Annotated[str, Field(min_length=1)]
 Severity = Literal["critical", "warning", "info"]
+# findings.COVERAGE_LEVELS and ANSWERED_STATUSES, spelled as types (tests/fleetops/test_coverage.py holds them equal)
+CoverageLevel = Literal["full", "partial", "none"]
 Dimension = Literal["az", "ami", "kernel", "instance_type"]
 
 

@@ -11,7 +11,16 @@ from fleetops.documents import (
     FieldProblem,
     problem,
 )
-from fleetops.schemas.models import Dimension, Epoch, HostName, NonNegInt, Seconds, Severity, _Open
+from fleetops.schemas.models import (
+    CoverageLevel,
+    Dimension,
+    Epoch,
+    HostName,
+    NonNegInt,
+    Seconds,
+    Severity,
+    _Open,
+)
 from fleetops.util import DRIFT_SCHEMA, SCAN_HOST_SCHEMA, SCAN_SCHEMA, ScanTransportName
 
 # -------------------------------------------------------------- scan report (fleetops.scan/v1)
@@ -196,14 +205,32 @@ class ScanNode(_Open):
     error: str | None = Field(default=None, description="phase unknown: why the scheduler could not be read")
 
 
+class CheckCoverage(_Open):
+    """Whether a check could look on the host (plugins/module_utils/coverage.py)."""
+
+    level: CoverageLevel = Field(
+        description="full: it saw everything there is to see; partial: part of it; none: nothing"
+    )
+    reason: str | None = Field(
+        default=None, description="partial and none: what it missed and why (null when full)"
+    )
+
+
 class ScanHost(_Open):
-    status: Literal["ok", "unreachable", "failed", "not_scanned"]
+    status: Literal["ok", "partial", "unreachable", "failed", "not_scanned"] = Field(
+        description="ok: answered, every check looked fully; partial: answered, a check could not look fully "
+        "(coverage says which and why; its findings stand)"
+    )
     msg: str | None = None
     timed_out: bool = False
     findings: list[Finding]
     facts: ScanFacts
     errors: list[DetectorError] = Field(default_factory=list)
     checks: list[str] = Field(default_factory=list)
+    coverage: dict[str, CheckCoverage] = Field(
+        default_factory=dict,
+        description="per check that ran: whether it could look (absent in older reports)",
+    )
     duration_ms: Seconds | None = None
     node: ScanNode | None = Field(default=None, description="Slurm hosts only (fleetops_quarantine_backend)")
 
@@ -223,6 +250,7 @@ class ScanHostLine(ScanHost):
 class ScanSummary(_Open):
     hosts: NonNegInt
     ok: NonNegInt
+    partial: NonNegInt = Field(default=0, description="hosts that answered with a check not fully covered")
     unreachable: NonNegInt
     failed: NonNegInt
     not_scanned: NonNegInt = 0

@@ -65,7 +65,8 @@ def test_first_call_asks_for_the_archive_then_it_is_staged_and_runs(home: Path) 
     assert reply["fleetops_runner"] == "ok", reply
     result = reply["result"]
     assert result["checks"] == ["zombie_memcg", "cpu_starvation"]
-    assert set(result) == {"facts", "findings", "errors", "checks", "duration_ms"}
+    assert set(result) == {"facts", "findings", "errors", "checks", "coverage", "duration_ms"}
+    assert list(result["coverage"]) == result["checks"]
     assert result["facts"]["memcg"]["total"] > 0  # this machine's real /proc/cgroups
     staged = _cache(home) / f"runner-{SHA}"
     assert sorted(os.listdir(_cache(home))) == [staged.name]  # the temporary folder was renamed into place

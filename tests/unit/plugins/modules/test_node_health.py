@@ -90,7 +90,8 @@ def test_validate(overrides: dict[str, Any], problem: str | None) -> None:
 
 def test_run_checks_on_this_host() -> None:
     result = node_health.run_checks(params())
-    assert set(result) == {"facts", "findings", "errors", "checks", "duration_ms"}
+    assert set(result) == {"facts", "findings", "errors", "checks", "coverage", "duration_ms"}
+    assert list(result["coverage"]) == result["checks"]
     assert result["checks"] == [
         "zombie_memcg",
         "crashloop_unit",
