@@ -158,7 +158,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "scan": (
         "fleetops scan",
-        "fleetops scan -i inventory/example.fleet_ec2.yml -l 'az_us_east_1a' --checks zombie_memcg,crashloop_unit",
+        "fleetops scan -i inventory/example.fleet_ec2.yml -l family_p5 --checks zombie_memcg,crashloop_unit",
         "fleetops scan -q --fail-on critical --prometheus /var/lib/node_exporter/fleetops.prom",
     ),
     "plan": (
