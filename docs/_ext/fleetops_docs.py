@@ -238,21 +238,27 @@ def playbooks_markdown() -> str:
 
 
 def exit_codes_markdown() -> str:
-    from fleetops.exitcodes import ExitCode
+    """The one table of exit codes: what each says happened, which commands use it, what to do (from
+    fleetops.exitcodes.MEANINGS and fleetops.cli.helptext.EXITS, which every --help is made from too)."""
+    from fleetops.cli.helptext import commands_using
+    from fleetops.exitcodes import MEANINGS
 
-    source = (REPO / "src" / "fleetops" / "exitcodes.py").read_text()
     out = [
         "# Exit codes",
         "",
-        "Every fleetops command exits with one of these (`src/fleetops/exitcodes.py`); what to do about each: "
-        "[Troubleshooting](../guides/troubleshooting.md).",
+        "Every fleetops command exits with one of these; each command's `--help` ends with the ones it uses and "
+        "what each means for it ([command reference](cli.md)). Generated from `src/fleetops/exitcodes.py` and "
+        "`src/fleetops/cli/helptext.py`, as the `--help` texts are. In AWX the same codes fail or pass the job; "
+        "`playbooks/remediate_auto.yml` names each in its failure message.",
         "",
-        "| code | name | meaning |",
-        "| --- | --- | --- |",
+        "| code | name | what happened | commands | what to do |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for code in ExitCode:
-        m = re.search(rf"^\s+{code.name} = \d+\s+# (.*)$", source, re.M)
-        out.append(f"| {int(code)} | `{code.name}` | {_cell(m.group(1) if m else '')} |")
+    for code, meaning in MEANINGS.items():
+        commands = ", ".join(f"`{c}`" for c in commands_using(code))
+        out.append(
+            f"| {int(code)} | `{code.name}` | {_cell(meaning.happened)} | {commands} | {_cell(meaning.todo)} |"
+        )
     return "\n".join(out) + "\n"
 
 

@@ -75,6 +75,15 @@ class AutoUnreachable(OpenModel):
     tolerated: bool
 
 
+class AutoWaiting(OpenModel):
+    """The hosts that wait for a person and the storm brakes in force: not a failed pass (exit 0) unless
+    ``fail_on`` is human (exit 1)."""
+
+    hosts: list[_Name] = Field(description="hosts whose ladder reached `human` or ran out")
+    brakes: list[_Name] = Field(description="rules a storm brake holds (fleetops brake lift RULE)")
+    fail_on: Literal["never", "human"] = Field(description="remediate auto --fail-on: human made them exit 1")
+
+
 class AutoWhatIf(OpenModel):
     from_: str = Field(alias="from", description="the saved scan report (fleetops.scan/v1) decided against")
 
@@ -94,6 +103,9 @@ class AutoPass(OpenModel):
     warnings: list[str]
     exit_code: _NonNegInt
     unreachable: AutoUnreachable | None = None
+    waiting_for_person: AutoWaiting | None = Field(
+        default=None, description="hosts that wait for a person, storm brakes; absent when none"
+    )
     what_if: AutoWhatIf | None = Field(
         default=None,
         description="remediate auto --from: decided against a saved scan, nothing run or recorded",

@@ -85,7 +85,11 @@ def write_textfile(report: dict[str, Any], path: Path) -> None:
 # (name, help, labels): one definition, read by build_auto_registry and by the alert rules' tests.
 AUTO_GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("auto_pass_timestamp_seconds", "When the last remediate auto pass ended (Unix time)", ()),
-    ("auto_pass_exit_code", "The last pass's exit code (0 ok, 1 a person must act, 3 failed, 5 paused)", ()),
+    (
+        "auto_pass_exit_code",
+        "The last pass's exit code (0 ok, 1 a person must act with --fail-on human, 3 failed, 5 paused)",
+        (),
+    ),
     ("auto_pass_apply", "1 when the last pass acted (--apply), 0 for a dry run", ()),
     ("auto_hosts", "Hosts of the last pass by decision status", ("status",)),
     ("auto_human_needed", "1 per host whose ladder reached 'human' or ran out", ("host", "rule", "check")),

@@ -674,12 +674,20 @@ def test_a_second_pass_at_the_same_time_is_refused_with_exit_4(tmp_path: Path) -
     assert err.value.exit_code == ExitCode.LOCKED
 
 
-def test_exit_codes_say_a_human_is_needed_or_a_host_was_not_scanned(tmp_path: Path) -> None:
+def test_exit_codes_say_a_host_was_not_scanned_and_a_human_is_needed_only_when_asked(tmp_path: Path) -> None:
+    """A host that waits for a person is not a failed pass (exit 0: a scheduled job stays green, the JSON
+    names it) unless --fail-on human (exit 1); a host not scanned fails the pass (exit 3) either way."""
     unowned = {"check": "ucx_mmap_hooks", "severity": "warning", "data": {"fixable_unit": False}}
     result, _ = run(tmp_path, report(**{"a": [unowned]}), Runner(), T0)
-    assert result.decisions[0].status == "human" and result.exit_code == ExitCode.FINDINGS
+    assert result.decisions[0].status == "human" and result.exit_code == ExitCode.OK
+    assert result.document()["waiting_for_person"] == {"hosts": ["a"], "brakes": [], "fail_on": "never"}
+    assert result.document()["exit_code"] == 0
+    result.fail_on = "human"
+    assert result.exit_code == ExitCode.FINDINGS and result.document()["exit_code"] == 1
     result, _ = run(tmp_path / "2", report(**{"a": [unowned], "b": "unreachable"}), Runner(), T0)
     assert result.exit_code == ExitCode.FAILED
+    result.fail_on = "human"
+    assert result.exit_code == ExitCode.FAILED  # the pass failed: 3 whatever --fail-on says
 
 
 def _gpu_policy(*rungs: str) -> str:

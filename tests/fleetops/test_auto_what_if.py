@@ -98,7 +98,7 @@ rules:
         ("not json", [], "not valid JSON"),
         ('{"schema": "fleetops.scan/v1"}', [], "required"),
         ("SCAN", ["--apply"], "--apply cannot go with it"),
-        ("SCAN", ["-l", "gpu-1", "--cause", "ticket 1"], "--cause, -l/--limit cannot go with it"),
+        ("SCAN", ["-l", "gpu-1", "--cause", "ticket 1"], "--reason, -l/--limit cannot go with it"),
     ],
 )
 def test_a_file_that_is_not_a_scan_report_or_an_option_that_acts_is_exit_2(

@@ -79,7 +79,7 @@ def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None
 def test_help_lists_commands_and_exit_codes() -> None:
     result = fleetops("--help", timeout=60)
     assert result.rc == 0
-    for word in ("scan", "remediate", "Exit codes"):
+    for word in ("scan", "remediate", "exit codes:", "examples:"):
         assert word in result.stdout
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -305,6 +306,11 @@ def test_a_dry_run_writes_no_rollout_file_and_says_would_change(
     rc, out, err = _run(capsys, "remediate", "reclaim", "-i", str(inv), "--min-zombies", "0")
     assert rc == 0 and "would change" in out and "(dry run: add --apply to change hosts)" in out, (out, err)
     assert "resume with" not in err
+    # the summary of a dry run never says done: its hosts were checked (it said "1 would change, 1 done")
+    (summary,) = [line for line in out.splitlines() if line.startswith("reclaim: ")]
+    assert re.search(r"\bdone\b", summary) is None, summary
+    assert re.fullmatch(r"reclaim: 1 host\(s\): 1 checked \([01] would change\), 0 failed, 0 pending, "
+                        r"0 skipped; every host checked \(dry run: add --apply to change hosts\)", summary), summary  # fmt: skip
 
 
 def test_a_fix_plan_is_printed_as_the_operator_would_type_it() -> None:

@@ -84,8 +84,11 @@ def test_a_storm_cordons_the_budget_and_stop_starts_nothing_and_is_told_once(tmp
     assert runner.calls == [("quarantine", ["lab-01", "lab-02"], runner.calls[0][2])]  # the budget: 2 an hour
     assert one.brakes["gpu-fatal"]["new"] is True and "6 of 6 hosts" in one.brakes["gpu-fatal"]["why"]
     tripped = [text for text, style in lines if text.startswith("storm brake tripped")]
-    assert len(tripped) == 1 and "--lift-brake gpu-fatal" in tripped[0]
-    assert one.exit_code == ExitCode.FINDINGS  # a person must lift it
+    assert len(tripped) == 1 and "'fleetops brake lift gpu-fatal'" in tripped[0]
+    # a person must lift it: the pass did not fail (exit 0), unless --fail-on human (exit 1)
+    assert one.exit_code == ExitCode.OK and one.document()["waiting_for_person"]["brakes"] == ["gpu-fatal"]
+    one.fail_on = "human"
+    assert one.exit_code == ExitCode.FINDINGS
     # after quarantine's clear time: the two quarantined hosts would climb to stop-start: held
     two, lines = run(tmp_path, HOSTS, runner, T0 + 120)
     assert [c[0] for c in runner.calls] == ["quarantine"]  # nothing more ran

@@ -25,7 +25,8 @@ stream, runs the real `fleetops` there: given a policy it refuses, the job fails
 keeps the CLI's error as its artifacts. With the lab (its two hosts as instances of the lab's EC2
 endpoint), the same template's check job runs a real pass in the EE: the fleet listed through EC2, the
 hosts reached with the job's ssh key, scanned, decided by a project policy that leaves lab-02's
-scheduled EC2 event to a human: the job fails naming lab-02, a dry run that wrote no tag.
+scheduled EC2 event to a human: with fleetops_auto_fail_on: human the job fails naming lab-02, a dry run
+that wrote no tag.
 
 Needs root, the lab (systemd-nspawn) and podman; `make test-ee` installs podman (tools/debian-deps.sh
 --ee) and builds the image first. Podman runs with ee/containers.conf (runc and lowered ulimits: crun
@@ -622,10 +623,10 @@ rules:
 """
 
 
-def _auto_job(lab: Lab, pdd: Path, policy: str, check: bool) -> Path:
+def _auto_job(lab: Lab, pdd: Path, policy: str, check: bool, **knobs: object) -> Path:
     """A "fleetops remediate auto" job's private data dir: the project (the playbook, `policy` as
     policy.yml, the lab's EC2 config without the key and known hosts), the job's ssh key, and a check or
-    run job's command line."""
+    run job's command line (``knobs``: more extra vars)."""
     project = pdd / "project"
     (project / "playbooks").mkdir(parents=True)
     shutil.copy(REPO / "playbooks" / "remediate_auto.yml", project / "playbooks" / "remediate_auto.yml")
@@ -650,6 +651,7 @@ def _auto_job(lab: Lab, pdd: Path, policy: str, check: bool) -> Path:
                 "fleetops_auto_inventory": "lab.fleet_ec2.yml",
                 "fleetops_sample_seconds": 0,
                 "awx_job_id": 4545,
+                **knobs,
             }
         )
     )
@@ -678,9 +680,10 @@ def test_remediate_auto_job_in_the_ee_scans_the_lab_fleet_and_names_the_host_tha
     the real `fleetops` in the EE lists the fleet through the lab's EC2 endpoint (the project's
     fleet_ec2 config), reaches the hosts with the job's machine credential (env/ssh_key: the worker's
     ssh-agent), scans them and decides by the project's policy. lab-02 carries a scheduled EC2 event,
-    which that policy leaves to a human: the job fails naming lab-02, and its artifacts hold the pass
-    (a dry run: no ladder tag written)."""
-    pdd = _auto_job(lab, tmp_path / "job", AUTO_POLICY, check=True)
+    which that policy leaves to a human: with fleetops_auto_fail_on: human (the pass's --fail-on human; by
+    default a host that waits for a person does not fail the job) the job fails naming lab-02, and its
+    artifacts hold the pass (a dry run: no ladder tag written)."""
+    pdd = _auto_job(lab, tmp_path / "job", AUTO_POLICY, check=True, fleetops_auto_fail_on="human")
     _, _, ec2 = _ec2(lab)
     tags_before = ec2.describe_tags()["Tags"]
     out = tmp_path / "processed"

@@ -37,6 +37,7 @@ import pytest
 import yaml
 from dateutil import rrule
 
+from fleetops.exitcodes import AUTO_FAIL_ON
 from tests.helpers import ansible_doc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -494,8 +495,10 @@ def test_auto_survey_asks_the_policy_the_floor_and_the_kubeconfig_and_repeats_no
         "fleetops_max_unhealthy",
         "fleetops_kubeconfig",
         "fleetops_auto_cause",  # the event-driven rulebook's answers (extensions/eda/rulebooks/)
+        "fleetops_auto_fail_on",  # human: a host that needs a person fails the job (default: it does not)
         "fleetops_auto_locked_retries",
     }
+    assert questions["fleetops_auto_fail_on"]["choices"] == list(AUTO_FAIL_ON)  # the CLI's --fail-on
     for variable, q in questions.items():
         if variable != "fleetops_targets":
             assert q["required"] is False and "default" not in q, variable

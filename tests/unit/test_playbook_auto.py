@@ -195,6 +195,7 @@ def test_run_job_applies_with_every_knob_as_one_argv_element(tmp_path: Path) -> 
         "fleetops_sample_seconds": 5,
         "fleetops_auto_timeout": 900,
         "fleetops_auto_cause": "alertmanager: FleetopsUnitsCrashLooping (host=gpu-1) fingerprint 0a1b",
+        "fleetops_auto_fail_on": "human",
     }
     applied = {**DOCUMENT, "apply": True, "actions": [{**DOCUMENT["actions"][0], "done": ["gpu-1"]}]}
     job = _job(tmp_path, 0, check=False, extravars=knobs, stdout=json.dumps(applied), user="ec2-user")
@@ -212,6 +213,7 @@ def test_run_job_applies_with_every_knob_as_one_argv_element(tmp_path: Path) -> 
         "--max-unhealthy", "10%",
         "--sample-seconds", "5",
         "--cause", "alertmanager: FleetopsUnitsCrashLooping (host=gpu-1) fingerprint 0a1b",
+        "--fail-on", "human",
         "--no-ec2-tags",
         "--apply",
     ]  # fmt: skip
@@ -293,9 +295,10 @@ def test_a_pass_past_its_time_limit_is_stopped_and_fails_the_job(tmp_path: Path)
     ), msg
 
 
-def test_a_host_that_needs_a_human_fails_the_job_and_names_it(tmp_path: Path) -> None:
+def test_a_host_that_needs_a_human_fails_the_job_and_names_it_with_fail_on_human(tmp_path: Path) -> None:
     doc = {**DOCUMENT, "exit_code": 1}
-    job = _job(tmp_path, 1, check=True, stdout=json.dumps(doc))
+    job = _job(tmp_path, 1, check=True, stdout=json.dumps(doc), extravars={"fleetops_auto_fail_on": "human"})
+    assert job.argv[-2:] == ["--fail-on", "human"]
     assert (job.status, job.rc) == ("failed", 2)
     msg = job.task("Fail the job")["event_data"]["res"]["msg"]
     assert msg.startswith("fleetops remediate auto exited 1: a host needs a human"), msg

@@ -367,8 +367,11 @@ def auto(
     """One pass: scan, decide per host by the policy, run each action's rollout, remember (with
     ``apply``). ``fleetops.auto`` says what a pass does and what its exit code means."""
     from fleetops import auto as auto_mod
+    from fleetops.exitcodes import AUTO_FAIL_ON
     from fleetops.policy import default_policy_path, load_policy
 
+    if request.fail_on not in AUTO_FAIL_ON:
+        raise UsageError(f"--fail-on {request.fail_on!r}: choose from {', '.join(AUTO_FAIL_ON)}")
     obs = observer if observer is not None else NullObserver()
     policy_path = request.policy if request.policy is not None else default_policy_path()
     policy = load_policy(policy_path)
@@ -383,6 +386,8 @@ def auto(
         raise UsageError(f"cannot write {request.prometheus}: {why}")
     with signals.installed() if handle_signals else contextlib.nullcontext():
         result = _auto(request, obs, policy, policy_path, handle_signals, signals)
+    if request.apply:
+        _audit_waiting(result.result)
     if request.cause is not None:
         # the pass's own audit line (its cause, decisions and rollouts); its document says the cause too
         result = dataclasses.replace(
@@ -395,6 +400,18 @@ def auto(
     return result
 
 
+def _audit_waiting(result: auto_mod.PassResult) -> None:
+    """One audit line per host this pass put on its ladder's ``human`` rung (recorded once, as the rung is):
+    it waits for a person from now on, which the exit code says only with --fail-on human."""
+    from fleetops.policy import HUMAN
+    from fleetops.rollout.audit import audit_event
+
+    who = operator()
+    for d in result.decisions:
+        if d.action == HUMAN:
+            audit_event("human_needed", who, host=d.host, rule=d.rule, check=d.check, reason=d.reason)
+
+
 def _what_if(request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_path: Path) -> AutoResult:
     """``auto`` against a saved scan report: the pass's decisions, nothing run (``fleetops.auto.whatif``)."""
     from fleetops import auto as auto_mod
@@ -404,7 +421,7 @@ def _what_if(request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_
         option
         for option, on in (
             ("--apply", request.apply),
-            ("--cause", request.cause is not None),
+            ("--reason", request.cause is not None),
             ("--prometheus", request.prometheus is not None),
             ("-i/--inventory", bool(request.inventory)),
             ("-l/--limit", bool(request.limit)),
@@ -422,6 +439,7 @@ def _what_if(request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_
     result = auto_mod.what_if(
         policy, str(policy_path), report_, str(request.from_report), state_dir, obs.message
     )
+    result.fail_on = request.fail_on
     return AutoResult(result, result.document(), result.exit_code)
 
 
@@ -567,6 +585,7 @@ def _auto(
         obs.message,
         shield=signals.held,
     )
+    result.fail_on = request.fail_on
     return AutoResult(result, result.document(), result.exit_code)
 
 

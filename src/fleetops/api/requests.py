@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fleetops.exitcodes import ExitCode, signal_exit_code
+from fleetops.exitcodes import AUTO_FAIL_ON_DEFAULT, ExitCode, signal_exit_code
 from fleetops.planner import MaxParallel, Plan
 from fleetops.rollout import guards
 from fleetops.rollout.budget import FailureBudget
@@ -329,6 +329,9 @@ class AutoRequest(RolloutCaps, RolloutLimits):
     prometheus: Path | None = None
     # a what-if: decide against this saved scan report (fleetops.scan/v1) and run nothing
     from_report: Path | None = None
+    # what besides a failed pass makes the exit code non-zero (fleetops.exitcodes.AUTO_FAIL_ON): "human",
+    # hosts that wait for a person (exit 1); "never" (default), nothing
+    fail_on: str = AUTO_FAIL_ON_DEFAULT
 
 
 @dataclass(frozen=True)

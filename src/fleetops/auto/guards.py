@@ -210,7 +210,7 @@ class Guards(PassBase):
             if rule in new:
                 self.warn(
                     f"storm brake tripped on rule {rule}: {why}; its reboot, stop-start and replace rungs are held "
-                    f"fleet-wide until a person lifts it ('fleetops remediate auto --lift-brake {rule}')"
+                    f"fleet-wide until a person lifts it ('fleetops brake lift {rule}')"
                 )
             else:
                 self.say(f"storm brake on rule {rule} holds: {why}", "dim")

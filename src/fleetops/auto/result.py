@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetops.errors import FleetopsError
-from fleetops.exitcodes import ExitCode
+from fleetops.exitcodes import AUTO_FAIL_ON_DEFAULT, ExitCode
 from fleetops.policy import (
     Decision,
 )
@@ -100,6 +100,14 @@ class PassResult:
     unrecorded: dict[str, list[str]] = field(default_factory=dict)
     # a what-if (remediate auto --from FILE): the saved scan report decided against; nothing ran
     what_if: str | None = None
+    # remediate auto --fail-on (fleetops.exitcodes.AUTO_FAIL_ON): "human" makes hosts that wait for a
+    # person exit 1; "never" leaves them to the JSON, the audit log and the alerts (the pass did not fail)
+    fail_on: str = AUTO_FAIL_ON_DEFAULT
+
+    @property
+    def waiting_for_person(self) -> list[str]:
+        """The hosts that wait for a person: a ladder at its ``human`` rung or run out."""
+        return sorted({d.host for d in self.decisions if d.status in ("human", "exhausted")})
 
     @property
     def tolerated(self) -> frozenset[str]:
@@ -130,9 +138,9 @@ class PassResult:
             return ExitCode.FAILED
         if self.paused is not None:
             return ExitCode.PAUSED
-        if any(d.status in ("human", "exhausted") for d in self.decisions) or self.brakes:
+        if self.fail_on == "human" and (self.waiting_for_person or self.brakes):
             return ExitCode.FINDINGS  # a person must act: a ladder at its end, or a storm brake to lift
-        return ExitCode.OK
+        return ExitCode.OK  # hosts may wait for a person: the pass did not fail (the document names them)
 
     def document(self) -> dict[str, Any]:
         doc = self._document()
@@ -144,6 +152,12 @@ class PassResult:
             doc["malformed_tags"] = list(self.malformed_tags)
         if self.brakes:
             doc["brakes"] = {r: dict(b) for r, b in sorted(self.brakes.items())}
+        if self.waiting_for_person or self.brakes:  # absent when none: the documents before it, unchanged
+            doc["waiting_for_person"] = {
+                "hosts": self.waiting_for_person,
+                "brakes": sorted(self.brakes),
+                "fail_on": self.fail_on,  # human: they made the exit code 1; never: they did not
+            }
         if self.capacity:
             doc["capacity"] = [dict(c) for c in self.capacity]
         if self.nodes_out or self.node_failures:

@@ -1,9 +1,7 @@
 """fleetops command line: scan, merge, plan, remediate, report, drift.
 
-Exit codes (fleetops.exitcodes.ExitCode): 0 clean; 1 warning or critical findings; 2 usage or
-configuration error; 3 a host unreachable or failed (or a detector could not run, or a Slurm node could not
-be read); 4 hosts locked;
-130 interrupted.
+Exit codes: fleetops.exitcodes (what each means) and fleetops.cli.helptext (which command uses which; every
+--help ends with its own, and with examples).
 
 Building the parser imports neither fleetops.api nor ansible, boto3, paramiko, pydantic or rich: each
 command imports what it runs, so ``--help`` does not wait for them and works without the collection
@@ -41,6 +39,7 @@ from fleetops.cli.args import (
     shown,
 )
 from fleetops.cli.errors import run_main
+from fleetops.cli.helptext import epilog
 from fleetops.errors import UsageError
 from fleetops.scan import DEFAULT_TRANSPORT, FAIL_ON, FAIL_ON_DEFAULT, MAX_FORKS, TRANSPORTS
 from fleetops.util import DAY_S, HOUR_S
@@ -54,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fleetops",
         description="Find and fix the hidden faults that break GPU fleets: zombie memory cgroups, "
         "crash loops, UCX memory hooks. Scans run one module call per host through ansible-runner.",
-        epilog="Exit codes: 0 clean, 1 warning/critical findings, 2 usage error, 3 host unreachable/failed.",
+        epilog=epilog(""),
     )
     parser.add_argument(
         "--version",
@@ -68,11 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scan",
         help="scan hosts for faults (default: this machine)",
         description="Scan hosts: one fleetops.node.node_health call per host, all detectors in one round trip.",
-        epilog="Exit codes: 0 clean (nothing --fail-on counts), 1 findings at or above --fail-on (or, with "
-        "--fail-on partial, a host a check could not fully look at), 2 usage "
-        "error (checked before any host is contacted: options, --checks, every -e knob and its value), 3 a "
-        "host unreachable, failed or not scanned, or a detector could not run (whatever --fail-on says), "
-        "130 interrupted (Ctrl-C: what arrived is kept).",
+        epilog=epilog("scan"),
     )
     add_target_args(scan)
     add_format_arg(
@@ -87,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         type=Path,
+        metavar="FILE",
         help="also write the JSON report to this file (atomically, at the end; meanwhile each host "
         "is appended to FILE.partial as it answers, one JSON line each)",
     )
@@ -228,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetops.cli.policy import register as register_policy
 
     register_policy(sub)
+    from fleetops.cli.brake import register as register_brake
+
+    register_brake(sub)
     return parser
 
 

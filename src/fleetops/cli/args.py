@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fleetops import values
 from fleetops.ansible.collection import CollectionNotFound
@@ -23,7 +23,14 @@ PLAIN_EVERY_S = 10
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line and exit 2 (no usage dump)."""
+    """argparse that reports a usage error as one line and exit 2 (no usage dump), and keeps the exit codes
+    and examples of an epilog as lines (``fleetops.cli.helptext``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from fleetops.cli.helptext import HelpFormatter
+
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -60,7 +67,7 @@ def shown(value: object, spec: str = "") -> str:
 def add_target_args(p: argparse.ArgumentParser, inventory_help: str = INVENTORY_HELP) -> None:
     """-i/--inventory and -l/--limit: which hosts. No -i: the localhost inventory, resolved once, in
     the library (``fleetops.paths.resolve_inventories``)."""
-    p.add_argument("-i", "--inventory", action="append", type=Path, metavar="INV", help=inventory_help)
+    p.add_argument("-i", "--inventory", action="append", type=Path, metavar="INVENTORY", help=inventory_help)
     p.add_argument(
         "-l",
         "--limit",
@@ -85,6 +92,18 @@ def add_all_arg(p: argparse.ArgumentParser, what: str) -> None:
         dest="all_rows",
         help=f"with --format table: every host's row, however many (default: a table of more than "
         f"{SUMMARY_ABOVE} hosts is summarised: {what})",
+    )
+
+
+def add_quiet_arg(p: argparse.ArgumentParser, help: str = "", *, inherited: bool = False) -> None:
+    """``-q/--quiet``: no progress on stderr (every command that prints progress takes it). ``inherited``:
+    a sub-command whose parent takes -q too (``remediate -q reboot`` and ``remediate reboot -q`` alike)."""
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS if inherited else False,
+        help=help or "no progress on stderr: only warnings, errors and failed hosts",
     )
 
 

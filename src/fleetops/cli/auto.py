@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetops.cli.args import add_format_arg, add_target_args, cause, seconds_range
+from fleetops.cli.args import add_format_arg, add_quiet_arg, add_target_args, cause, seconds_range
+from fleetops.cli.helptext import epilog
 from fleetops.cli.plan import add_rollout_args, targets_and_caps
 from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
+from fleetops.exitcodes import AUTO_FAIL_ON, AUTO_FAIL_ON_DEFAULT
 
 if TYPE_CHECKING:
     from fleetops import api
@@ -24,21 +26,15 @@ DESCRIPTION = (
     "the same budgets. One line per host says its finding, rule, rung and the action "
     "taken or why none. A dry run unless --apply; a dry run records nothing."
 )
-EPILOG = (
-    "exit codes: 0 every finding handled, waiting or held by a budget; 1 a host needs a human (its "
-    "ladder reached `human` or ran out) or a storm brake holds a rule (--lift-brake RULE); 2 bad input (policy, options); 3 a host could not be scanned, a "
-    "detector a ladder in progress relies on failed on a host (the ladder is kept), or an action's rollout "
-    "did not finish every host (`fleetops stop` of one ends the pass), or the shared store failed; 4 another "
-    "pass (or rollout) holds the state, the store's lease or the hosts; 5 automation is paused (fleetops "
-    "pause: nothing acted); "
-    "130 / 143 / 129 Ctrl-C, SIGTERM or SIGHUP stopped the pass (no further action started, what was "
-    "attempted recorded)"
+# --lift-brake RULE is `fleetops brake lift RULE` now; the flag is kept for one release, saying so on stderr
+LIFT_BRAKE_DEPRECATED = (
+    "--lift-brake is deprecated and goes in the next release: use `fleetops brake lift RULE [--reason TEXT]`"
 )
 
 
 def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
     """Add ``remediate auto`` beside the remediations (``sub``: remediate's sub-commands)."""
-    p = sub.add_parser("auto", help=HELP, description=DESCRIPTION, epilog=EPILOG)
+    p = sub.add_parser("auto", help=HELP, description=DESCRIPTION, epilog=epilog("remediate auto"))
     p.add_argument(
         "--policy",
         type=Path,
@@ -87,16 +83,28 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
                    help="also write the pass's state as Prometheus gauges (node_exporter's textfile directory): "
                    "hosts waiting for a human, storm brakes, budgets spent, failed rungs, paused")  # fmt: skip
     p.add_argument("--lift-brake", metavar="RULE", default=None,
-                   help="lift the storm brake on RULE (audited) and exit; no pass runs")  # fmt: skip
-    p.add_argument("--reason", default="", metavar="TEXT", help="why the brake is lifted (kept in the audit)")
+                   help="deprecated: `fleetops brake lift RULE` (kept for one release; no pass runs)")  # fmt: skip
     p.add_argument(
-        "--cause",
+        "--reason",
+        "--cause",  # the event-driven path's name (playbooks/remediate_auto.yml, the rulebooks' alert)
+        dest="reason",
         type=cause,
         metavar="TEXT",
         help="why this pass runs (an alert, a ticket; one line, up to 1000 characters): kept in the pass's "
-        "JSON and written with its decisions and rollouts as one line of the audit log "
-        "(the event-driven rulebook passes the alert that started the pass)",
+        "JSON (as cause) and written with its decisions and rollouts as one line of the audit log "
+        "(the event-driven rulebook passes the alert that started the pass; --cause is the same option)",
     )
+    p.add_argument(
+        "--fail-on",
+        choices=AUTO_FAIL_ON,
+        default=AUTO_FAIL_ON_DEFAULT,
+        help="never: hosts that wait for a person (a ladder at `human` or run out, a storm brake) leave the "
+        "exit code 0, a scheduled job stays green and fails only when the pass fails (the JSON, the audit "
+        "log and the FleetopsAutoHumanNeeded alert name them); human: they make it exit 1 "
+        f"(default: {AUTO_FAIL_ON_DEFAULT})",
+    )
+    add_quiet_arg(p, "no progress on stderr (the pass's lines, each action's batches and hosts): only "
+                  "warnings, errors and failed hosts; the decisions still go to stdout", inherited=True)  # fmt: skip
     add_kubectl_args(p)  # for the actions that act on Kubernetes nodes (quarantine, unquarantine)
     add_format_arg(p)
     p.set_defaults(func=cmd_auto, resume=None)
@@ -119,8 +127,9 @@ def auto_request(args: argparse.Namespace) -> api.AutoRequest:
         ec2_tags=not args.no_ec2_tags,
         prometheus=args.prometheus,
         action_params={r.name: kube for r in REMEDIATIONS.values() if r.kubernetes} if kube else {},
-        cause=args.cause,
+        cause=args.reason,
         from_report=args.from_report,
+        fail_on=args.fail_on,
     )
 
 
@@ -129,19 +138,14 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from fleetops import api
-    from fleetops.cli.progress import ConsoleObserver
+    from fleetops.cli.brake import lift
+    from fleetops.cli.progress import ConsoleObserver, QuietObserver
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     if args.lift_brake is not None:
-        lifted = api.lift_brake(
-            api.LiftBrakeRequest(
-                rule=args.lift_brake, inventory=args.inventory, state_dir=args.state_dir, reason=args.reason
-            )
-        )
-        for line in lifted.lines:
-            console.print(line, markup=False)
-        return int(lifted.exit_code)
-    result = api.auto(auto_request(args), ConsoleObserver(console))
+        console.print(f"fleetops: warning: {LIFT_BRAKE_DEPRECATED}", markup=False)
+        return lift(args.lift_brake, args.inventory, args.state_dir, args.reason or "", console)
+    result = api.auto(auto_request(args), (QuietObserver if args.quiet else ConsoleObserver)(console))
     if args.format == "json":
         sys.stdout.write(result.json() + "\n")
     else:

@@ -9,13 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetops.cli.args import add_format_arg, add_target_args, int_range
+from fleetops.cli.helptext import epilog
 from fleetops.drift import DIMENSIONS
 from fleetops.util import DAY_S
-
-EPILOG = (
-    "Exit codes: 0 no drift, 1 drift found (a host differs from the majority, or groups differ), "
-    "2 usage error, 3 a host unreachable or failed (not compared)."
-)
 
 
 def _group_by(text: str) -> list[str]:
@@ -35,7 +31,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "enabled units, Environment= of key services, kernel, OS, UCX version, zombie memcg level "
         "(by order of magnitude). For each fact: the majority value and the hosts that differ, "
         "fleet-wide and within each group; and the facts whose majority differs between groups.",
-        epilog=EPILOG,
+        epilog=epilog("drift"),
     )
     add_target_args(
         p,
@@ -53,11 +49,13 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "--from",
         dest="from_report",
         type=Path,
-        metavar="REPORT",
+        metavar="SCAN",
         help="read a saved fleetops.scan/v1 report (fleetops scan -o FILE) instead of scanning",
     )
     add_format_arg(p)
-    p.add_argument("-o", "--output", type=Path, help="also write the JSON drift report to this file")
+    p.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="also write the JSON drift report to FILE"
+    )
     p.add_argument(
         "--host-timeout",
         type=int_range(0, DAY_S),

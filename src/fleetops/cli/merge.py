@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from fleetops.cli.args import add_all_arg, add_format_arg
+from fleetops.cli.helptext import epilog
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
@@ -19,6 +20,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "wrote its report: give its FILE.partial (its hosts without an answer are not_scanned). Refused "
         "(exit 2): different schema versions, options or shard counts, shards of different selections "
         "(inventory, --limit, the hosts selected), a missing or repeated shard, a host in two reports.",
+        epilog=epilog("merge"),
     )
     p.add_argument(
         "reports", type=Path, nargs="+", metavar="REPORT", help="a shard's report, or its .partial"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fleetops.cli.helptext import epilog
+
 
 def _inventory(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -35,6 +37,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "'remediate auto' pass acts (exit 5) until 'fleetops unpause'. With a shared store (the inventory's "
         "store_table) it holds every controller; without one, this controller alone (a pause file in its "
         "state directory). Audited (who, why). A dry run is not held.",
+        epilog=epilog("pause"),
     )
     _inventory(pause)
     pause.add_argument("--reason", default="", metavar="TEXT", help="why (shown by every held pass)")
@@ -44,6 +47,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         help="lift 'fleetops pause'",
         description="Lift the pause (the shared store's, and this controller's own): the next rollouts and "
         "auto passes act again. Audited (who, why).",
+        epilog=epilog("unpause"),
     )
     _inventory(unpause)
     unpause.add_argument("--reason", default="", metavar="TEXT", help="why (kept in the store's audit)")
@@ -57,10 +61,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "store and the journal's unfinished records (a disruptive step a dead pass left), and sweeps the "
         "lease items of rollouts expired over a day ago; 'forget ENTRY --reason TEXT' closes an unfinished "
         "record a person has handled (audited; exit 2 for an entry no unfinished record has).",
-        epilog="exit codes: 0 done; 2 bad input (no store named for init or forget, forget without ENTRY or "
-        "--reason, an entry no unfinished record has); 3 the store failed; 5 (status) automation is paused. "
-        "examples: fleetops store status -i fleet.fleet_ec2.yml; "
-        "fleetops store forget 1d2c3b4a --reason 'started i-0abc by hand' -i fleet.fleet_ec2.yml",
+        epilog=epilog("store"),
     )
     store.add_argument("verb", choices=["init", "status", "forget"])
     store.add_argument("entry", nargs="?", default="", metavar="ENTRY", help="forget: the record's entry id")

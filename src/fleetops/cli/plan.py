@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetops.ansible.inventory import DEFAULT_GROUP_VARS
 from fleetops.cli.args import SUMMARY_ABOVE, add_all_arg, add_format_arg, add_target_args, argtype
+from fleetops.cli.helptext import epilog
 from fleetops.planner import MaxParallel, Plan, PlanError, limiting_cap
 from fleetops.util import PLAN_SCHEMA
 
@@ -64,6 +65,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         description="Plan rolling batches: at most --max-parallel hosts at once, at most "
         "--per-group-max per group (AZ) while groups proceed in parallel, a canary batch first, "
         "and the fewest batches those caps allow.",
+        epilog=epilog("plan"),
     )
     p.add_argument("action", metavar="ACTION", help="the remediation to plan (e.g. reboot, disable-unit)")
     add_target_args(p)

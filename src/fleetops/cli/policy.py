@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-EPILOG = (
-    "exit codes: 0 every file is a policy whose rules can all match; 2 a file does not load (not "
-    "fleetops.policy/v1, an unknown check, severity or action, ...) or holds a rule that never matches "
-    "(one line each). examples: fleetops policy check policies/default.yml; "
-    "fleetops policy check site.yml && fleetops remediate auto --from scan.json --policy site.yml"
-)
+from fleetops.cli.helptext import epilog
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
@@ -21,7 +16,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "policy",
         help="check a remediation policy (fleetops.policy/v1) before a pass uses it",
         description="Remediation policies (the rules and ladders of 'remediate auto').",
-        epilog=EPILOG,
+        epilog=epilog("policy"),
     )
     verbs = group.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
@@ -32,7 +27,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "match: a data key no finding of the rule's check holds (the keys the detectors declare), and a match "
         "entry an earlier rule always takes first (same check, no narrower match). One line per problem, "
         "naming the file, the field and the rule; nothing is scanned or run.",
-        epilog=EPILOG,
+        epilog=epilog("policy check"),
     )
     check.add_argument("files", nargs="+", metavar="FILE", help="a policy file (YAML or JSON)")
     check.set_defaults(func=cmd_check)

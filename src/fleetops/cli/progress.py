@@ -366,6 +366,31 @@ class ConsoleObserver(RolloutObserver):
         self._update()
 
 
+class QuietObserver(ConsoleObserver):
+    """``-q``: no progress (no bar, no batch or progress lines, no line per host that went well); warnings,
+    errors, a failed host, an interrupted or stopped rollout are still said."""
+
+    def __init__(
+        self, console: Console, live: bool | None = None, clock: Callable[[], float] = time.monotonic
+    ):
+        super().__init__(console, live=False, clock=clock)
+
+    def message(self, text: str, style: str = "") -> None:
+        if style in ("warning", "error"):
+            super().message(text, style)
+
+    def host_recorded(self, host: str, outcome: HostOutcome) -> None:
+        if not outcome.ok or outcome.gate:
+            super().host_recorded(host, outcome)
+
+    def batch_started(self, index: int, total: int, hosts: Sequence[str]) -> None:
+        self.batch, self.in_flight = index, dict.fromkeys(hosts)
+
+    def batch_finished(self, index: int, total: int) -> None:
+        self.in_flight = {}
+        self.batches_done += 1
+
+
 def _resume_hint(rollout: Rollout, before: str, after: str = "") -> str:
     """How to resume ``rollout`` (its state file); a dry run saves none: nothing to resume, run it again."""
     if not rollout.keep:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetops.cli.args import (
     add_format_arg,
+    add_quiet_arg,
     add_target_args,
     argtype,
     collection_default,
@@ -24,6 +25,7 @@ from fleetops.cli.args import (
     rollout_id,
     seconds_range,
 )
+from fleetops.cli.helptext import epilog
 from fleetops.cli.plan import add_rollout_args, targets_and_caps
 from fleetops.cli.rollout_args import add_param, host_timeout, max_unhealthy, not_after
 from fleetops.errors import UsageError
@@ -47,14 +49,14 @@ def __getattr__(name: str) -> Any:
 
 
 ROLLOUT_EPILOG = (
-    "While it runs: progress on stderr (a live line on a terminal, plain 'progress:' lines otherwise). "
+    "While it runs: progress on stderr (a live line on a terminal, plain 'progress:' lines otherwise; -q: "
+    "only warnings, errors and failed hosts). "
     "Ctrl-C stops after the current batch with the state saved (a second Ctrl-C, SIGTERM or SIGHUP aborts "
-    "the batch at once; --resume probes its hosts first). `fleetops stop` stops it after its current batch. "
-    "Exit codes: 0 done (every host verified), 2 usage error, 3 a host failed, timed out, was skipped or is "
-    "in doubt, or the rollout stopped (breaker, kill switch, deadline, capacity floor), 4 hosts locked (lock "
-    "file or EC2 lease) by another rollout, 130 interrupted, 143 SIGTERM, 129 SIGHUP."
+    "the batch at once; --resume probes its hosts first). `fleetops stop` stops it after its current batch."
 )
 _failure_budget = argtype(FailureBudget.parse)
+# a dry run's status in its summary line: a dry run that went through every host is "checked", not "done"
+DRY_RUN_STATUS = {"done": "every host checked"}
 
 
 def add_params(p: argparse.ArgumentParser, remediation: Remediation) -> None:
@@ -95,11 +97,15 @@ def print_summary(rollout: Rollout, console: Console) -> None:
     from fleetops import api
 
     s = rollout.summary()
-    verb = "changed" if rollout.apply else "would change"
+    rest = f"{s['failed']} failed, {s['pending']} pending, {s['skipped']} skipped"
+    if rollout.apply:
+        counts, status = f"{s['changed']} changed, {s['done']} done, {rest}", f"status {rollout.status}"
+    else:  # a dry run did nothing: its hosts were checked, and would change or not (never "done")
+        counts = f"{s['done']} checked ({s['changed']} would change), {rest}"
+        status = DRY_RUN_STATUS.get(rollout.status, f"status {rollout.status}")
+        status += " (dry run: add --apply to change hosts)"
     console.print(
-        f"{rollout.action}: {s['hosts']} host(s): {s['changed']} {verb}, {s['done']} done, {s['failed']} failed, "
-        f"{s['pending']} pending, {s['skipped']} skipped; status {rollout.status}"
-        + ("" if rollout.apply else " (dry run: add --apply to change hosts)"),
+        f"{rollout.action}: {s['hosts']} host(s): {counts}; {status}",
         soft_wrap=True,  # one line whatever the console's width (CI, AWX, logs)
     )
     still = api.needs_reboot(rollout)
@@ -115,10 +121,10 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fleetops import api
-    from fleetops.cli.progress import ConsoleObserver
+    from fleetops.cli.progress import ConsoleObserver, QuietObserver
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines unbroken (CI, AWX)
-    observer = ConsoleObserver(console)
+    observer = (QuietObserver if args.quiet else ConsoleObserver)(console)
     if args.resume is not None:
         if args.remediation is not None:
             raise UsageError("--resume continues a saved rollout: give no ACTION with it")
@@ -218,7 +224,7 @@ def _add_rollout_options(rp: argparse.ArgumentParser, remediation: Remediation) 
         metavar="S",
         help=argparse.SUPPRESS,
     )
-    rp.add_argument("--state", type=Path, metavar="FILE", help="where to keep the rollout state (default: under "
+    rp.add_argument("--state", type=Path, metavar="STATE", help="where to keep the rollout state (default: under "
                     "$FLEETOPS_STATE_DIR, /var/lib/fleetops as root)")  # fmt: skip
     rp.add_argument(
         "--break-lock",
@@ -245,6 +251,7 @@ def _add_rollout_options(rp: argparse.ArgumentParser, remediation: Remediation) 
         help="do not tag EC2 instances with a lease (the local lock still holds; e.g. no ec2:CreateTags)",
     )
     add_format_arg(rp)
+    add_quiet_arg(rp, inherited=True)
 
 
 def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[P]) -> None:
@@ -255,8 +262,9 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         description="Run a remediation batch by batch (one ansible-runner invocation per batch), planned "
         "with the same caps as `fleetops plan`, with a preflight, a health gate after each batch, a circuit "
         "breaker, host locks, an audit log and resumable state. Dry run (check mode + diff) unless --apply.",
-        epilog=ROLLOUT_EPILOG,
+        epilog=epilog("remediate", before=ROLLOUT_EPILOG),
     )
+    add_quiet_arg(p)
     p.add_argument("--resume", type=Path, metavar="STATE", help="continue a rollout from its state file")
     p.add_argument(
         "--not-after",
@@ -287,7 +295,10 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     sub = p.add_subparsers(dest="remediation", metavar="ACTION", parser_class=type(p))
     for remediation in REMEDIATIONS.values():
         rp = sub.add_parser(
-            remediation.name, help=remediation.help, description=remediation.help, epilog=ROLLOUT_EPILOG
+            remediation.name,
+            help=remediation.help,
+            description=remediation.help,
+            epilog=epilog("remediate ACTION", remediation.examples, before=ROLLOUT_EPILOG),
         )
         add_params(rp, remediation)
         add_target_args(rp)

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from fleetops.cli.args import SUMMARY_ABOVE, add_all_arg, add_format_arg
+from fleetops.cli.helptext import epilog
 from fleetops.util import ROLLOUT_CUT_OFF
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         help="summarise a rollout: its id (fleetops rollouts lists them) or its state file",
         description="What a rollout did: its batches, hosts, failures and what is left. Exit 0 only when "
         "it is done with every host verified, else 3.",
+        epilog=epilog("report"),
     )
     p.add_argument(
         "state",
@@ -47,6 +49,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         description="The rollouts kept in this controller's state directory, newest first: a running one "
         f"whose process is gone shows as {ROLLOUT_CUT_OFF!r} (resume it with 'fleetops remediate --resume'). "
         "A dry run keeps no rollout.",
+        epilog=epilog("rollouts"),
     )
     add_format_arg(r)
     r.set_defaults(func=cmd_rollouts)

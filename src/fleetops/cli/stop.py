@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from fleetops.cli.args import rollout_id
+from fleetops.cli.helptext import epilog
 from fleetops.errors import UsageError
 
 
@@ -23,6 +24,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         description="The kill switch: the rollout stops after its current batch (state saved, exit 3, "
         "--resume continues it) and reports who stopped it and why. Only rollouts running when the stop "
         "is requested are affected.",
+        epilog=epilog("stop"),
     )
     p.add_argument("rollout", nargs="?", type=rollout_id, metavar="ROLLOUT", help="the rollout id to stop")
     p.add_argument("--all", action="store_true", help="stop every rollout running now")

@@ -401,7 +401,7 @@ def hold_for_brakes(
                 status="brake",
                 action=None,
                 reason=f"storm brake on rule {d.rule}: {brakes[d.rule]}; {d.rung_action} is held fleet-wide "
-                f"until a person lifts it ('fleetops remediate auto --lift-brake {d.rule}')",
+                f"until a person lifts it ('fleetops brake lift {d.rule}')",
             )
         out.append(d)
     return out

@@ -110,6 +110,10 @@ SAMPLE_SECONDS = Param(
 register(
     Remediation(
         name="disable-unit",
+        examples=(
+            "fleetops remediate disable-unit --unit ecs.service -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate disable-unit --unit ecs.service --container ecs-agent -i inventory/example.fleet_ec2.yml --apply",
+        ),
         playbook="fleetops.node.remediate_disable_unit",
         actions=("fleetops.node.disable_unit",),
         help="stop, disable and mask a unit (and remove its container)",
@@ -150,6 +154,10 @@ register(
 register(
     Remediation(
         name="reclaim",
+        examples=(
+            "fleetops remediate reclaim -i inventory/example.fleet_ec2.yml --min-zombies 10000",
+            "fleetops remediate reclaim -i inventory/example.fleet_ec2.yml --max-parallel 20% --apply",
+        ),
         playbook="fleetops.node.remediate_reclaim",
         actions=("fleetops.node.reclaim_memcg",),
         help="free zombie memory cgroups by dropping the page cache that pins them",
@@ -160,6 +168,10 @@ register(
 register(
     Remediation(
         name="fix",
+        examples=(
+            "fleetops remediate fix -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate fix -i inventory/example.fleet_ec2.yml --ucx-fix hooks-off --apply",
+        ),
         playbook="fleetops.node.remediate_fix",
         actions=("fleetops.node.disable_unit", "fleetops.node.reclaim_memcg", "fleetops.node.set_env"),
         help="scan, then fix what was found: turn off crash-looping units, set the UCX fix, reclaim zombie memcgs",
@@ -193,6 +205,10 @@ register(
 register(
     Remediation(
         name="reboot",
+        examples=(
+            "fleetops remediate reboot -i inventory/example.fleet_ec2.yml -l gpu-01,gpu-02",
+            "fleetops remediate reboot -i inventory/example.fleet_ec2.yml --kube-drain --max-unhealthy 10% --not-after 2h --apply",
+        ),
         playbook="fleetops.node.rolling_reboot",
         actions=("ansible.builtin.reboot",),
         help="reboot hosts a few at a time; each must come back with a new boot id",
@@ -258,6 +274,10 @@ register(
 register(
     Remediation(
         name="set-env",
+        examples=(
+            "fleetops remediate set-env --unit vllm.service --env UCX_RCACHE_MAX_UNRELEASED=1024 -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate set-env --unit vllm.service --env UCX_MEM_MMAP_HOOK_MODE=none --restart -i inventory/example.fleet_ec2.yml --apply",
+        ),
         playbook="fleetops.node.remediate_set_env",
         actions=("fleetops.node.set_env",),
         help="set environment variables of a service (a systemd drop-in), restart it if asked",
@@ -316,6 +336,10 @@ register(
 register(
     Remediation(
         name="quarantine",
+        examples=(
+            "fleetops remediate quarantine --finding gpu_xid --reason 'Xid 79' -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate quarantine --finding gpu_xid --evict -i inventory/example.fleet_ec2.yml -l gpu-01 --apply",
+        ),
         playbook="fleetops.node.quarantine",
         # debug: a dry run's note; slurm_node: the Slurm backend (fleetops.remediations.backends)
         actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
@@ -372,6 +396,10 @@ register(
 register(
     Remediation(
         name="stop-start",
+        examples=(
+            "fleetops remediate stop-start -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate stop-start --finding ec2_scheduled_event -i inventory/example.fleet_ec2.yml -l gpu-01 --apply",
+        ),
         playbook="fleetops.node.stop_start",
         actions=("fleetops.node.ec2_stop_start",),
         help="move EC2 instances to other hardware: stop, wait, start, wait, then ssh and a new boot id "
@@ -420,6 +448,10 @@ register(
 register(
     Remediation(
         name="unquarantine",
+        examples=(
+            "fleetops remediate unquarantine -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate unquarantine -i inventory/example.fleet_ec2.yml -l gpu-01 --apply",
+        ),
         playbook="fleetops.node.unquarantine",
         actions=("ansible.builtin.command", "ansible.builtin.debug", "fleetops.node.slurm_node"),
         help="scan, then give nodes back to scheduling unless the scan still finds their quarantine's "
@@ -442,6 +474,10 @@ register(
 register(
     Remediation(
         name="replace",
+        examples=(
+            "fleetops remediate replace -i inventory/example.fleet_ec2.yml -l gpu-01",
+            "fleetops remediate replace -i inventory/example.fleet_ec2.yml -l gpu-01 --apply",
+        ),
         playbook="fleetops.node.replace",
         actions=("fleetops.node.ec2_asg_replace", "fleetops.node.node_health"),
         help="have each host's EC2 Auto Scaling group replace its instance (terminate in group keeping the "

@@ -186,6 +186,8 @@ class Remediation:
     # the cordon is done at once, the drain may have been cut off with the node's work still running); the
     # same attempt, its budget not spent again
     rerun_in_doubt: str | None = None
+    # two or three whole command lines its --help ends with (a test parses each with the real parser)
+    examples: tuple[str, ...] = ()
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
