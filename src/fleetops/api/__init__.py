@@ -202,6 +202,7 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
+    steps, steps_record = _next_steps(request)  # the policy checked before any host is contacted
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
     listing = _selected(inventories, request.limit, None, strict=False)
@@ -230,6 +231,7 @@ def scan(
         nodes = scan_view([h for h in listed if h.name in held])
 
     def seen(host: str, entry: dict[str, Any]) -> None:
+        entry = steps.entry(host, entry)
         if host in nodes:
             entry = {**entry, "node": nodes[host]}
         if partial is not None:
@@ -244,7 +246,7 @@ def scan(
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written
-    report_ = {**with_nodes(report_, nodes), "selection": selection}
+    report_ = {**steps.report(with_nodes(report_, nodes)), "selection": selection, "next_steps": steps_record}
     if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
         if partial is not None:
             partial.close(done=True)
@@ -260,6 +262,15 @@ def scan(
 
         write_textfile(report_, request.prometheus)
     return result
+
+
+def _next_steps(request: ScanRequest) -> tuple[Any, dict[str, Any]]:
+    """The ``NextSteps`` of a scan (fleetops.next_steps) and the report's record of it."""
+    from fleetops import next_steps
+    from fleetops.auto.state import LADDER_FILE
+
+    ladder = auto_state_dir(request.state_dir) / LADDER_FILE
+    return next_steps.load(request.policy, ladder, [str(p) for p in request.inventory], time.time())
 
 
 def scan_metrics(report: Mapping[str, Any]) -> bytes:

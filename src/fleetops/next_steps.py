@@ -1,0 +1,232 @@
+"""What to do next about each finding a scan reports (its ``next``), derived from the declarations.
+
+A finding's ``next`` says the remediation that would act on it and the exact dry-run command for its
+host (``fleetops remediate disable-unit --unit ecs.service -i INV -l gpu-01``: the command a person
+reviews, then runs again with ``--apply``), and, when the policy has a rule for it, the rung of that
+rule's ladder that would act. Nothing here names a detector:
+
+- the rung is the policy's (``fleetops.policy.decide`` on the host with this finding alone, against the
+  ladders the state directory records, read only: the rung a ``remediate auto`` pass would be at). The
+  budgets, storm brakes and capacity floors are the pass's to judge across the fleet, at the time it
+  runs; ``remediate auto --from SCAN`` shows them;
+- the remediation is the rung's action when it is one and can be given for this finding (its
+  parameters: the rung's, the finding's check for a parameter declared ``from_finding="check"``, and
+  what the remediation's ``Fixes`` takes from the finding's data); else (a ``human`` rung, no rule, no
+  policy) the first remediation, in the auto pass's order, whose ``Fixes`` covers the finding;
+- the command's values are checked as the remediation checks them (``Remediation.extravars``): a value
+  it would refuse is no command; a host whose name fleetops cannot target exactly (``rollout.guards``)
+  gets no command but the reason (``refused``); everything else is quoted for a POSIX shell.
+
+A finding that no remediation acts on and no rule takes has no ``next``; one a rule takes but only a
+person can act on (a ``human`` rung) has the rung alone.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetops.errors import FleetopsError, UsageError
+from fleetops.policy import HUMAN, BudgetLedger, LadderState, Policy, decide
+from fleetops.remediations import REMEDIATIONS, Remediation, ladder_order
+from fleetops.rollout.guards import target_name_problem
+
+PROG = "fleetops"
+DEFAULT_POLICY = "default"  # how ``next.rung.policy`` names the policy fleetops ships
+
+
+def _order() -> list[Remediation]:
+    """Every remediation, in the auto pass's order (those no rung can name last, by name)."""
+    ranked = list(ladder_order())
+    rest = sorted(n for n in REMEDIATIONS if n not in ranked)
+    return [REMEDIATIONS[n] for n in ranked + rest]
+
+
+def _arg(option: str, value: Any) -> list[str]:
+    """One option and its value as argv: ``--opt=VALUE`` when the value starts with '-' (read as an option)."""
+    text = str(value)
+    return [f"{option}={text}"] if text.startswith("-") else [option, text]
+
+
+def option_args(remediation: Remediation, params: Mapping[str, Any]) -> list[str]:
+    """The options that give ``params`` to ``fleetops remediate NAME``, in declaration order, each left
+    out while it is the parameter's default (the inverse of ``cli.rollout_args.add_param``)."""
+    defaults = remediation.params
+    argv: list[str] = []
+    for p in remediation.parameters:
+        if p.name not in params:
+            continue
+        value = params[p.name]
+        if value is None or (not p.required and value == defaults.get(p.name)):
+            continue
+        if p.kind == "flag":
+            argv += [p.option] if value else []
+        elif p.kind == "repeat":
+            items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, Mapping) else list(value)
+            for item in items:
+                argv += _arg(p.option, item)
+        else:
+            argv += _arg(p.option, value)
+    return argv
+
+
+@dataclass(frozen=True)
+class NextSteps:
+    """The ``next`` of findings: the policy (None: no rung), the state directory's ladders, and the
+    inventories as the scan was given them (each an ``-i`` of the command; none: the default one)."""
+
+    policy: Policy | None = None
+    policy_name: str = DEFAULT_POLICY
+    ladder: LadderState = field(default_factory=LadderState)
+    inventory: Sequence[str] = ()
+    now: float = 0.0
+
+    # ------------------------------------------------------------------------------ the rung
+
+    def rung(self, host: str, finding: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The policy's rung for ``finding`` on ``host`` (its rule's ladder, where the state records it),
+        or None: no policy, or no rule takes it."""
+        if self.policy is None:
+            return None
+        alone = {"hosts": {host: {"status": "ok", "findings": [dict(finding)]}}}
+        d = decide(self.policy, alone, self.ladder, BudgetLedger(), self.now, lambda _h: None)[0]
+        if d.rule is None or d.rung is None:
+            return None
+        rule = self.policy.rule(d.rule)
+        rung = rule.ladder[d.rung] if rule is not None else None
+        out: dict[str, Any] = {
+            "policy": self.policy_name,
+            "rule": d.rule,
+            "rung": d.rung + 1,  # counted from 1, as every text says it ("rung 1/4")
+            "rungs": d.rungs,
+            "action": d.rung_action,
+            "status": d.status,
+            "reason": d.reason,
+        }
+        if rung is not None and rung.params:
+            out["params"] = dict(rung.params)
+        if rung is not None and rung.note and rung.action != HUMAN:
+            out["note"] = rung.note
+        return out
+
+    # ------------------------------------------------------------------------------ the command
+
+    def params(
+        self, remediation: Remediation, finding: Mapping[str, Any], given: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """The parameters with which ``remediation`` acts on ``finding``; None when it cannot be given them
+        (a required one unknown, a value it refuses)."""
+        params: dict[str, Any] = {}
+        for fx in remediation.fixes:
+            found = fx.params_for(finding)
+            if found is not None:
+                params.update(found)
+                break
+        params.update(given)
+        for name, source in remediation.from_finding().items():
+            if source == "check" and name not in params:
+                params[name] = finding.get("check")
+        for name, value in list(params.items()):
+            p = remediation.parameters_by_name.get(name)
+            if p is not None and p.kind == "repeat" and isinstance(value, str | int | float):
+                params[name] = [value]
+        try:
+            remediation.extravars(remediation.resolve(params))
+            for name, value in params.items():
+                remediation.parameters_by_name[name].validate(value)
+        except (UsageError, ValueError, KeyError):
+            return None
+        except FleetopsError:  # a check that needs the collection: no command rather than a wrong one
+            return None
+        return params
+
+    def _declared(self, finding: Mapping[str, Any]) -> tuple[Remediation, dict[str, Any]] | None:
+        for remediation in _order():
+            if any(fx.params_for(finding) is not None for fx in remediation.fixes):
+                params = self.params(remediation, finding, {})
+                if params is not None:
+                    return remediation, params
+        return None
+
+    def argv(self, remediation: Remediation, params: Mapping[str, Any], host: str) -> list[str]:
+        """``fleetops remediate NAME [options] [-i INV ...] -l HOST``: a dry run (no --apply)."""
+        argv = [PROG, "remediate", remediation.name, *option_args(remediation, params)]
+        for inv in self.inventory:
+            argv += _arg("-i", inv)
+        return argv + _arg("-l", host)
+
+    def finding(self, host: str, finding: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``finding``'s ``next`` on ``host``, or None when no remediation acts on it and no rule takes it."""
+        rung = self.rung(host, finding)
+        chosen: tuple[Remediation, dict[str, Any]] | None = None
+        action = rung.get("action") if rung is not None else None
+        if action is not None and action != HUMAN and action in REMEDIATIONS:
+            remediation = REMEDIATIONS[action]
+            params = self.params(remediation, finding, (rung or {}).get("params") or {})
+            if params is not None:
+                chosen = remediation, params
+        if chosen is None:
+            chosen = self._declared(finding)
+        if chosen is None and rung is None:
+            return None
+        out: dict[str, Any] = {"remediation": None, "command": None}
+        if chosen is not None:
+            remediation, params = chosen
+            out["remediation"] = remediation.name
+            problem = target_name_problem(host)
+            if problem is None:
+                argv = self.argv(remediation, params, host)
+                out["command"] = shlex.join(argv)
+                out["argv"] = argv
+            else:
+                out["refused"] = f"host name {host!r} {problem}: fleetops targets hosts by their exact name"
+        if rung is not None:
+            out["rung"] = rung
+        return out
+
+    def entry(self, host: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """A scan report's host entry with each finding's ``next`` (a finding without one is unchanged)."""
+        findings = []
+        for f in entry.get("findings") or []:
+            step = self.finding(host, f)
+            findings.append({**f, "next": step} if step is not None else f)
+        return {**entry, "findings": findings}
+
+    def report(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """``report`` (fleetops.scan/v1) with every finding's ``next``."""
+        hosts = {h: self.entry(h, e) for h, e in (report.get("hosts") or {}).items()}
+        return {**report, "hosts": hosts}
+
+
+def load(
+    policy: Path | None,
+    ladder_path: Path | None,
+    inventory: Sequence[str],
+    now: float,
+) -> tuple[NextSteps, dict[str, Any]]:
+    """The ``NextSteps`` of a scan and its record (the report's ``next_steps``: the policy, the ladders read).
+
+    ``policy``: a policy file (None: the one fleetops ships); an unreadable or invalid one is a
+    DocumentError (exit 2), before any host is contacted. ``ladder_path``: the state directory's
+    ``ladder.json`` (read only); one that cannot be read leaves every ladder at its first rung, and the
+    record says why."""
+    from fleetops.auto.actions import check_policy_actions
+    from fleetops.documents import DocumentError
+    from fleetops.policy import default_policy_path, load_policy
+
+    path = policy if policy is not None else default_policy_path()
+    loaded = load_policy(path)
+    check_policy_actions(loaded, str(path))
+    record: dict[str, Any] = {"policy": str(policy) if policy is not None else DEFAULT_POLICY}
+    ladder = LadderState()
+    if ladder_path is not None:
+        record["ladders"] = str(ladder_path)
+        try:
+            ladder = LadderState.load(ladder_path)
+        except (DocumentError, OSError) as exc:
+            record["ladders_error"] = f"not read, every ladder taken at its first rung: {exc}"
+    steps = NextSteps(loaded, record["policy"], ladder, tuple(inventory), now)
+    return steps, record
