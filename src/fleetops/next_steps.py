@@ -24,18 +24,22 @@ person can act on (a ``human`` rung) has the rung alone.
 from __future__ import annotations
 
 import shlex
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetops.errors import FleetopsError, UsageError
-from fleetops.policy import HUMAN, BudgetLedger, LadderState, Policy, decide
 from fleetops.remediations import REMEDIATIONS, Remediation, ladder_order
 from fleetops.rollout.guards import target_name_problem
 
+if TYPE_CHECKING:  # the policy (pydantic) is loaded when a finding first needs it: a clean scan never does
+    from fleetops.policy import LadderState, Policy
+
 PROG = "fleetops"
 DEFAULT_POLICY = "default"  # how ``next.rung.policy`` names the policy fleetops ships
+HUMAN = "human"  # fleetops.policy.HUMAN: a rung that runs nothing (a person acts)
 
 
 def _order() -> list[Remediation]:
@@ -80,7 +84,7 @@ class NextSteps:
 
     policy: Policy | None = None
     policy_name: str = DEFAULT_POLICY
-    ladder: LadderState = field(default_factory=LadderState)
+    ladder: LadderState | None = None  # None: no ladder recorded (every one at its first rung)
     inventory: Sequence[str] = ()
     now: float = 0.0
 
@@ -91,8 +95,11 @@ class NextSteps:
         or None: no policy, or no rule takes it."""
         if self.policy is None:
             return None
+        from fleetops.policy import BudgetLedger, LadderState, decide
+
         alone = {"hosts": {host: {"status": "ok", "findings": [dict(finding)]}}}
-        d = decide(self.policy, alone, self.ladder, BudgetLedger(), self.now, lambda _h: None)[0]
+        ladder = self.ladder if self.ladder is not None else LadderState()
+        d = decide(self.policy, alone, ladder, BudgetLedger(), self.now, lambda _h: None)[0]
         if d.rule is None or d.rung is None:
             return None
         rule = self.policy.rule(d.rule)
@@ -201,32 +208,63 @@ class NextSteps:
         return {**report, "hosts": hosts}
 
 
+class ScanSteps:
+    """A scan's ``NextSteps``: the policy and the ladders loaded once, when a finding first needs them (a
+    given policy at once: a bad one is exit 2 before any host is contacted); ``record``: the report's
+    ``next_steps`` (the policy, the ladders read and why not)."""
+
+    def __init__(
+        self, policy: Path | None, state_dir: Path | None, inventory: Sequence[str], now: float
+    ) -> None:
+        self._policy = policy
+        self._state_dir = state_dir
+        self._inventory = tuple(inventory)
+        self._now = now
+        self._steps: NextSteps | None = None
+        self._lock = threading.Lock()
+        self.record: dict[str, Any] = {"policy": str(policy) if policy is not None else DEFAULT_POLICY}
+        if state_dir is not None:
+            from fleetops.util import LADDER_FILE
+
+            self.record["ladders"] = str(state_dir / LADDER_FILE)
+        if policy is not None:
+            self.steps()
+
+    def steps(self) -> NextSteps:
+        with self._lock:
+            if self._steps is None:
+                self._steps = self._load()
+            return self._steps
+
+    def _load(self) -> NextSteps:
+        from fleetops.auto.actions import check_policy_actions
+        from fleetops.documents import DocumentError
+        from fleetops.policy import LadderState, default_policy_path, load_policy
+
+        path = self._policy if self._policy is not None else default_policy_path()
+        policy = load_policy(path)
+        check_policy_actions(policy, str(path))
+        ladder = None
+        if "ladders" in self.record:
+            try:
+                ladder = LadderState.load(Path(self.record["ladders"]))
+            except (DocumentError, OSError) as exc:
+                self.record["ladders_error"] = f"not read, every ladder taken at its first rung: {exc}"
+        return NextSteps(policy, self.record["policy"], ladder, self._inventory, self._now)
+
+    def entry(self, host: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """``NextSteps.entry``; a host without a finding as it is (nothing loaded for it)."""
+        return self.steps().entry(host, entry) if entry.get("findings") else dict(entry)
+
+    def report(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        hosts = {h: self.entry(h, e) for h, e in (report.get("hosts") or {}).items()}
+        return {**report, "hosts": hosts}
+
+
 def load(
-    policy: Path | None,
-    ladder_path: Path | None,
-    inventory: Sequence[str],
-    now: float,
+    policy: Path | None, state_dir: Path | None, inventory: Sequence[str], now: float
 ) -> tuple[NextSteps, dict[str, Any]]:
-    """The ``NextSteps`` of a scan and its record (the report's ``next_steps``: the policy, the ladders read).
-
-    ``policy``: a policy file (None: the one fleetops ships); an unreadable or invalid one is a
-    DocumentError (exit 2), before any host is contacted. ``ladder_path``: the state directory's
-    ``ladder.json`` (read only); one that cannot be read leaves every ladder at its first rung, and the
-    record says why."""
-    from fleetops.auto.actions import check_policy_actions
-    from fleetops.documents import DocumentError
-    from fleetops.policy import default_policy_path, load_policy
-
-    path = policy if policy is not None else default_policy_path()
-    loaded = load_policy(path)
-    check_policy_actions(loaded, str(path))
-    record: dict[str, Any] = {"policy": str(policy) if policy is not None else DEFAULT_POLICY}
-    ladder = LadderState()
-    if ladder_path is not None:
-        record["ladders"] = str(ladder_path)
-        try:
-            ladder = LadderState.load(ladder_path)
-        except (DocumentError, OSError) as exc:
-            record["ladders_error"] = f"not read, every ladder taken at its first rung: {exc}"
-    steps = NextSteps(loaded, record["policy"], ladder, tuple(inventory), now)
-    return steps, record
+    """The ``NextSteps`` of ``policy`` (None: the one fleetops ships) and the ladders ``state_dir`` records
+    (None: none), loaded now, and their record (``ScanSteps.record``)."""
+    scan_steps = ScanSteps(policy, state_dir, inventory, now)
+    return scan_steps.steps(), scan_steps.record

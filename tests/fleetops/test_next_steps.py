@@ -120,7 +120,7 @@ def test_each_real_finding_gets_the_default_policys_rung_and_a_command_naming_it
     real: list[dict[str, Any]],
 ) -> None:
     steps, record = next_steps.load(None, None, [INV], T0)
-    assert record == {"policy": "default"}
+    assert record == {"policy": "default"} and steps.ladder is None
     policy = load_policy(default_policy_path())
     seen = set()
     for finding in real:

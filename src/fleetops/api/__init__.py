@@ -202,7 +202,7 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
-    steps, steps_record = _next_steps(request)  # the policy checked before any host is contacted
+    steps = _next_steps(request)  # a given policy checked before any host is contacted
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
     listing = _selected(inventories, request.limit, None, strict=False)
@@ -246,7 +246,7 @@ def scan(
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written
-    report_ = {**steps.report(with_nodes(report_, nodes)), "selection": selection, "next_steps": steps_record}
+    report_ = {**steps.report(with_nodes(report_, nodes)), "selection": selection, "next_steps": steps.record}
     if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
         if partial is not None:
             partial.close(done=True)
@@ -264,13 +264,12 @@ def scan(
     return result
 
 
-def _next_steps(request: ScanRequest) -> tuple[Any, dict[str, Any]]:
-    """The ``NextSteps`` of a scan (fleetops.next_steps) and the report's record of it."""
-    from fleetops import next_steps
-    from fleetops.auto.state import LADDER_FILE
+def _next_steps(request: ScanRequest) -> Any:
+    """The scan's next steps (fleetops.next_steps.ScanSteps): a given policy checked now (exit 2)."""
+    from fleetops.next_steps import ScanSteps
 
-    ladder = auto_state_dir(request.state_dir) / LADDER_FILE
-    return next_steps.load(request.policy, ladder, [str(p) for p in request.inventory], time.time())
+    inventory = [str(p) for p in request.inventory]
+    return ScanSteps(request.policy, auto_state_dir(request.state_dir), inventory, time.time())
 
 
 def scan_metrics(report: Mapping[str, Any]) -> bytes:
