@@ -12,13 +12,15 @@ rule's ladder that would act. Nothing here names a detector:
 - the remediation is the rung's action when it is one and can be given for this finding (its
   parameters: the rung's, the finding's check for a parameter declared ``from_finding="check"``, and
   what the remediation's ``Fixes`` takes from the finding's data); else (a ``human`` rung, no rule, no
-  policy) the first remediation, in the auto pass's order, whose ``Fixes`` covers the finding;
+  policy, a ladder that ran out) the first remediation, in the auto pass's order, whose ``Fixes`` covers
+  the finding;
 - the command's values are checked as the remediation checks them (``Remediation.extravars``): a value
   it would refuse is no command; a host whose name fleetops cannot target exactly (``rollout.guards``)
   gets no command but the reason (``refused``); everything else is quoted for a POSIX shell.
 
 A finding that no remediation acts on and no rule takes has no ``next``; one a rule takes but only a
-person can act on (a ``human`` rung) has the rung alone.
+person can act on (a ``human`` rung) has the rung alone. A scan (``ScanSteps``) loads the shipped policy
+and the ladders when a finding first needs them: a scan that finds nothing never imports the policy.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ if TYPE_CHECKING:  # the policy (pydantic) is loaded when a finding first needs 
 PROG = "fleetops"
 DEFAULT_POLICY = "default"  # how ``next.rung.policy`` names the policy fleetops ships
 HUMAN = "human"  # fleetops.policy.HUMAN: a rung that runs nothing (a person acts)
+ACTING = ("act", "wait", "budget")  # the decision statuses whose rung's action is the next step
 
 
 def _order() -> list[Remediation]:
@@ -169,7 +172,9 @@ class NextSteps:
         """``finding``'s ``next`` on ``host``, or None when no remediation acts on it and no rule takes it."""
         rung = self.rung(host, finding)
         chosen: tuple[Remediation, dict[str, Any]] | None = None
-        action = rung.get("action") if rung is not None else None
+        # the rung's action, while the ladder is on it (to act, waiting for it to clear, held by a budget); a
+        # ladder that ran out (exhausted) or reached a person offers what the declarations say, for that person
+        action = rung.get("action") if rung is not None and rung.get("status") in ACTING else None
         if action is not None and action != HUMAN and action in REMEDIATIONS:
             remediation = REMEDIATIONS[action]
             params = self.params(remediation, finding, (rung or {}).get("params") or {})

@@ -22,7 +22,7 @@ from fleetops.cli.remediate import remediation_request
 from fleetops.cli.render import render_scan
 from fleetops.cli.render_findings import GROUP_ABOVE
 from fleetops.documents import DocumentError
-from fleetops.policy import LadderState, default_policy_path, load_policy
+from fleetops.policy import LadderState, default_policy_path, load_policy, parse_policy
 from fleetops.remediations import REMEDIATIONS
 from fleetops.rollout.guards import target_name_problem
 from fleetops.scan import report_document
@@ -170,6 +170,18 @@ def test_a_human_rung_still_offers_the_declared_remediation_and_a_ladder_climbs(
     )
     waiting = next_steps.NextSteps(steps.policy, "default", ladder, (), T0 - 1500).finding("gpu-01", ZOMBIE)
     assert waiting is not None and waiting["rung"]["status"] == "wait" and waiting["remediation"] == "fix"
+    # the last rung tried long ago and the finding persists: the ladder ran out, a person decides; the
+    # declared remediation is offered, not the exhausted rung's again
+    only_reboot = parse_policy(
+        "schema: fleetops.policy/v1\nbudgets: {reboot: {max: 1}}\nrules:\n  - name: loops\n"
+        "    match: [{check: crashloop_unit}]\n    ladder: [{action: reboot, clear_after: 1h}]\n",
+        "p.yml",
+    )
+    ran_out = LadderState()
+    ran_out.record("gpu-01", "loops", "crashloop_unit", 0, "reboot", T0 - 86400)
+    out = next_steps.NextSteps(only_reboot, "p.yml", ran_out, (), T0).finding("gpu-01", crashloop_finding())
+    assert out is not None and out["rung"]["status"] == "exhausted" and out["rung"]["action"] == "reboot"
+    assert out["remediation"] == "fix"  # the declared one: not the exhausted rung's reboot again
     # no policy rule (an info finding): nothing to do
     assert steps.finding("gpu-01", ucx_finding(fixable=True, severity="info")) is None
 
@@ -355,7 +367,7 @@ def test_the_table_shows_findings_first_with_the_cause_in_full_and_the_next_step
         {"lab-01": [long, crashloop_finding()], "lab-02": [ucx_finding(fixable=False)], "lab-03": []}
     )
     text = render(report)
-    assert text.lstrip().startswith("fleetops scan: findings")
+    assert text.lstrip().startswith("findings, and what to do next")
     header = next(ln for ln in text.splitlines() if ln.startswith("┃"))
     assert [c.strip() for c in header.strip("┃").split("┃")] == ["host", "check", "severity", "cause", "next"]
     rows = {(r[0], r[1]): r for r in row_cells(text)}

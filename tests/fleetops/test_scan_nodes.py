@@ -126,7 +126,7 @@ def _rendered(report: dict[str, Any], **kw: Any) -> str:
 def _hosts_header(text: str) -> str:
     """The header line of the --wide hosts table."""
     lines = text.splitlines()
-    return lines[next(i for i, ln in enumerate(lines) if ln.strip() == "fleetops scan: hosts") + 2]
+    return lines[next(i for i, ln in enumerate(lines) if ln.strip() == "hosts (--wide)") + 2]
 
 
 def test_the_table_says_whose_each_node_is_and_each_read_failure_once() -> None:
@@ -138,7 +138,7 @@ def test_the_table_says_whose_each_node_is_and_each_read_failure_once() -> None:
     assert (
         "node lab-01: slurm drained: disk swap" in plain and "node gpu-2: slurm draining by fleetops" in plain
     )
-    assert "slurm in" not in plain and "fleetops scan: hosts" not in plain
+    assert "slurm in" not in plain and "hosts (--wide)" not in plain
     assert (
         "scheduler: 3 node(s) read, 2 out of service: drained by someone else 1, draining by fleetops 1"
         in text

@@ -293,7 +293,7 @@ def render_scan_rows(report: dict[str, Any], console: Console, *, wide: bool = F
 
 def render_host_table(report: dict[str, Any], console: Console) -> None:
     """``--wide``: a row a host, its memory-cgroup columns and its findings in a few words."""
-    table = Table(title="fleetops scan: hosts", title_justify="left", show_lines=False)
+    table = Table(title="hosts (--wide)", title_justify="left", show_lines=False)
     for col, justify in (
         ("host", "left"),
         ("status", "left"),

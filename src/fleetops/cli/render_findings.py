@@ -145,7 +145,7 @@ def render_findings(report: Mapping[str, Any], console: Console) -> None:
     groups = finding_groups(hosts)
     if not groups:
         return
-    table = Table(title="fleetops scan: findings", title_justify="left", show_lines=True)
+    table = Table(title="findings, and what to do next", title_justify="left", show_lines=True)
     _columns(table, "host", "check", "severity", "cause", "next")
     for g in groups:
         rows = [([h], None) for h in g.hosts] if len(g.hosts) <= GROUP_ABOVE else [(g.hosts, g)]
