@@ -25,10 +25,11 @@ and the ladders when a finding first needs them: a scan that finds nothing never
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,10 @@ def option_args(remediation: Remediation, params: Mapping[str, Any]) -> list[str
     return argv
 
 
+# a finding's rung and the remediation chosen with its parameters (None, None: nothing to do)
+_Choice = tuple[dict[str, Any] | None, tuple[Remediation, dict[str, Any]] | None]
+
+
 @dataclass(frozen=True)
 class NextSteps:
     """The ``next`` of findings: the policy (None: no rung), the state directory's ladders, and the
@@ -90,6 +95,9 @@ class NextSteps:
     ladder: LadderState | None = None  # None: no ladder recorded (every one at its first rung)
     inventory: Sequence[str] = ()
     now: float = 0.0
+    _cache: dict[tuple[str, str], _Choice] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     # ------------------------------------------------------------------------------ the rung
 
@@ -168,8 +176,19 @@ class NextSteps:
             argv += _arg("-i", inv)
         return argv + _arg("-l", host)
 
-    def finding(self, host: str, finding: Mapping[str, Any]) -> dict[str, Any] | None:
-        """``finding``'s ``next`` on ``host``, or None when no remediation acts on it and no rule takes it."""
+    def _choice(self, host: str, finding: Mapping[str, Any]) -> _Choice:
+        """The rung and the remediation with its parameters for ``finding`` on ``host``: the same for every
+        host with the same finding and the same ladders (a fault on many hosts is decided once)."""
+        ladder = self.ladder.hosts.get(host) if self.ladder is not None else None
+        key = (
+            json.dumps(finding, sort_keys=True, default=str),
+            repr(sorted(ladder.items())) if ladder else "",
+        )
+        if key not in self._cache:
+            self._cache[key] = self._choose(host, finding)
+        return self._cache[key]
+
+    def _choose(self, host: str, finding: Mapping[str, Any]) -> _Choice:
         rung = self.rung(host, finding)
         chosen: tuple[Remediation, dict[str, Any]] | None = None
         # the rung's action, while the ladder is on it (to act, waiting for it to clear, held by a budget); a
@@ -182,6 +201,11 @@ class NextSteps:
                 chosen = remediation, params
         if chosen is None:
             chosen = self._declared(finding)
+        return rung, chosen
+
+    def finding(self, host: str, finding: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``finding``'s ``next`` on ``host``, or None when no remediation acts on it and no rule takes it."""
+        rung, chosen = self._choice(host, finding)
         if chosen is None and rung is None:
             return None
         out: dict[str, Any] = {"remediation": None, "command": None}
@@ -196,7 +220,7 @@ class NextSteps:
             else:
                 out["refused"] = f"host name {host!r} {problem}: fleetops targets hosts by their exact name"
         if rung is not None:
-            out["rung"] = rung
+            out["rung"] = dict(rung)
         return out
 
     def entry(self, host: str, entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -161,8 +161,14 @@ def test_a_human_rung_still_offers_the_declared_remediation_and_a_ladder_climbs(
     # fix tried 30 min ago on the zombie ladder (gets 20 min): the next rung is reclaim
     ladder = LadderState()
     ladder.record("gpu-01", "zombie-memcg", "zombie_memcg", 0, "fix", T0 - 1800)
-    climbed = next_steps.NextSteps(steps.policy, "default", ladder, (), T0).finding("gpu-01", ZOMBIE)
+    one = next_steps.NextSteps(steps.policy, "default", ladder, (), T0)
+    climbed = one.finding("gpu-01", ZOMBIE)
     assert climbed is not None and climbed["remediation"] == "reclaim"
+    # the same finding on a host without a ladder (decided apart: a host's ladders are part of the decision)
+    fresh = one.finding("gpu-02", ZOMBIE)
+    assert fresh is not None and fresh["remediation"] == "fix" and fresh["command"].endswith("-l gpu-02")
+    again = one.finding("gpu-03", ZOMBIE)
+    assert again is not None and again["argv"][-1] == "gpu-03" and again["rung"] == fresh["rung"]
     assert (climbed["rung"]["rung"], climbed["rung"]["action"], climbed["rung"]["status"]) == (
         2,
         "reclaim",
