@@ -25,6 +25,8 @@ from typing import Any, Literal, get_args
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 TEMP_ATTEMPTS = 8  # random temp names tried before giving up (each taken one is left alone)
+# remediate auto's ladders in its state directory (fleetops.auto.state); a scan reads them for its next steps
+LADDER_FILE = "ladder.json"
 HOUR_S = 3600  # seconds
 DAY_S = 24 * HOUR_S
 # The schema ids of the documents fleetops writes and reads back (scan.py, drift.py, api.py, schemas.py).

@@ -96,6 +96,11 @@ def test_findings_show_in_the_scan_table() -> None:
     out = io.StringIO()
     render_scan(report, Console(file=out, width=400, color_system=None))
     text = out.getvalue()
-    assert "ena_resets:warning" in text and "gpu_health:critical" in text
+    rows = [[c.strip() for c in ln.strip("│").split("│")] for ln in text.splitlines() if ln.startswith("│")]
+    assert ["gpu-1", "ena_resets", "warning"] in [r[:3] for r in rows]
+    assert ["gpu-1", "gpu_health", "critical"] in [r[:3] for r in rows]
     assert "ENA NIC reset or TX timeout: eth0: 2 resets" in text
+    wide = io.StringIO()
+    render_scan(report, Console(file=wide, width=400, color_system=None), wide=True)
+    assert "ena_resets:warning" in wide.getvalue() and "gpu_health:critical" in wide.getvalue()
     assert "GPU health: Xid 48" in text

@@ -123,15 +123,27 @@ def _rendered(report: dict[str, Any], **kw: Any) -> str:
     return out.getvalue()
 
 
+def _hosts_header(text: str) -> str:
+    """The header line of the --wide hosts table."""
+    lines = text.splitlines()
+    return lines[next(i for i, ln in enumerate(lines) if ln.strip() == "hosts (--wide)") + 2]
+
+
 def test_the_table_says_whose_each_node_is_and_each_read_failure_once() -> None:
-    text = _rendered(_report(NODES))
-    assert "node" in text.splitlines()[2]  # a column, only when some host has a node
+    text = _rendered(_report(NODES), wide=True)
+    assert "node" in _hosts_header(text)  # a column of --wide's hosts table, only when some host has a node
     assert "slurm drained: disk swap" in text and "slurm draining by fleetops" in text and "slurm in" in text
+    # without --wide: a line for each node out of service (whose, and the scheduler's reason), none for "in"
+    plain = _rendered(_report(NODES))
+    assert (
+        "node lab-01: slurm drained: disk swap" in plain and "node gpu-2: slurm draining by fleetops" in plain
+    )
+    assert "slurm in" not in plain and "hosts (--wide)" not in plain
     assert (
         "scheduler: 3 node(s) read, 2 out of service: drained by someone else 1, draining by fleetops 1"
         in text
     )
-    assert "node" not in _rendered(_report({})).splitlines()[2]
+    assert "node" not in _hosts_header(_rendered(_report({}), wide=True))
     unread = {h: {"backend": "slurm", "node": h, "phase": "unknown", "ours": False, "reason": "", "error": "slurm: boom"}
               for h in ("lab-01", "lab-03")}  # fmt: skip
     text = _rendered(_report(unread))

@@ -213,6 +213,7 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
+    steps = _next_steps(request)  # a given policy checked before any host is contacted
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
     listing = _selected(inventories, request.limit, None, strict=False)
@@ -241,6 +242,7 @@ def scan(
         nodes = scan_view([h for h in listed if h.name in held])
 
     def seen(host: str, entry: dict[str, Any]) -> None:
+        entry = steps.entry(host, entry)
         if host in nodes:
             entry = {**entry, "node": nodes[host]}
         if partial is not None:
@@ -255,7 +257,7 @@ def scan(
     finally:
         if partial is not None:
             partial.close(done=False)  # kept until the final report is written
-    report_ = {**with_nodes(report_, nodes), "selection": selection}
+    report_ = {**steps.report(with_nodes(report_, nodes)), "selection": selection, "next_steps": steps.record}
     if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
         if partial is not None:
             partial.close(done=True)
@@ -271,6 +273,14 @@ def scan(
 
         write_textfile(report_, request.prometheus)
     return result
+
+
+def _next_steps(request: ScanRequest) -> Any:
+    """The scan's next steps (fleetops.next_steps.ScanSteps): a given policy checked now (exit 2)."""
+    from fleetops.next_steps import ScanSteps
+
+    inventory = [str(p) for p in request.inventory]
+    return ScanSteps(request.policy, auto_state_dir(request.state_dir), inventory, time.time())
 
 
 def scan_metrics(report: Mapping[str, Any]) -> bytes:

@@ -43,6 +43,10 @@ class ScanRequest(ScanOptions):
     output: Path | None = None  # also write the JSON report here (FILE.partial meanwhile)
     prometheus: Path | None = None  # also write node_exporter textfile metrics here
     fail_on: str = FAIL_ON_DEFAULT  # the least severe finding that exits 1 (scan.FAIL_ON; "never": none)
+    # each finding's ``next`` (fleetops.next_steps): the rungs of this policy (None: the one fleetops ships),
+    # at the ladders of this state directory (None: <state home>/auto, as remediate auto's), read only
+    policy: Path | None = None
+    state_dir: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from fleetops.policy import (
     StateError,
     file_lock,
 )
+from fleetops.util import LADDER_FILE as LADDER_FILE  # declared there: a scan reads it too
 from fleetops.util import atomic_write
 
-LADDER_FILE = "ladder.json"
 LEDGER_FILE = "ledger.json"
 BRAKES_FILE = "brakes.json"  # the storm brakes in force, without a shared store
 BRAKES_SCHEMA = "fleetops.auto.brakes/v1"

@@ -79,6 +79,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_all_arg(scan, "counts per check and severity, the worst hosts, the AZs most affected")
     scan.add_argument(
+        "--wide",
+        action="store_true",
+        help="with --format table: also each host's row with its memory-cgroup columns (cgroup version, "
+        "scope, memcgs, live, zombies, ID headroom) after the findings",
+    )
+    scan.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="the remediation policy whose rung each finding's next step names (fleetops.policy/v1; default: "
+        "the one fleetops ships; checked before any host is contacted)",
+    )
+    scan.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where remediate auto keeps its ladders, read (never written) for the rung each finding is at "
+        "(default: <state home>/auto, as remediate auto's)",
+    )
+    scan.add_argument(
         "-o",
         "--output",
         type=Path,
@@ -273,6 +293,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from fleetops.cli.render import host_line, render_scan
 
     check_all_arg(args)
+    if args.wide and args.format != "table":
+        raise UsageError(f"--wide applies to --format table only, not {args.format}")
     metrics_out = args.prometheus == STDOUT
     if metrics_out and args.format != "table":
         raise UsageError(f"--prometheus - and --format {args.format} would both write to stdout")
@@ -292,6 +314,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
         shard=args.shard,
         transport=args.transport,
         fail_on=args.fail_on,
+        policy=args.policy,
+        state_dir=args.state_dir,
     )
     for spec in args.extra_vars:
         request.extravars.update(parse_extra_vars(spec))
@@ -348,7 +372,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     elif args.format == "json":
         sys.stdout.write(result.json() + "\n")
     else:
-        render_scan(result.report, out, show_all=args.all_rows, groups=groups)
+        render_scan(result.report, out, show_all=args.all_rows, groups=groups, wide=args.wide)
     return result.exit_code
 
 

@@ -13,11 +13,11 @@ from rich.table import Table
 
 from fleetops.ansible.facts import answered_statuses, severities
 from fleetops.cli.args import SUMMARY_ABOVE
+from fleetops.cli.render_findings import SEVERITY_STYLE, STATUS_STYLE, render_findings, render_next_summary
 from fleetops.drift import UNKNOWN_GROUP
 from fleetops.scan import node_out
 
-SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-STATUS_STYLE = {"ok": "green", "partial": "yellow", "unreachable": "bold red", "failed": "bold red"}
+__all__ = ["SEVERITY_STYLE", "STATUS_STYLE", "host_line", "node_cell", "render_drift", "render_scan"]
 
 
 def _num(value: Any) -> str:
@@ -251,6 +251,7 @@ def render_scan_summary(
                 f"{100 * counts['affected'] / counts['hosts']:.0f}%",
             )
         console.print(t)
+    render_next_summary(report, console)
     for status in NO_RESULT:
         names = [h for h, e in hosts.items() if e.get("status") == status]
         if names:
@@ -272,13 +273,15 @@ def render_scan(
     *,
     show_all: bool = False,
     groups: Mapping[str, str | None] | None = None,
+    wide: bool = False,
 ) -> None:
-    """The scan report as a table: one row a host up to SUMMARY_ABOVE hosts (or with ``show_all``),
-    else summarised (``render_scan_summary``); then the counts line."""
+    """The scan report for people: up to SUMMARY_ABOVE hosts (or with ``show_all``) its findings first, one
+    row each with the next step (``render_scan_rows``; ``wide``: then a row a host with its memory-cgroup
+    columns), else summarised (``render_scan_summary``); then the counts line."""
     if not console.is_terminal:  # piped or captured (CI, AWX, a file): no width to honour, keep cells whole
         console.width = max(console.width, 160)
     if show_all or len(report["hosts"]) <= SUMMARY_ABOVE:
-        render_scan_rows(report, console)
+        render_scan_rows(report, console, wide=wide)
     else:
         render_scan_summary(report, console, groups)
     by_ansible = transport_note(report)
@@ -312,9 +315,40 @@ def transport_note(report: Mapping[str, Any], n: int = NAMED_PER_STATUS) -> str 
     )
 
 
-def render_scan_rows(report: dict[str, Any], console: Console) -> None:
-    """Every host's row, then every finding and detector error, one line each."""
-    table = Table(title="fleetops scan", show_lines=False)
+def render_scan_rows(report: dict[str, Any], console: Console, *, wide: bool = False) -> None:
+    """The findings first (``render_findings``: host, check, severity, cause, next), then the hosts
+    without a result and the detector errors (each reason in full), the hosts with no finding in one
+    line, the scheduler nodes; ``wide``: a row a host with its memory-cgroup columns too."""
+    hosts: Mapping[str, Mapping[str, Any]] = report["hosts"]
+    render_findings(report, console)
+    if wide:
+        render_host_table(report, console)
+    for host, entry in hosts.items():
+        status = entry["status"]
+        if status not in ("ok", "partial"):  # a partial host: its coverage lines below say why
+            msg = f" {escape(str(entry['msg']))}" if entry.get("msg") else ""
+            console.print(f"  [{STATUS_STYLE.get(status, 'bold red')}]{status}[/] {escape(host)}:{msg}")
+        for err in entry.get("errors") or []:
+            console.print(
+                f"  [bold red]error[/] {escape(host)}: {escape(str(err.get('check')))}: {escape(str(err.get('msg')))}"
+            )
+    if not wide:  # the --wide table has a node column: here the nodes out of service or not read
+        for host, entry in hosts.items():
+            node = entry.get("node")
+            if node and (node_out(node) or node.get("phase") == "unknown"):
+                console.print(f"  node {escape(host)}: {escape(node_cell(node))}")
+    for line in coverage_lines(hosts):
+        console.print(line)
+    clean = [h for h, e in hosts.items() if e["status"] == "ok" and not e.get("findings")]
+    if clean:
+        console.print(f"  [green]no findings[/] {len(clean):,} host(s): {escape(' '.join(clean))}")
+    for line in node_lines(hosts):
+        console.print(line)
+
+
+def render_host_table(report: dict[str, Any], console: Console) -> None:
+    """``--wide``: a row a host, its memory-cgroup columns and its findings in a few words."""
+    table = Table(title="hosts (--wide)", title_justify="left", show_lines=False)
     for col, justify in (
         ("host", "left"),
         ("status", "left"),
@@ -334,16 +368,14 @@ def render_scan_rows(report: dict[str, Any], console: Console) -> None:
         memcg = entry.get("facts", {}).get("memcg", {})
         status = entry["status"]
         worst = worst_severity(entry["findings"])
-        findings = ", ".join(f"{f['check']}:{f['severity']}" for f in entry["findings"]) or "-"
+        findings = _findings_cell(entry) if status in answered_statuses() else "-"
         if entry.get("errors"):
             findings += f" ({len(entry['errors'])} error(s))"
-        if status != "ok":
-            findings = entry.get("msg", "")[:80] or "-"
         table.add_row(
-            host,
+            escape(host),
             f"[{STATUS_STYLE.get(status, '')}]{status}[/]",
             _num(memcg.get("cgroup_version")),
-            str(memcg.get("scope", "-")),
+            escape(str(memcg.get("scope", "-"))),
             _num(memcg.get("total")),
             _num(memcg.get("live")),
             _num(memcg.get("zombies")),
@@ -352,18 +384,6 @@ def render_scan_rows(report: dict[str, Any], console: Console) -> None:
             *([escape(node_cell(entry.get("node")))] if with_nodes else []),
         )
     console.print(table)
-    for line in node_lines(report["hosts"]):
-        console.print(line)
-    for host, entry in report["hosts"].items():
-        for f in entry["findings"]:
-            style = SEVERITY_STYLE.get(f.get("severity", ""), "")
-            console.print(
-                f"  [{style}]{f.get('severity', '?'):8}[/] {host}: {f.get('check')}: {f.get('summary', '')}"
-            )
-        for err in entry.get("errors") or []:
-            console.print(f"  [bold red]error   [/] {host}: {err.get('check')}: {err.get('msg')}")
-    for line in coverage_lines(report["hosts"]):
-        console.print(line)
 
 
 # ------------------------------------------------------------------------------------- rendering

@@ -85,6 +85,25 @@ def fix_prepare(
     return {"fleetops_fix_plan": fix_plan}, sorted(fix_plan)
 
 
+def fix_acts_on(finding: Mapping[str, Any]) -> bool:
+    """``fix``'s ``Fixes.acts``: its own plan for a host with only this finding holds a step (a crash-looping
+    unit not protected, a culprit named or zombies over the warning, a UCX service it can set the fix on)."""
+    from fleetops.fix import fix_plan_from_report
+
+    plan, _notes = fix_plan_from_report({"hosts": {"-": {"status": "ok", "findings": [finding]}}})
+    return bool(plan)
+
+
+def unit_not_protected(key: str) -> Any:
+    """``Fixes.acts`` of ``disable-unit``: the unit the finding's ``data[key]`` names is not protected (the
+    module refuses those unless --allow-protected: a person's call, not a next step to offer)."""
+
+    def acts(finding: Mapping[str, Any]) -> bool:
+        return facts.protected_unit(str((finding.get("data") or {}).get(key))) is None
+
+    return acts
+
+
 def fix_gate(
     host: str, outcome: HostOutcome, pre: dict[str, Any] | None, post: dict[str, Any], xv: dict[str, Any]
 ) -> str | None:

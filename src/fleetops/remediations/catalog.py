@@ -15,6 +15,7 @@ from fleetops.ansible import facts
 from fleetops.remediations import behaviour as b
 from fleetops.remediations.declare import (
     REQUIRED,
+    Fixes,
     Param,
     Remediation,
     as_true,
@@ -149,6 +150,16 @@ register(
             ),
         ),
         gate=b.disable_unit_gate,
+        fixes=(
+            Fixes("crashloop_unit", params={"unit": "unit"}, acts=b.unit_not_protected("unit")),
+            Fixes(
+                "crashloop_container",
+                params={"unit": "owner_unit", "containers": "name"},
+                when={"owner_protected": False},
+                acts=b.unit_not_protected("owner_unit"),
+            ),
+            Fixes("unexpected_unit", params={"unit": "unit"}, acts=b.unit_not_protected("unit")),
+        ),
     )
 )
 register(
@@ -163,6 +174,7 @@ register(
         help="free zombie memory cgroups by dropping the page cache that pins them",
         ladder=40,
         parameters=(MIN_ZOMBIES, REBOOT_THRESHOLD, METHOD),
+        fixes=(Fixes("zombie_memcg"),),
     )
 )
 register(
@@ -200,6 +212,10 @@ register(
         ),
         prepare=b.fix_prepare,
         gate=b.fix_gate,
+        fixes=tuple(
+            Fixes(check, acts=b.fix_acts_on)
+            for check in ("zombie_memcg", "crashloop_unit", "crashloop_container", "ucx_mmap_hooks")
+        ),
     )
 )
 register(
@@ -264,6 +280,8 @@ register(
         ),
         more_vars=b.reboot_phase,
         gate=b.reboot_gate,
+        # a reboot reloads the NIC driver, and is how an instance-reboot event is done on our own time
+        fixes=(Fixes("ena_resets"), Fixes("ec2_scheduled_event", when={"code": "instance-reboot"})),
         probe_vars={"fleetops_probe_only": True},
         post_vars=b.reboot_post_vars,
         cooldown=10.0,
@@ -391,6 +409,7 @@ register(
             KUBECONFIG,
         ),
         host_timeout=QUARANTINE_HOST_TIMEOUT_S,
+        fixes=(Fixes("gpu_health", severities=("critical",)),),  # keeps work off a broken GPU
     )
 )
 register(
@@ -439,6 +458,8 @@ register(
         ),
         gate=b.stop_start_gate,
         refuse=b.refuse_group_member,
+        # other hardware: a scheduled retirement, stop or maintenance done on our time
+        fixes=(Fixes("ec2_scheduled_event"),),
         probe_vars={"fleetops_probe_only": True},
         cooldown=10.0,
         host_timeout=STOP_START_HOST_TIMEOUT_S,

@@ -125,6 +125,51 @@ class Param:
         return tuple(zip(labels, self.extravars, strict=True))
 
 
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Fixes:
+    """A finding a remediation acts on (``Remediation.fixes``): what ``fleetops scan`` offers as the finding's
+    next step (``fleetops.next_steps``) when the policy's rung names no remediation that can act.
+
+    ``check``: the finding's check (warning or critical: an info finding needs nothing done); ``params``:
+    parameter -> the top-level key of the finding's ``data`` that gives its value (a repeatable parameter
+    gets it as a one-item list; a finding without it is not one this remediation acts on); ``when``: key of
+    ``data`` -> True (set and true), False (unset, null or false) or the value it must equal; ``acts``: what
+    the keys cannot say (the finding -> whether the remediation would act on it: ``fix``'s own plan)."""
+
+    check: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    when: Mapping[str, Any] = field(default_factory=dict)
+    acts: Callable[[Mapping[str, Any]], bool] | None = None
+    severities: tuple[str, ...] = ("warning", "critical")
+
+    def params_for(self, finding: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The parameters this finding gives, or None when it is not one this declaration covers."""
+        if finding.get("check") != self.check or finding.get("severity") not in self.severities:
+            return None
+        data = finding.get("data") or {}
+        if not isinstance(data, Mapping):
+            return None
+        for key, want in self.when.items():
+            value = data.get(key)
+            if want is True or want is False:
+                if bool(value) is not want:
+                    return None
+            elif value != want:
+                return None
+        out: dict[str, Any] = {}
+        for param, key in self.params.items():
+            value = data.get(key, _UNSET)
+            if value is _UNSET or value is None or value == "":
+                return None
+            out[param] = value
+        if self.acts is not None and not self.acts(finding):
+            return None
+        return out
+
+
 def check_host_timeout(seconds: int) -> int:
     """``--host-timeout``: whole seconds, at least 1, at most a day; UsageError otherwise."""
     if isinstance(seconds, bool) or not isinstance(seconds, int):
@@ -188,6 +233,9 @@ class Remediation:
     rerun_in_doubt: str | None = None
     # two or three whole command lines its --help ends with (a test parses each with the real parser)
     examples: tuple[str, ...] = ()
+    # Optional: the findings it acts on and the parameters each gives (``Fixes``): a scan's ``next`` for a
+    # finding whose policy rung names no remediation that can act (a ``human`` rung, no rule, no policy)
+    fixes: tuple[Fixes, ...] = ()
     _by_name: dict[str, Param] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -202,6 +250,12 @@ class Remediation:
         rerun = by_name.get(self.rerun_in_doubt) if self.rerun_in_doubt is not None else None
         if self.rerun_in_doubt is not None and (rerun is None or rerun.kind != "flag"):
             raise ValueError(f"remediation {self.name}: rerun_in_doubt {self.rerun_in_doubt!r} is not a flag")
+        for fx in self.fixes:
+            unknown = sorted(set(fx.params) - set(by_name))
+            if unknown:
+                raise ValueError(
+                    f"remediation {self.name}: fixes {fx.check}: not a parameter: {', '.join(unknown)}"
+                )
         object.__setattr__(self, "_by_name", by_name)
 
     @property

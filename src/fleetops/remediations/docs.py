@@ -55,6 +55,28 @@ def _about(remediation: Remediation, order: tuple[str, ...]) -> str:
     return "; ".join(facts)
 
 
+def _fixes(remediation: Remediation) -> str:
+    """The findings a scan offers this remediation for (``Remediation.fixes``), in a sentence."""
+    told = []
+    for fx in remediation.fixes:
+        text = f"`{fx.check}`" + (
+            "" if fx.severities == ("warning", "critical") else f" ({', '.join(fx.severities)})"
+        )
+        given = [f"{remediation.parameters_by_name[p].option} from `data.{k}`" for p, k in fx.params.items()]
+        when = [
+            f"`{k}` {'true' if v is True else 'not true' if v is False else f'= {v}'}"
+            for k, v in fx.when.items()
+        ]
+        more = "; ".join(x for x in (", ".join(given), ("when " + ", ".join(when)) if when else "") if x)
+        told.append(text + (f" ({more})" if more else ""))
+    return (
+        "A scan offers it as a finding's next step (when the policy's rung names no remediation that can act) "
+        "for: " + "; ".join(told) + "."
+        if told
+        else ""
+    )
+
+
 def _row(cells: list[Any]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
@@ -65,6 +87,8 @@ def options_markdown() -> str:
     out: list[str] = []
     for r in REMEDIATIONS.values():
         out += [f"## `fleetops remediate {r.name}`", "", f"{r.help} ({_about(r, order)}).", ""]
+        if r.fixes:
+            out += [_fixes(r), ""]
         if not r.parameters:
             out += ["No options of its own.", ""]
             continue

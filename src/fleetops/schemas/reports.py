@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from fleetops.auto_schema import DecisionStatus
 from fleetops.documents import (
     FieldProblem,
     problem,
@@ -127,6 +128,32 @@ FINDING_DATA_KEYS: dict[str, frozenset[str]] = {
 }
 
 
+class NextRung(_Open):
+    """The policy's rung for a finding (``fleetops.next_steps``): its rule's ladder where the state directory
+    records it, budgets, storm brakes and floors aside (``remediate auto --from`` judges those)."""
+
+    policy: str = Field(description="the policy file as given, or 'default' (the one fleetops ships)")
+    rule: str
+    rung: Annotated[int, Field(ge=1)] = Field(description="counted from 1, as the text says 'rung 1/4'")
+    rungs: Annotated[int, Field(ge=1)]
+    action: str | None = Field(description="the rung's action: a remediation, or 'human'")
+    status: DecisionStatus
+    reason: str
+    params: dict[str, Any] = Field(default_factory=dict, description="the rung's own parameters")
+    note: str | None = None
+
+
+class FindingNext(_Open):
+    """What to do next about a finding (``fleetops.next_steps``): the remediation that acts on it and the
+    dry-run command for its host, and the policy's rung."""
+
+    remediation: str | None = Field(description="null: no remediation acts on it (the rung says who does)")
+    command: str | None = Field(description="the dry-run command, quoted for a POSIX shell; null: none")
+    argv: list[str] | None = Field(default=None, description="the command as its arguments")
+    refused: str | None = Field(default=None, description="why there is no command for this host")
+    rung: NextRung | None = None
+
+
 class Finding(_Open):
     """One finding; for the checks in FINDING_DATA, ``data`` is also checked against that model
     (the JSON Schema leaves ``data`` open: it differs by check)."""
@@ -135,6 +162,7 @@ class Finding(_Open):
     severity: Severity
     summary: str
     data: dict[str, Any]
+    next: FindingNext | None = Field(default=None, description="what to do next; absent: nothing acts on it")
 
     @model_validator(mode="after")
     def _data_of_check(self) -> Self:
@@ -323,6 +351,14 @@ class ScanTransport(_Open):
     )
 
 
+class NextStepsRecord(_Open):
+    """Where the findings' ``next`` came from: the policy, the ladders read (and why not)."""
+
+    policy: str
+    ladders: str | None = Field(default=None, description="the state directory's ladder.json")
+    ladders_error: str | None = None
+
+
 class ScanReport(_Open):
     """``fleetops scan -o FILE`` / ``--format json`` / ``fleetops merge``: what ``drift --from`` and
     ``merge`` read."""
@@ -341,6 +377,7 @@ class ScanReport(_Open):
     transport: ScanTransport | None = Field(
         default=None, description="absent in older reports and merged ones"
     )
+    next_steps: NextStepsRecord | None = Field(default=None, description="absent in older reports")
     hosts: dict[str, ScanHost]
     summary: ScanSummary
     interrupted: bool = False
