@@ -120,7 +120,7 @@ def entry(i: int) -> dict[str, Any]:
         {"check": CHECKS[i % 3], "severity": ("warning", "critical")[i % 2], "summary": "x", "data": {}}
     ] * (i % 3 == 0)
     return {
-        "status": "unreachable" if i % 37 == 0 else "ok",
+        "status": "unreachable" if i % 37 == 0 else ("partial" if i % 5 == 0 else "ok"),
         "msg": "ssh: connect timed out" if i % 37 == 0 else None,
         "findings": findings if i % 37 else [],
         "facts": {
@@ -132,6 +132,13 @@ def entry(i: int) -> dict[str, Any]:
         else {},
         "errors": [],
         "checks": list(CHECKS),
+        # as node_health answers: each check's coverage (every 5th host's crashloop_unit could not look)
+        "coverage": {
+            c: {"level": "none", "reason": "systemd is not PID 1 on this host: no service to read"}
+            if c == "crashloop_unit" and i % 5 == 0
+            else {"level": "full", "reason": None}
+            for c in CHECKS
+        },
     }
 
 
@@ -162,7 +169,7 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
             res = (
                 {"msg": e["msg"], "unreachable": True}
                 if i % 37 == 0
-                else {k: e[k] for k in ("findings", "facts", "errors", "checks")}
+                else {k: e[k] for k in ("findings", "facts", "errors", "checks", "coverage")}
             )
             data = {
                 "host": h.name,
@@ -224,7 +231,7 @@ def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all: {}\n")
     fleet: dict[str, list[InventoryHost]] = {}
-    result = {k: v for k, v in entry(1).items() if k in ("findings", "facts", "errors", "checks")}
+    result = {k: v for k, v in entry(1).items() if k in ("findings", "facts", "errors", "checks", "coverage")}
     reply = json.dumps({"fleetops_runner": "ok", "result": {**result, "duration_ms": 1.0}}).encode()
 
     class Inline:
