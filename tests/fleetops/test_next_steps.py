@@ -269,6 +269,8 @@ class _Runner:
 
 @pytest.fixture
 def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, _Runner]:
+    """A stand-in for ansible-playbook's scan: the scans below name --transport ansible (the default's
+    direct path would ssh to these names)."""
     hosts = {"lab-01": [ZOMBIE, crashloop_finding()], "lab-02": [ucx_finding(fixable=False)], "lab-03": []}
     inv = tmp_path / "lab.yml"
     inv.write_text("all:\n  hosts:\n" + "".join(f"    {h}:\n" for h in hosts))
@@ -282,7 +284,23 @@ def test_the_json_report_and_every_ndjson_line_carry_next(
 ) -> None:
     inv, _ = fleet
     state = tmp_path / "state"
-    assert main(["scan", "-i", str(inv), "-q", "--format", "json", "--state-dir", str(state)]) == 1
+    assert (
+        main(
+            [
+                "scan",
+                "-i",
+                str(inv),
+                "--transport",
+                "ansible",
+                "-q",
+                "--format",
+                "json",
+                "--state-dir",
+                str(state),
+            ]
+        )
+        == 1
+    )
     report = json.loads(capsys.readouterr().out)
     schemas.validate_scan_report(report, "report")
     assert report["next_steps"] == {"policy": "default", "ladders": str(state / "ladder.json")}
@@ -291,7 +309,23 @@ def test_the_json_report_and_every_ndjson_line_carry_next(
     assert zombie["next"]["rung"]["rule"] == "zombie-memcg" and loop["next"]["rung"]["rule"] == "crashloop"
     (unowned,) = report["hosts"]["lab-02"]["findings"]
     assert unowned["next"]["remediation"] is None and unowned["next"]["rung"]["action"] == "human"
-    assert main(["scan", "-i", str(inv), "-q", "--format", "ndjson", "--state-dir", str(state)]) == 1
+    assert (
+        main(
+            [
+                "scan",
+                "-i",
+                str(inv),
+                "--transport",
+                "ansible",
+                "-q",
+                "--format",
+                "ndjson",
+                "--state-dir",
+                str(state),
+            ]
+        )
+        == 1
+    )
     lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     for line in lines:
         schemas.validate_scan_host(line, "ndjson")
@@ -304,12 +338,12 @@ def test_a_bad_policy_is_exit_2_before_any_host_is_contacted(
     inv, runner = fleet
     bad = tmp_path / "p.yml"
     bad.write_text("schema: fleetops.policy/v1\nrules: []\n")
-    assert main(["scan", "-i", str(inv), "-q", "--policy", str(bad)]) == 2
+    assert main(["scan", "-i", str(inv), "--transport", "ansible", "-q", "--policy", str(bad)]) == 2
     assert runner.calls == 0 and str(bad) in capsys.readouterr().err
     with pytest.raises(DocumentError):
-        api.scan(api.ScanRequest(inventory=[inv], policy=tmp_path / "absent.yml"))
+        api.scan(api.ScanRequest(inventory=[inv], policy=tmp_path / "absent.yml", transport="ansible"))
     assert runner.calls == 0
-    assert main(["scan", "-i", str(inv), "-q", "--wide", "--format", "json"]) == 2
+    assert main(["scan", "-i", str(inv), "--transport", "ansible", "-q", "--wide", "--format", "json"]) == 2
     assert "--wide applies to --format table only" in capsys.readouterr().err
     # a policy of one's own: its rung, named by its file
     own = tmp_path / "own.yml"
@@ -318,7 +352,9 @@ def test_a_bad_policy_is_exit_2_before_any_host_is_contacted(
         "rules:\n  - name: loops\n    match: [{check: crashloop_unit}]\n"
         "    ladder: [{action: reboot, clear_after: 1h}]\n"
     )
-    result = api.scan(api.ScanRequest(inventory=[inv], policy=own, state_dir=tmp_path / "s"))
+    result = api.scan(
+        api.ScanRequest(inventory=[inv], policy=own, state_dir=tmp_path / "s", transport="ansible")
+    )
     zombie, loop = result.report["hosts"]["lab-01"]["findings"]
     assert loop["next"]["remediation"] == "reboot" and loop["next"]["rung"]["policy"] == str(own)
     assert zombie["next"]["remediation"] == "fix" and "rung" not in zombie["next"]  # declared; no rule
