@@ -280,7 +280,6 @@ def test_ctrl_c_without_a_cancel_event_ends_the_ssh_commands_at_once(tmp_path: P
     and starts no more, instead of waiting for every host."""
     import signal
     import threading
-    import time
 
     pids = tmp_path / "pids"
     slow = tmp_path / "slow-python"
