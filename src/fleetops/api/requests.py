@@ -43,12 +43,21 @@ class ScanRequest(ScanOptions):
     output: Path | None = None  # also write the JSON report here (FILE.partial meanwhile)
     prometheus: Path | None = None  # also write node_exporter textfile metrics here
     fail_on: str = FAIL_ON_DEFAULT  # the least severe finding that exits 1 (scan.FAIL_ON; "never": none)
+    # the fleet record (fleetops.auto.seen): what the scan saw, for the limited passes' brake and floors;
+    # written to the inventory's shared store, else to ``state_dir`` (None: <state home>/auto); the rules
+    # are those of ``policy`` (None: the default one). A scan of this machine alone (no inventory) records
+    # nothing.
+    fleet_record: bool = True
+    policy: Path | None = None
+    state_dir: Path | None = None
 
 
 @dataclass(frozen=True)
 class ScanResult:
     report: dict[str, Any]  # fleetops.scan/v1
     exit_code: ExitCode
+    recorded: str = ""  # where the fleet record was written ('' when it was not)
+    record_warnings: tuple[str, ...] = ()  # why (some of) it was not
 
     @property
     def interrupted(self) -> bool:

@@ -31,6 +31,8 @@ from fleetops.cli.args import (
     VersionAction,
     add_all_arg,
     add_format_arg,
+    add_policy_arg,
+    add_state_dir_arg,
     add_target_args,
     collection_default,
     int_range,
@@ -199,6 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
         "any host is contacted, as node_health checks it: an unknown knob (a typo names the nearest), a value "
         "of the wrong type or out of range is a usage error (ansible's own ansible_* variables pass through)",
     )
+    scan.add_argument(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        help="do not write the fleet record. By default a scan of an inventory (-i) records, for the limited "
+        "`remediate auto` passes' storm brake and floors, when it saw each host, whether it answered, and "
+        "the policy's rules its findings match (only for the checks it ran): in the inventory's shared store "
+        "(store_table), else in the state directory's seen.json. The hosts are only read either way",
+    )
+    add_policy_arg(scan, " whose rules the fleet record names (that of your `remediate auto` passes)")
+    add_state_dir_arg(scan, "where the fleet record goes without a shared store (that of your passes)")
     scan.set_defaults(func=cmd_scan)
 
     from fleetops.cli.plan import register as register_plan
@@ -289,6 +302,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
         shard=args.shard,
         transport=args.transport,
         fail_on=args.fail_on,
+        fleet_record=args.record,
+        policy=args.policy,
+        state_dir=args.state_dir,
     )
     for spec in args.extra_vars:
         request.extravars.update(parse_extra_vars(spec))
@@ -337,6 +353,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
             "matched no host and selected nothing (a remediation refuses such a limit)",
             soft_wrap=True,
         )
+    for line in result.record_warnings:
+        err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+    if result.recorded and not args.quiet:
+        err.print(f"[dim]fleet record: written to {escape(result.recorded)}[/]", soft_wrap=True)
     if metrics_out:
         sys.stdout.buffer.write(api.scan_metrics(result.report))
         sys.stdout.flush()
