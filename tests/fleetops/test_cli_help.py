@@ -126,7 +126,9 @@ def test_a_scan_over_ssh_imports_only_what_it_uses(tmp_path: Path, record: bool)
     assert sorted(report["hosts"]) == ["h1", "h2"]
     assert not any(Path(p).name == "ansible-inventory" for p in found["started"]), found["started"]
     loaded = [m for m in found["modules"] if m.startswith(SCAN_UNUSED)]
-    assert [m for m in loaded if not (record and m.split(".")[0] in ("pydantic", "pydantic_core"))] == [], loaded
+    assert [m for m in loaded if not (record and m.split(".")[0] in ("pydantic", "pydantic_core"))] == [], (
+        loaded
+    )
     assert (tmp_path / "state" / "seen.json").exists() == record
     assert "ansible.inventory.manager" in found["modules"]  # listed in this process
 
