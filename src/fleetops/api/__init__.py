@@ -202,9 +202,9 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
+    record = _scan_recorder(request, inventories)  # its policy and store: checked before any host
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
-    record = _scan_recorder(request, inventories)  # its policy and store: checked before any host
     listing = _selected(inventories, request.limit, None, strict=False)
     listed = listing.hosts
     selection = _selection_record(inventories, request.limit, [h.name for h in listed], listing.unmatched)

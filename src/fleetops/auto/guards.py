@@ -230,9 +230,10 @@ class Guards(PassBase):
     def apply_floors(self, ladder: LadderState, now: float) -> None:
         """The capacity floors (the policy's ``floor``): per group, the hosts out of service now —
         unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), in a batch
-        another pass reserved in the store or left half done by a dead pass (``in_flight``), out of scheduling (``inputs.nodes``), an instance the inventory
-        lists as not running (``inputs.stopped``), and outside this pass, not scanned by the latest pass
-        that recorded it (the fleet record) — and the ones this pass takes; a disruptive action that would
+        another pass reserved in the store or left half done by a dead pass (``in_flight``), out of
+        scheduling (``inputs.nodes``), an instance the inventory lists as not running (``inputs.stopped``),
+        and outside this pass, not scanned by the latest pass or scan that recorded it (the fleet record) —
+        and the ones this pass takes; a disruptive action that would
         leave its group below the floor waits (status ``floor``). One line per group with such an action."""
         inputs, result = self.inputs, self.result
         policy = inputs.policy
