@@ -119,11 +119,13 @@ def test_single_host_passes_one_after_another_reboot_no_more_than_the_storm_limi
             clear_hardware(lab, host)
 
 
+@pytest.mark.parametrize("recorder", ["pass", "scan"])
 def test_a_pass_limited_to_a_host_keeps_the_floor_of_a_group_with_hosts_powered_off(
-    lab: Lab, env: dict[str, str], tmp_path: Path
+    lab: Lab, env: dict[str, str], tmp_path: Path, recorder: str
 ) -> None:
-    """A group of four with two hosts powered off (still in the inventory): after a full pass, a pass
-    limited to a faulty host of that group does not reboot it, and names the floor."""
+    """A group of four with two hosts powered off (still in the inventory): after a full pass, or a
+    scheduled `fleetops scan` of the fleet (no pass), a pass limited to a faulty host of that group does not
+    reboot it, and names the floor."""
     env = _kube(tmp_path, env)
     policy = tmp_path / "floor.yml"
     policy.write_text(FLOOR_POLICY)
@@ -134,8 +136,19 @@ def test_a_pass_limited_to_a_host_keeps_the_floor_of_a_group_with_hosts_powered_
         lab.power(host, on=False)
     try:
         state = tmp_path / "auto-state"
-        _rc, full, _err = _pass(inventory, env, policy, state)
-        assert sorted(full["unreachable"]["hosts"]) == off
+        if recorder == "pass":
+            _rc, full, _err = _pass(inventory, env, policy, state)
+            assert sorted(full["unreachable"]["hosts"]) == off
+        else:
+            scan = fleetops(
+                "scan", "-i", str(inventory), "--policy", str(policy), "--state-dir", str(state),
+                "--format", "json", env=env,
+            )  # fmt: skip
+            assert scan.rc == 3, scan.stderr  # the hosts powered off
+            assert f"fleet record: written to {state / 'seen.json'}" in scan.stderr, scan.stderr
+            assert (
+                sorted(h for h, e in json.loads(scan.stdout)["hosts"].items() if e["status"] != "ok") == off
+            )
         inject_ecc(lab, HOSTS[2], uncorrected=2)  # the alert comes after the schedule's pass
         before = boots(lab, [HOSTS[2]])
         _rc, doc, err = _pass(inventory, env, policy, state, HOSTS[2])

@@ -214,6 +214,7 @@ def scan(
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
     steps = _next_steps(request)  # a given policy checked before any host is contacted
+    record = _scan_recorder(request, inventories)  # its policy and store: checked before any host
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
     listing = _selected(inventories, request.limit, None, strict=False)
@@ -263,7 +264,10 @@ def scan(
             partial.close(done=True)
         raise UsageError("no hosts matched the inventory and limit")
     code = exit_code(report_, request.fail_on)
-    result = ScanResult(report_, ExitCode.INTERRUPTED if report_.get("interrupted") else code)
+    where, warnings = record(report_, listed) if record is not None else ("", [])
+    result = ScanResult(
+        report_, ExitCode.INTERRUPTED if report_.get("interrupted") else code, where, tuple(warnings)
+    )
     if output is not None:
         write_report(output, result.json() + "\n")
         if partial is not None:
@@ -281,6 +285,43 @@ def _next_steps(request: ScanRequest) -> Any:
 
     inventory = [str(p) for p in request.inventory]
     return ScanSteps(request.policy, auto_state_dir(request.state_dir), inventory, time.time())
+
+
+def _scan_recorder(
+    request: ScanRequest, inventories: Sequence[Path]
+) -> Callable[[Mapping[str, Any], Sequence[Any]], tuple[str, list[str]]] | None:
+    """What writes a scan's fleet record (``fleetops.auto.seen.record_scan``), its policy read and its store
+    named now, before any host is contacted (a bad one: exit 2); None when the scan records nothing
+    (``fleet_record`` off, or this machine alone). It gives where it wrote and what it could not write."""
+    if not request.fleet_record or not request.inventory:
+        return None
+    from fleetops.auto import seen
+    from fleetops.policy import default_policy_path, load_policy
+    from fleetops.store import StoreFailure
+
+    policy = load_policy(request.policy if request.policy is not None else default_policy_path())
+    shared = open_store(inventories)
+    state_dir = auto_state_dir(request.state_dir)
+
+    def record(report_: Mapping[str, Any], hosts: Sequence[Any]) -> tuple[str, list[str]]:
+        warnings: list[str] = []
+        group_of = {h.name: h.group for h in hosts}
+        try:
+            where = seen.record_scan(
+                report_,
+                policy,
+                request.checks,
+                store=shared,
+                state_dir=state_dir,
+                group_of=group_of.get,
+                now=time.time(),
+                warn=warnings.append,
+            )
+        except (StoreFailure, OSError) as exc:
+            return "", [f"the fleet record was not written: {exc}"]
+        return where, warnings
+
+    return record
 
 
 def scan_metrics(report: Mapping[str, Any]) -> bytes:

@@ -43,8 +43,12 @@ class ScanRequest(ScanOptions):
     output: Path | None = None  # also write the JSON report here (FILE.partial meanwhile)
     prometheus: Path | None = None  # also write node_exporter textfile metrics here
     fail_on: str = FAIL_ON_DEFAULT  # the least severe finding that exits 1 (scan.FAIL_ON; "never": none)
-    # each finding's ``next`` (fleetops.next_steps): the rungs of this policy (None: the one fleetops ships),
-    # at the ladders of this state directory (None: <state home>/auto, as remediate auto's), read only
+    # ``policy`` (None: the one fleetops ships) and ``state_dir`` (None: <state home>/auto, as remediate auto's)
+    # serve both: each finding's ``next`` (fleetops.next_steps: the policy's rungs at the state directory's
+    # ladders, read only) and the fleet record (fleetops.auto.seen: what the scan saw, for the limited
+    # passes' brake and floors; written to the inventory's shared store, else to ``state_dir``, naming the
+    # policy's rules). A scan of this machine alone (no inventory) records nothing.
+    fleet_record: bool = True
     policy: Path | None = None
     state_dir: Path | None = None
 
@@ -53,6 +57,8 @@ class ScanRequest(ScanOptions):
 class ScanResult:
     report: dict[str, Any]  # fleetops.scan/v1
     exit_code: ExitCode
+    recorded: str = ""  # where the fleet record was written ('' when it was not)
+    record_warnings: tuple[str, ...] = ()  # why (some of) it was not
 
     @property
     def interrupted(self) -> bool:

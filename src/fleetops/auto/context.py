@@ -78,7 +78,8 @@ class PassBase:
     shield: Callable[[], contextlib.AbstractContextManager[Any]]
 
     def __post_init__(self) -> None:
-        self.in_flight: dict[str, str] = {}  # host -> what a dead pass left half done on it (the store's)
+        # host -> what the store has in flight on it: another pass's batch, a step a dead pass left half done
+        self.in_flight: dict[str, str] = {}
         self.brakes: dict[str, dict[str, Any]] = {}  # the storm brakes in force before this pass
         self.trip: Callable[[Mapping[str, str]], None] = lambda new: None  # record brakes this pass trips
         self.seen = FleetRecord()  # what the passes recorded of each host (fleetops.auto.seen)

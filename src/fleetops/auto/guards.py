@@ -91,14 +91,24 @@ class Guards(PassBase):
                 unseen.setdefault(self.group_of(host) or NO_GROUP, []).append(host)
         self.result.unrecorded = {g: list(hs) for g, hs in sorted(unseen.items())}
         window = fmt_duration(int(SEEN_FRESH_S))
+        settings = {f.unrecorded for f in (policy.floor, *(r.floor for r in policy.rules)) if f is not None}
         if unseen:
             hosts = [h for hs in unseen.values() for h in hs]
-            self.say(
-                f"fleet record: {len(hosts)} host(s) outside this pass seen by no pass within {window} "
-                f"({', '.join(hosts[:5])}{', ...' if len(hosts) > 5 else ''}): the capacity of group(s) "
-                f"{', '.join(sorted(unseen))} is unknown; a disruptive rung under a floor there waits",
-                "warning",
-            )
+            shown = f"{', '.join(hosts[:5])}{', ...' if len(hosts) > 5 else ''}"
+            told = f"fleet record: {len(hosts)} host(s) outside this pass seen by no pass within {window} ({shown})"
+            if "unknown" in settings:
+                also = (
+                    " (a floor with unrecorded: available counts them in service)"
+                    if "available" in settings
+                    else ""
+                )
+                self.say(
+                    f"{told}: the capacity of group(s) {', '.join(sorted(unseen))} is unknown; a disruptive "
+                    f"rung under a floor there waits{also}",
+                    "warning",
+                )
+            else:
+                self.say(f"{told}: counted in service (the policy's floors say unrecorded: available)", "dim")
         for group, hs in unseen.items():
             unknown.setdefault(
                 group, (f"{len(hs)} of its hosts outside this pass have no record within {window}", True)
@@ -108,7 +118,8 @@ class Guards(PassBase):
             if d.status != "act" or not disruptive(d.action) or d.group not in unknown:
                 return False
             found = policy.rule(d.rule) if d.rule else None
-            return not unknown[d.group][1] or (found is not None and policy.floor_of(found) is not None)
+            floor = policy.floor_of(found) if found is not None else None
+            return not unknown[d.group][1] or (floor is not None and floor.unrecorded == "unknown")
 
         self.result.decisions = [
             dataclasses.replace(
@@ -187,7 +198,7 @@ class Guards(PassBase):
         fresh = self.seen.fresh(now)
         elsewhere: dict[str, dict[str, str]] = {}
         for host in self.outside():
-            rules = set(fresh[host].rules) if host in fresh else set()
+            rules = fresh[host].matching(now - SEEN_FRESH_S) if host in fresh else set()
             rules |= {
                 r for r, rec in ladder.hosts.get(host, {}).items() if rec.first_tried >= now - SEEN_FRESH_S
             }
@@ -219,10 +230,11 @@ class Guards(PassBase):
 
     def apply_floors(self, ladder: LadderState, now: float) -> None:
         """The capacity floors (the policy's ``floor``): per group, the hosts out of service now —
-        unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), left half
-        done by a dead pass (``in_flight``), out of scheduling (``inputs.nodes``), an instance the inventory
-        lists as not running (``inputs.stopped``), and outside this pass, not scanned by the latest pass
-        that recorded it (the fleet record) — and the ones this pass takes; a disruptive action that would
+        unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), in a batch
+        another pass reserved in the store or left half done by a dead pass (``in_flight``), out of
+        scheduling (``inputs.nodes``), an instance the inventory lists as not running (``inputs.stopped``),
+        and outside this pass, not scanned by the latest pass or scan that recorded it (the fleet record) —
+        and the ones this pass takes; a disruptive action that would
         leave its group below the floor waits (status ``floor``). One line per group with such an action."""
         inputs, result = self.inputs, self.result
         policy = inputs.policy

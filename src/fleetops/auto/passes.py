@@ -52,9 +52,14 @@ def new_pass_id(clock: Callable[[], float]) -> str:
     return f"auto-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(clock()))}-{secrets.token_hex(3)}"
 
 
-def disruptive_actions(inputs: PassInputs) -> list[str]:
-    """The disruptive actions the policy's ladders name (``Remediation.disruptive``)."""
-    named = {str(rung.action) for rule in inputs.policy.rules for rung in rule.ladder}
+def disruptive_actions(inputs: PassInputs, every: bool = False) -> list[str]:
+    """The disruptive actions the policy's ladders name (``Remediation.disruptive``); ``every``: all of
+    them, named or not (another pass's policy may name others)."""
+    named = (
+        set(REMEDIATIONS)
+        if every
+        else {str(rung.action) for rule in inputs.policy.rules for rung in rule.ladder}
+    )
     return sorted(a for a in named if a in REMEDIATIONS and REMEDIATIONS[a].disruptive)
 
 
@@ -172,7 +177,9 @@ def run_pass(
                     )
                     ladder.save(ladder_path)
                     ledger.save(ledger_path, clock())
-                    seen_mod.save_dir(inputs.state_dir, ctx.seen, ctx.saw, clock())
+                    seen_mod.save_dir(
+                        inputs.state_dir, ctx.saw, clock(), seen_mod.rule_checks(inputs.policy), ctx.warn
+                    )
                     ctx.write_mirror(ladder, ledger, malformed)
     return result
 
@@ -195,10 +202,7 @@ class _Pass(Guards, MarkedFinishers):
         result.decisions = decide(
             inputs.policy, inputs.scan_report, ladder, ledger, now, self.group_of, self.sizes
         )
-        rules_of: dict[str, list[str]] = {}
-        for d in result.decisions:
-            rules_of.setdefault(d.host, []).extend(([d.rule] if d.rule else []) + list(d.waiting_rules))
-        self.saw = seen_mod.sightings(inputs.scan_report.get("hosts") or {}, rules_of, now)
+        self.saw = seen_mod.sightings(inputs.scan_report.get("hosts") or {}, inputs.policy, now)
         self.count_unreachable()
         self.read_nodes()
         self.apply_brakes(ladder, now)
@@ -317,6 +321,10 @@ class _Pass(Guards, MarkedFinishers):
             if pause is not None:
                 result.paused = pause.describe()
                 self.say(f"{pause.describe()}: nothing acts until 'fleetops unpause'", "warning")
+            # the floors count the batches the store has in flight: reserved by another pass and not settled
+            # (a live one, or a dead one recovered below: its host may be down now). What a dead pass left
+            # half done is counted as it is finished or held (finish_in_flight, hold_in_flight).
+            self.in_flight.update(state.busy(disruptive_actions(inputs, every=True)))
             if inputs.apply:
                 for line in state.recover(pass_id, self.clock()):
                     self.warn(line)
@@ -406,7 +414,12 @@ class _Pass(Guards, MarkedFinishers):
                         try:
                             state.flush(self.clock())
                             seen_mod.save_store(
-                                store, self.seen, self.saw, self.group_of, self.clock(), self.warn
+                                store,
+                                self.saw,
+                                self.group_of,
+                                self.clock(),
+                                seen_mod.rule_checks(inputs.policy),
+                                self.warn,
                             )
                         except StoreFailure as exc:
                             result.store_failure = str(exc)

@@ -29,6 +29,8 @@ from fleetops.cli.args import (
     VersionAction,
     add_all_arg,
     add_format_arg,
+    add_policy_arg,
+    add_state_dir_arg,
     add_target_args,
     collection_default,
     int_range,
@@ -83,20 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --format table: also each host's row with its memory-cgroup columns (cgroup version, "
         "scope, memcgs, live, zombies, ID headroom) after the findings",
-    )
-    scan.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="the remediation policy whose rung each finding's next step names (fleetops.policy/v1; default: "
-        "the one fleetops ships; checked before any host is contacted)",
-    )
-    scan.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="where remediate auto keeps its ladders, read (never written) for the rung each finding is at "
-        "(default: <state home>/auto, as remediate auto's)",
     )
     scan.add_argument(
         "-o",
@@ -219,6 +207,25 @@ def build_parser() -> argparse.ArgumentParser:
         "any host is contacted, as node_health checks it: an unknown knob (a typo names the nearest), a value "
         "of the wrong type or out of range is a usage error (ansible's own ansible_* variables pass through)",
     )
+    scan.add_argument(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        help="do not write the fleet record. By default a scan of an inventory (-i) records, for the limited "
+        "`remediate auto` passes' storm brake and floors, when it saw each host, whether it answered, and "
+        "the policy's rules its findings match (only for the checks it ran): in the inventory's shared store "
+        "(store_table), else in the state directory's seen.json. The hosts are only read either way",
+    )
+    add_policy_arg(
+        scan,
+        " whose rung each finding's next step names and whose rules the fleet record names (that of your "
+        "`remediate auto` passes; checked before any host is contacted)",
+    )
+    add_state_dir_arg(
+        scan,
+        "where remediate auto keeps its ladders, read (never written) for the rung each finding is at, and, "
+        "without a shared store, where the fleet record goes (that of your passes)",
+    )
     scan.set_defaults(func=cmd_scan)
 
     from fleetops.cli.plan import register as register_plan
@@ -314,6 +321,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         shard=args.shard,
         transport=args.transport,
         fail_on=args.fail_on,
+        fleet_record=args.record,
         policy=args.policy,
         state_dir=args.state_dir,
     )
@@ -364,6 +372,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
             "matched no host and selected nothing (a remediation refuses such a limit)",
             soft_wrap=True,
         )
+    for line in result.record_warnings:
+        err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+    if result.recorded and not args.quiet:
+        err.print(f"[dim]fleet record: written to {escape(result.recorded)}[/]", soft_wrap=True)
     if metrics_out:
         sys.stdout.buffer.write(api.scan_metrics(result.report))
         sys.stdout.flush()

@@ -76,6 +76,26 @@ def add_target_args(p: argparse.ArgumentParser, inventory_help: str = INVENTORY_
     )
 
 
+def add_policy_arg(p: argparse.ArgumentParser, use: str = "") -> None:
+    """--policy: the remediation policy (None: the one fleetops ships)."""
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help=f"the policy{use} (fleetops.policy/v1 YAML; default: the one fleetops ships, policies/default.yml)",
+    )
+
+
+def add_state_dir_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--state-dir: the auto passes' state directory (None: <state home>/auto)."""
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"{what} (default: <state home>/auto; $FLEETOPS_STATE_DIR, /var/lib/fleetops as root)",
+    )
+
+
 def add_format_arg(
     p: argparse.ArgumentParser, formats: tuple[str, ...] = ("table", "json"), help: str = ""
 ) -> None:

@@ -7,7 +7,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetops.cli.args import add_format_arg, add_quiet_arg, add_target_args, cause, seconds_range
+from fleetops.cli.args import (
+    add_format_arg,
+    add_policy_arg,
+    add_quiet_arg,
+    add_state_dir_arg,
+    add_target_args,
+    cause,
+    seconds_range,
+)
 from fleetops.cli.helptext import epilog
 from fleetops.cli.plan import add_rollout_args, targets_and_caps
 from fleetops.cli.rollout_args import add_kubectl_args, host_timeout, max_unhealthy, not_after
@@ -35,12 +43,7 @@ LIFT_BRAKE_DEPRECATED = (
 def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
     """Add ``remediate auto`` beside the remediations (``sub``: remediate's sub-commands)."""
     p = sub.add_parser("auto", help=HELP, description=DESCRIPTION, epilog=epilog("remediate auto"))
-    p.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="the policy (fleetops.policy/v1 YAML; default: the one fleetops ships, policies/default.yml)",
-    )
+    add_policy_arg(p)
     p.add_argument(
         "--from",
         dest="from_report",
@@ -60,12 +63,10 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
         metavar="S",
         help="seconds between the scan's two samples (growth and restart rates; default: 10)",
     )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="where the ladders and the budget ledger live (default: <state home>/auto; "
-        "$FLEETOPS_STATE_DIR, /var/lib/fleetops as root). Controllers sharing it share the budgets",
+    add_state_dir_arg(
+        p,
+        "where the ladders, the budget ledger and the fleet record live; controllers sharing it share the "
+        "budgets",
     )
     p.add_argument(
         "--no-ec2-tags",

@@ -259,7 +259,9 @@ class Storm(_Strict):
 class Floor(_Strict):
     """A capacity floor for the disruptive rungs (reboot, quarantine, stop-start, replace): per group, at
     least this many hosts stay available — counting hosts unreachable, quarantined, stopped or being
-    replaced, and those this pass takes — and at most this share of a group stands quarantined."""
+    replaced, and those this pass takes — and at most this share of a group stands quarantined. A host no
+    pass or scan recorded recently (a limited pass does not scan it) is capacity unknown, or counted as
+    available, as ``unrecorded`` says."""
 
     min_available_pct: Annotated[float, Field(ge=0, le=100)] = Field(
         default=50, description="percent of each group's hosts that stay available (rounded up)"
@@ -270,6 +272,12 @@ class Floor(_Strict):
     max_quarantined_pct: Annotated[float, Field(gt=0, le=100)] | None = Field(
         default=None,
         description="at most this percent of a group stands quarantined (rounded down, at least 1)",
+    )
+    unrecorded: Literal["unknown", "available"] = Field(
+        default="unknown",
+        description="a host outside a limited pass that no pass or fleetops scan recorded in the last 30 min: "
+        "unknown (its group's capacity is unknown: a disruptive rung under this floor there waits) or "
+        "available (counted in service, as the inventory lists it)",
     )
 
     def keep(self, size: int) -> int:
