@@ -264,11 +264,15 @@ def test_the_table_says_partial_with_the_reason() -> None:
     console = Console(file=io.StringIO(), width=200, color_system=None)
     render_scan(report, console)
     text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert f"partial  a: crashloop_unit (none): {NOT_PID1}" in text
+    assert "2 host(s): 1 ok, 1 partial, 0 unreachable" in text
+    assert "no findings[/]" not in text and "no findings 1 host(s): b" in text  # a partial host is not clean
+    wide = Console(file=io.StringIO(), width=200, color_system=None)
+    render_scan(report, wide, wide=True)  # a row a host (--wide): its status
+    text = wide.file.getvalue()  # type: ignore[attr-defined]
     rows = {cells[1].strip(): [c.strip() for c in cells[2:]] for line in text.splitlines()
             if len(cells := line.split("│")) > 2}  # fmt: skip
     assert "partial" in rows["a"] and "ok" in rows["b"], text
-    assert f"partial  a: crashloop_unit (none): {NOT_PID1}" in text
-    assert "2 host(s): 1 ok, 1 partial, 0 unreachable" in text
     line = host_line("a", report["hosts"]["a"])
     assert "a: partial" in line and "crashloop_unit (none)" in line
     # summarised (a large fleet): the reason once, with the hosts it holds for
