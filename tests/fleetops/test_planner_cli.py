@@ -264,6 +264,27 @@ def test_a_fleet_sized_plan_says_what_sets_its_length_and_summarises_its_batches
     assert all(f" {n} " in everything for n in (26, 800, 1590))
 
 
+def test_wide_batches_name_their_first_hosts_and_count_the_rest(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """3,000 hosts in 25 batches of up to 150 (5%, 50 per AZ), printed to a pipe: a row a batch, its first
+    hosts named and the rest counted (each batch's hosts in full made a 1,510-line table), wide as the scan's
+    table off a terminal; --all names every host."""
+    fleet = _fleet(tmp_path, {"us-east-1a": 1200, "us-east-1b": 1000, "us-east-1c": 800})
+    argv = ["plan", "reboot", "-i", str(fleet), "--max-parallel", "5%", "--per-group-max", "50"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0, err
+    assert out.splitlines()[0] == "Plan for reboot: 3,000 host(s) in 25 batch(es) (fewest possible: 25)"
+    assert len(out.splitlines()) < 40, out
+    rows = [line for line in out.splitlines() if line.startswith("│") and "us-east-1" in line]
+    assert len(rows) == 25, out  # one line a batch
+    assert rows[1].rstrip(" │").endswith("... and 144 more"), rows[1]
+    assert "each batch names its first 6 hosts; --all names every host" in out
+    rc, everything, _ = run(capsys, *argv, "--all")
+    assert rc == 0 and "more" not in everything
+    assert all(f"gpu-{z}-{n}" in everything for z, n in (("a", 1200), ("b", 1000), ("c", 800)))
+
+
 def test_a_plan_set_by_max_parallel_says_so_and_markup_in_names_is_shown_as_written(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

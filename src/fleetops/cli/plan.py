@@ -168,6 +168,10 @@ def estimate_text(action: str, batches: int) -> str:
     )
 
 
+# a batch's hosts cell without --all: its first few names (a 150-host batch was 75 wrapped lines of names)
+HOSTS_NAMED = 6
+
+
 def render_plan(
     action: str, result: Plan, group_by: str, console: Console, *, show_all: bool = False
 ) -> None:
@@ -177,6 +181,8 @@ def render_plan(
     from rich.markup import escape
     from rich.table import Table
 
+    if not console.is_terminal:  # piped or captured: no width to honour, as the scan's table
+        console.width = max(console.width, 160)
     caps = result.caps
     per_group = "no cap" if caps.per_group_max is None else str(caps.per_group_max)
     console.print(
@@ -211,8 +217,9 @@ def render_plan(
     head = tail = len(numbered)
     if not show_all and len(numbered) > SUMMARY_ABOVE:
         head, tail = SUMMARY_ABOVE // 2, SUMMARY_ABOVE // 5
+    named = None if show_all else HOSTS_NAMED
     for i, batch in numbered[:head]:
-        _batch_row(table, i, batch, group_of, canary=i == 1 and result.has_canary)
+        _batch_row(table, i, batch, group_of, canary=i == 1 and result.has_canary, named=named)
     if head < len(numbered):
         skipped = numbered[head : len(numbered) - tail]
         hosts = sum(len(b) for _, b in skipped)
@@ -220,16 +227,21 @@ def render_plan(
             f"{skipped[0][0]}-{skipped[-1][0]}", f"{hosts:,}", "", f"[dim]{len(skipped):,} more batches[/]"
         )
         for i, batch in numbered[len(numbered) - tail :]:
-            _batch_row(table, i, batch, group_of, canary=False)
+            _batch_row(table, i, batch, group_of, canary=False, named=named)
     console.print(table)
     if head < len(numbered):
         console.print(
             f"[dim]summarised: {len(numbered):,} batches (more than {SUMMARY_ABOVE}); --all lists every batch, "
             "--format json gives them all[/]"
         )
+    elif named is not None and any(len(b) > named for b in result.batches):
+        console.print(f"[dim]each batch names its first {named} hosts; --all names every host[/]")
 
 
-def _batch_row(table: Any, i: int, batch: list[str], group_of: dict[str, str], *, canary: bool) -> None:
+def _batch_row(
+    table: Any, i: int, batch: list[str], group_of: dict[str, str], *, canary: bool, named: int | None
+) -> None:
+    """One batch's row; its hosts cell names the first ``named`` of them (None: all) and counts the rest."""
     from rich.markup import escape
 
     counts: dict[str, int] = {}
@@ -239,5 +251,10 @@ def _batch_row(table: Any, i: int, batch: list[str], group_of: dict[str, str], *
         f"{i} (canary)" if canary else str(i),
         str(len(batch)),
         escape(" ".join(f"{g}:{n}" for g, n in counts.items())),
-        escape(" ".join(batch)),
+        escape(" ".join(batch[:named]))
+        + (
+            f" [dim]... and {len(batch) - named:,} more[/]"
+            if named is not None and len(batch) > named
+            else ""
+        ),
     )
