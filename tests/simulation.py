@@ -24,7 +24,9 @@ every action done in the ledger, at the time its batch acted. At every disruptiv
 truth: the host's group keeps its floor counting hosts stopped, cordoned by a pass or by a person (the
 pass reads the cordons as the schedulers' view, ``fleetops.nodes``) and those the pass took before, and no
 quarantine goes past the group's cap. One small group (5 hosts) is where floors bind. It counts kills,
-compare-and-swap conflicts, lease races and stalls, and the actions the floors held.
+compare-and-swap conflicts, lease races and stalls, and the actions the floors held. With ``outages``
+(``--outages``), two hosts of the small group go down (unreachable, still in the inventory) for hours
+now and then, and the alert bursts go there: the floor check counts them out, as they really are.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ class Fleet:
     stopped: dict[str, float] = field(default_factory=dict)  # host -> when its instance was stopped
     cordoned: set[str] = field(default_factory=set)  # by a pass's quarantine
     foreign: set[str] = field(default_factory=set)  # cordoned by a person (maintenance), not by fleetops
+    # powered off or cut off, still listed in the inventory: host -> when it comes back (a scan: unreachable)
+    down: dict[str, float] = field(default_factory=dict)
     actions: list[tuple[float, str, str, str, int]] = field(
         default_factory=list
     )  # t, who, action, host, episode
@@ -138,10 +142,14 @@ class Fleet:
             self.episode[host] = self.episode.get(host, 0) + 1
 
     def scan(self) -> dict[str, Any]:
-        """The report of a scan of the running instances (an inventory of running instances)."""
-        hosts = {}
+        """The report of a scan of the running instances (an inventory of running instances; a host down:
+        unreachable)."""
+        hosts: dict[str, dict[str, Any]] = {}
         for h in self.hosts:
             if h in self.stopped:
+                continue
+            if h in self.down:
+                hosts[h] = {"status": "unreachable", "findings": []}
                 continue
             rule = self.fault.get(h)
             hosts[h] = {"status": "ok", "findings": [dict(FINDINGS[rule])] if rule else []}
@@ -171,6 +179,8 @@ class Stats:
     violations: list[str] = field(default_factory=list)
     bursts: int = 0  # alert bursts: one pass limited to each alerting host, one after another
     limited_passes: int = 0
+    outages: int = 0  # hosts of the small group down for hours (two at a time), still in the inventory
+    limited_floor_held: int = 0  # decisions of limited passes a floor held, counting the unavailable hosts
 
     def table(self) -> str:
         rows = [
@@ -190,6 +200,13 @@ class Stats:
             ("invariant checks (violations)", f"{self.checks} ({len(self.violations)})"),
             ("alert bursts (limited passes)", f"{self.bursts} ({self.limited_passes})"),
         ]
+        if self.outages:
+            rows.append(
+                (
+                    "outages / limited passes' decisions held by a floor",
+                    f"{self.outages} / {self.limited_floor_held}",
+                )
+            )
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
@@ -267,8 +284,14 @@ class Simulation:
         limited: bool = True,
         storm: Storm | None = None,
         acts_told: bool = True,
+        outages: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
+        # outages=True (a targeted scenario, issue 38 item 1): two hosts of the small group go down for
+        # hours now and then, and most alert bursts land there meanwhile: a limited pass must count the down
+        # hosts outside its limit, which only the fleet record tells it, against the floor
+        self.outages = outages
+        self.burst_hosts: list[str] = []  # the hosts of the last round's alert burst
         # acts_told=False: the stand-in says every host was acted on when its rollout started (the
         # reservation's time), as passes stamped budgets before issue 38: the checks must find it
         self.acts_told = acts_told
@@ -438,7 +461,11 @@ class Simulation:
         if floor is None:
             return
         members = self.members[group]
-        out = {h for h in members if h in fleet.stopped or h in fleet.cordoned or h in fleet.foreign}
+        out = {
+            h
+            for h in members
+            if h in fleet.stopped or h in fleet.cordoned or h in fleet.foreign or h in fleet.down
+        }
         if host not in out:
             ctl.taken.add(host)
         available = len(members) - len(out | {h for h in ctl.taken if fleet.group_of[h] == group})
@@ -526,7 +553,9 @@ class Simulation:
             scan = self.fleet.scan()
             if only is not None:
                 scan = {"hosts": {h: e for h, e in scan["hosts"].items() if h in only}}
-            ctl.saw = {h: self.fleet.fault.get(h) for h in scan["hosts"]}
+            ctl.saw = {
+                h: self.fleet.fault.get(h) if h not in self.fleet.down else None for h in scan["hosts"]
+            }
             tags = {h: auto.TagTarget(f"i-{h}", "sim", None, None) for h in scan["hosts"]}
             inputs = auto.PassInputs(
                 policy=self.pass_policy,
@@ -569,6 +598,12 @@ class Simulation:
                 return
             self.stats.completed += 1
             self.stats.floor_held += sum(1 for d in result.decisions if d.status == "floor")
+            if only is not None:
+                self.stats.limited_floor_held += sum(
+                    1
+                    for d in result.decisions
+                    if d.status == "floor" and " unavailable, " in (d.reason or "")
+                )
             self.after_completed(ctl, result, started)
             self.observe(ctl, result, started)
         except Killed:
@@ -605,18 +640,40 @@ class Simulation:
             group = "az-small" if rng.random() < 0.5 else rng.choice(sorted(self.sizes))
             fleet.foreign.add(rng.choice(self.members[group]))
             self.stats.foreign_cordons += 1
+        if self.outages:
+            self.outage()
         rules = sorted(FINDINGS)
         for h in fleet.hosts:
             if rng.random() < self.fault_rate:
                 fleet.inject(h, rng.choice(rules))
                 self.stats.faults += 1
-        if rng.random() < 0.03:  # a storm: one fault on a whole group (a bad driver, an AZ event)
+        # a storm: one fault on a whole group (a bad driver, an AZ event); none with outages, whose bursts
+        # are the small group's faults (a storm there would hold its rungs for good: the brake)
+        if rng.random() < 0.03 and not self.outages:
             group = "az-small" if rng.random() < 0.3 else rng.choice(sorted(self.sizes))
             rule = rng.choice(["gpu-fatal", "ec2-hardware-event", "zombie-memcg"])
             for h in fleet.hosts:
                 if fleet.group_of[h] == group:
                     fleet.inject(h, rule)
             self.stats.storms += 1
+
+    def outage(self) -> None:
+        """At a round's start, before its scheduled passes: down hosts whose time is up come back, and now
+        and then two hosts of the small group go down (powered off, cut off) for 2 to 8 hours, still listed
+        in the inventory. Only at a round's start: its full passes record them unreachable before any alert
+        burst, so that a limited pass can know them (the fleet record) — and must. Where no full pass of
+        the round recorded, the newest record of a host is an hour old (too old: its group's capacity is
+        unknown, and the limited pass holds) unless the last round's burst passes saw it: those are not
+        taken down, so that every host really down is one a limited pass could know of."""
+        rng, fleet = self.rng, self.fleet
+        for h, until in sorted(fleet.down.items()):
+            if until <= self.now:
+                del fleet.down[h]
+        small = [h for h in self.members["az-small"] if h not in self.burst_hosts]
+        if not fleet.down and len(small) >= 2 and rng.random() < 0.5:
+            until = self.now + rng.uniform(2 * HOUR, 8 * HOUR)
+            fleet.down.update(dict.fromkeys(rng.sample(small, 2), until))
+            self.stats.outages += 1
 
     def round(self, index: int) -> None:
         rng = self.rng
@@ -667,16 +724,24 @@ class Simulation:
         group at once, and each alerting host gets a pass limited to it, one after another, as the
         rulebook sends them (kills and stalls as in any pass)."""
         rng, fleet = self.rng, self.fleet
-        if not self.limited or rng.random() >= 0.15:
+        self.burst_hosts = []
+        if not self.limited or rng.random() >= (0.4 if self.outages else 0.15):
             return
         self.now += 600
         group = rng.choice(sorted(self.sizes))
+        if self.outages and fleet.down and rng.random() < 0.8:
+            group = "az-small"
         rule = rng.choice(BURST_RULES)
-        healthy = [h for h in self.members[group] if fleet.fault.get(h) is None and h not in fleet.stopped]
+        healthy = [
+            h
+            for h in self.members[group]
+            if fleet.fault.get(h) is None and h not in fleet.stopped and h not in fleet.down
+        ]
         hosts = rng.sample(healthy, min(len(healthy), rng.randint(2, 12)))
         for h in hosts:
             fleet.inject(h, rule)
             self.stats.faults += 1
+        self.burst_hosts = hosts
         self.stats.bursts += 1
         for h in hosts:
             self.stats.limited_passes += 1
@@ -848,10 +913,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the stand-in says every host was acted on when its rollout started (budgets from the reservation)",
     )
+    parser.add_argument(
+        "--outages",
+        action="store_true",
+        help="two hosts of the small group down for hours now and then, the alert bursts there (issue 38)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     sim = Simulation(
-        args.hosts, args.seed, conditional=not args.no_condition, acts_told=not args.acts_at_start
+        args.hosts,
+        args.seed,
+        conditional=not args.no_condition,
+        acts_told=not args.acts_at_start,
+        outages=args.outages,
     )
     stats = sim.run(args.days)
     print(

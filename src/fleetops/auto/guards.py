@@ -228,6 +228,17 @@ class Guards(PassBase):
         if inputs.apply and new:
             self.trip(new)
 
+    def recorded_out(self, now: float) -> dict[str, tuple[str, str]]:
+        """The hosts outside this pass that the latest pass or scan that recorded them within
+        ``SEEN_FRESH_S`` could not scan (unreachable, failed): host -> (its group, why). The floors count
+        them unavailable (a limited pass scans only its limit: issue 38)."""
+        fresh, out = self.seen.fresh(now), {}
+        for host in self.outside():
+            seen = fresh.get(host)
+            if seen is not None and seen.status not in facts.answered_statuses():
+                out[host] = (self.group_of(host) or NO_GROUP, seen.says(now))
+        return out
+
     def apply_floors(self, ladder: LadderState, now: float) -> None:
         """The capacity floors (the policy's ``floor``): per group, the hosts out of service now —
         unreachable or failed in the scan, quarantined (a ladder's or a cleared ladder's taint), in a batch
@@ -249,11 +260,7 @@ class Guards(PassBase):
                 )
         for host, why in inputs.stopped.items():
             unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, why))
-        fresh = self.seen.fresh(now)
-        for host in self.outside():  # what the latest pass that scanned it saw
-            seen = fresh.get(host)
-            if seen is not None and seen.status not in facts.answered_statuses():
-                unavailable[host] = (self.group_of(host) or NO_GROUP, seen.says(now))
+        unavailable.update(self.recorded_out(now))
         quarantined = {
             host: self.group_of(host) or NO_GROUP
             for host, rules in ladder.hosts.items()
