@@ -82,9 +82,14 @@ def finding_groups(hosts: Mapping[str, Mapping[str, Any]], *, with_cause: bool =
     off, the next step but its host), worst severity first, then the most hosts, then by check."""
     groups: dict[tuple[Any, ...], Group] = {}
     for host, entry in hosts.items():
+        keys = (
+            set()
+        )  # a host is in a group once, however many alike findings it has (a set: no scan of g.hosts)
         for f in entry.get("findings") or []:
-            g = groups.setdefault(_key(f, with_cause), Group(f))
-            if host not in g.hosts:
+            key = _key(f, with_cause)
+            g = groups.setdefault(key, Group(f))
+            if key not in keys:
+                keys.add(key)
                 g.hosts.append(host)
                 g.commands.append((f.get("next") or {}).get("argv"))
     order = {sev: i for i, sev in enumerate(severities())}
