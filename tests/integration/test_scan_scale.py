@@ -264,7 +264,7 @@ def test_ctrl_c_mid_scan_leaves_a_valid_partial_report(lab: Lab, tmp_path: Path)
         answered: list[str] = []
         try:
             for line in proc.stderr:
-                match = re.match(r"(lab-\d+): ok", line)
+                match = re.match(rf"(lab-\d+): {LAB_ANSWERED}\b", line)  # partial: see tests/helpers.py
                 if match:
                     answered.append(match.group(1))
                 if len(answered) >= 2:
