@@ -243,9 +243,16 @@ class ScanSteps:
     ``next_steps`` (the policy, the ladders read and why not)."""
 
     def __init__(
-        self, policy: Path | None, state_dir: Path | None, inventory: Sequence[str], now: float
+        self,
+        policy: Path | None,
+        state_dir: Path | None,
+        inventory: Sequence[str],
+        now: float,
+        loaded: Any = None,
     ) -> None:
+        """``loaded``: ``policy`` (or the default one) already loaded by the caller, not read again."""
         self._policy = policy
+        self._loaded = loaded
         self._state_dir = state_dir
         self._inventory = tuple(inventory)
         self._now = now
@@ -271,7 +278,7 @@ class ScanSteps:
         from fleetops.policy import LadderState, default_policy_path, load_policy
 
         path = self._policy if self._policy is not None else default_policy_path()
-        policy = load_policy(path)
+        policy = self._loaded if self._loaded is not None else load_policy(path)
         check_policy_actions(policy, str(path))
         ladder = None
         if "ladders" in self.record:

@@ -213,8 +213,11 @@ def scan(
 
         opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
     knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
-    steps = _next_steps(request)  # a given policy checked before any host is contacted
-    record = _scan_recorder(request, inventories)  # its policy and store: checked before any host
+    # the policy, read once for the record and the next steps (a bad one: exit 2 before any host): now when
+    # the scan records, else when a finding first needs it (a scan without findings loads none)
+    policy = _scan_policy(request) if request.fleet_record and request.inventory else None
+    steps = _next_steps(request, policy)  # a given policy checked before any host is contacted
+    record = _scan_recorder(request, inventories, policy)  # its store: checked before any host
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
     listing = _selected(inventories, request.limit, None, strict=False)
@@ -279,27 +282,34 @@ def scan(
     return result
 
 
-def _next_steps(request: ScanRequest) -> Any:
-    """The scan's next steps (fleetops.next_steps.ScanSteps): a given policy checked now (exit 2)."""
+def _scan_policy(request: ScanRequest) -> Any:
+    """The scan's policy (``--policy``, else the one fleetops ships), loaded; DocumentError: exit 2."""
+    from fleetops.policy import default_policy_path, load_policy
+
+    return load_policy(request.policy if request.policy is not None else default_policy_path())
+
+
+def _next_steps(request: ScanRequest, policy: Any) -> Any:
+    """The scan's next steps (fleetops.next_steps.ScanSteps): a given policy checked now (exit 2);
+    ``policy``: the scan's policy already loaded (None: loaded when a finding first needs it)."""
     from fleetops.next_steps import ScanSteps
 
     inventory = [str(p) for p in request.inventory]
-    return ScanSteps(request.policy, auto_state_dir(request.state_dir), inventory, time.time())
+    return ScanSteps(request.policy, auto_state_dir(request.state_dir), inventory, time.time(), loaded=policy)
 
 
 def _scan_recorder(
-    request: ScanRequest, inventories: Sequence[Path]
+    request: ScanRequest, inventories: Sequence[Path], policy: Any
 ) -> Callable[[Mapping[str, Any], Sequence[Any]], tuple[str, list[str]]] | None:
-    """What writes a scan's fleet record (``fleetops.auto.seen.record_scan``), its policy read and its store
-    named now, before any host is contacted (a bad one: exit 2); None when the scan records nothing
-    (``fleet_record`` off, or this machine alone). It gives where it wrote and what it could not write."""
-    if not request.fleet_record or not request.inventory:
+    """What writes a scan's fleet record (``fleetops.auto.seen.record_scan``) naming ``policy``'s rules (the
+    scan's, loaded; None: the scan records nothing, ``fleet_record`` off or this machine alone), its store
+    named now, before any host is contacted (a bad one: exit 2). It gives where it wrote and what it could
+    not write."""
+    if policy is None:
         return None
     from fleetops.auto import seen
-    from fleetops.policy import default_policy_path, load_policy
     from fleetops.store import StoreFailure
 
-    policy = load_policy(request.policy if request.policy is not None else default_policy_path())
     shared = open_store(inventories)
     state_dir = auto_state_dir(request.state_dir)
 
