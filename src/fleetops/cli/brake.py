@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetops.cli.args import cause
+from fleetops.cli.args import add_state_dir_arg, cause
 from fleetops.cli.helptext import epilog
 
 if TYPE_CHECKING:
@@ -49,12 +49,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         help="an inventory whose fleetops.node.ec2 source names the shared store (store_table): lift the "
         "brake there too (default: this controller's state directory only)",
     )
-    lift_p.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="the auto passes' state directory (default: <state home>/auto, as remediate auto's)",
-    )
+    add_state_dir_arg(lift_p, "the auto passes' state directory, as remediate auto's")
     lift_p.add_argument(
         "--reason", type=cause, metavar="TEXT", help="why it is lifted (one line; kept in the audit log)"
     )
