@@ -70,6 +70,9 @@ from fleetops.api.requests import (
     rollout_options,
     rollout_result,
 )
+from fleetops.api.scan_extras import next_steps as _next_steps
+from fleetops.api.scan_extras import scan_policy as _scan_policy
+from fleetops.api.scan_extras import scan_recorder as _scan_recorder
 from fleetops.api.signals import STOP_MESSAGE, PassSignals, ctrl_c
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
@@ -217,7 +220,8 @@ def scan(
     # the scan records, else when a finding first needs it (a scan without findings loads none)
     policy = _scan_policy(request) if request.fleet_record and request.inventory else None
     steps = _next_steps(request, policy)  # a given policy checked before any host is contacted
-    record = _scan_recorder(request, inventories, policy)  # its store: checked before any host
+    shared = open_store(inventories) if policy is not None else None  # checked before any host
+    record = _scan_recorder(request, policy, shared)
     # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
     # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
     listing = _selected(inventories, request.limit, None, strict=False)
@@ -280,58 +284,6 @@ def scan(
 
         write_textfile(report_, request.prometheus)
     return result
-
-
-def _scan_policy(request: ScanRequest) -> Any:
-    """The scan's policy (``--policy``, else the one fleetops ships), loaded; DocumentError: exit 2."""
-    from fleetops.policy import default_policy_path, load_policy
-
-    return load_policy(request.policy if request.policy is not None else default_policy_path())
-
-
-def _next_steps(request: ScanRequest, policy: Any) -> Any:
-    """The scan's next steps (fleetops.next_steps.ScanSteps): a given policy checked now (exit 2);
-    ``policy``: the scan's policy already loaded (None: loaded when a finding first needs it)."""
-    from fleetops.next_steps import ScanSteps
-
-    inventory = [str(p) for p in request.inventory]
-    return ScanSteps(request.policy, auto_state_dir(request.state_dir), inventory, time.time(), loaded=policy)
-
-
-def _scan_recorder(
-    request: ScanRequest, inventories: Sequence[Path], policy: Any
-) -> Callable[[Mapping[str, Any], Sequence[Any]], tuple[str, list[str]]] | None:
-    """What writes a scan's fleet record (``fleetops.auto.seen.record_scan``) naming ``policy``'s rules (the
-    scan's, loaded; None: the scan records nothing, ``fleet_record`` off or this machine alone), its store
-    named now, before any host is contacted (a bad one: exit 2). It gives where it wrote and what it could
-    not write."""
-    if policy is None:
-        return None
-    from fleetops.auto import seen
-    from fleetops.store import StoreFailure
-
-    shared = open_store(inventories)
-    state_dir = auto_state_dir(request.state_dir)
-
-    def record(report_: Mapping[str, Any], hosts: Sequence[Any]) -> tuple[str, list[str]]:
-        warnings: list[str] = []
-        group_of = {h.name: h.group for h in hosts}
-        try:
-            where = seen.record_scan(
-                report_,
-                policy,
-                request.checks,
-                store=shared,
-                state_dir=state_dir,
-                group_of=group_of.get,
-                now=time.time(),
-                warn=warnings.append,
-            )
-        except (StoreFailure, OSError) as exc:
-            return "", [f"the fleet record was not written: {exc}"]
-        return where, warnings
-
-    return record
 
 
 def scan_metrics(report: Mapping[str, Any]) -> bytes:
