@@ -194,8 +194,10 @@ def alerts_markdown() -> str:
         out += [f"({name.lower()})=", f"## {name}", ""]
         for group, rule in rules:
             labels, ann = rule["labels"], rule["annotations"]
+            # a templated check ({{ $labels.check }}): the series' own, one alert per check
+            check = "each check's own" if "$labels.check" in labels["check"] else f"check `{labels['check']}`"
             out += [
-                f"**{labels['severity']}** (group `{group}`, check `{labels['check']}`, for `{rule['for']}`): "
+                f"**{labels['severity']}** (group `{group}`, {check}, for `{rule['for']}`): "
                 f"{_cell(ann['summary'])}",
                 "",
                 _cell(ann["description"]),

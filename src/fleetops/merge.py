@@ -18,6 +18,12 @@ so the same exit code (``scan.exit_code``). What it refuses (``MergeError``, exi
 
 A partial file's targets without an answer are ``not_scanned``, never dropped; an older partial file
 without its targets cannot say which hosts it missed: the merged report says so in its notes.
+
+How the hosts were reached (``transport``) and where the findings' ``next`` came from (``next_steps``) are
+the sources', recorded in each of ``merged.sources`` (None: not recorded) and joined at the top as a scan
+records them (``merged_transport``, ``merged_next_steps``). Each finding keeps the ``next`` its shard gave it:
+the merge does not compute them again, which would read this machine's policy and ladders (a merge has no
+``--policy``, and runs elsewhere and later than the shards) and give the findings steps their scans did not.
 """
 
 from __future__ import annotations
@@ -34,9 +40,16 @@ from typing import Any
 from fleetops.documents import DocumentError, parse_json, read_document
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.scan import PARTIAL_SCHEMA, exit_code, not_scanned_entry, read_partial_text, report_document
+from fleetops.scan import (
+    DIRECT_TRANSPORTS,
+    PARTIAL_SCHEMA,
+    exit_code,
+    not_scanned_entry,
+    read_partial_text,
+    report_document,
+)
 from fleetops.schemas import validate_partial_header, validate_scan_report
-from fleetops.util import SCAN_SCHEMA
+from fleetops.util import MIXED_TRANSPORT, SCAN_SCHEMA
 from fleetops.values import Shard
 
 # The report schema each partial schema's lines belong to (a v1 partial holds v1 entries).
@@ -63,6 +76,8 @@ class Source:
     not_scanned: int
     notes: tuple[str, ...] = ()
     selection: dict[str, Any] | None = None  # None: not recorded (an older fleetops)
+    transport: dict[str, Any] | None = None  # None: not recorded (an older fleetops)
+    next_steps: dict[str, Any] | None = None  # None: not recorded (a partial file, an older fleetops)
 
     @property
     def label(self) -> str:
@@ -132,6 +147,8 @@ def report_source(path: Path, data: Any) -> Source:
         interrupted=bool(report.get("interrupted")),
         not_scanned=sum(1 for e in hosts.values() if e["status"] == "not_scanned"),
         selection=report.get("selection"),
+        transport=report.get("transport"),
+        next_steps=report.get("next_steps"),
     )
 
 
@@ -168,7 +185,7 @@ def partial_source(path: Path, raw: bytes) -> Source:
     missing = sum(1 for h in hosts if h not in answered)
     return Source(source, True, shard, header.get("options"), hosts, started, finished, True,
                   missing + sum(1 for e in answered.values() if e.get("status") == "not_scanned"),
-                  tuple(notes), header.get("selection"))  # fmt: skip
+                  tuple(notes), header.get("selection"), header.get("transport"))  # fmt: skip
 
 
 def read_sources(paths: Sequence[Path]) -> list[Source]:
@@ -269,6 +286,48 @@ def check_overlap(sources: Sequence[Source]) -> None:
         raise MergeError(f"overlapping reports: {len(hosts)} host(s) in more than one: {shown}{more}")
 
 
+def merged_transport(sources: Sequence[Source], notes: list[str]) -> dict[str, Any] | None:
+    """The sources' ``transport`` as one: the name they all recorded, else ``mixed`` (they differ, or some did
+    not record one); ``by_ansible``: every source's hosts the direct path could not serve (a partial file
+    cannot say which: ``notes`` says so). None when no source recorded how it reached its hosts."""
+    recorded = [s.transport for s in sources]
+    if all(t is None for t in recorded):
+        return None
+    names = {t["name"] if t is not None else None for t in recorded}
+    out: dict[str, Any] = {"name": names.pop() if len(names) == 1 else MIXED_TRANSPORT}
+    by_ansible: dict[str, str] = {}
+    direct = False
+    for s, t in zip(sources, recorded, strict=True):
+        if t is None:
+            continue
+        if "by_ansible" in t:
+            direct = True
+            by_ansible.update(t["by_ansible"] or {})
+        elif s.partial and t["name"] in DIRECT_TRANSPORTS:
+            direct = True
+            notes.append(
+                f"{s.label}: a partial file does not say which of its hosts ansible-playbook scanned"
+            )
+    if direct:
+        out["by_ansible"] = {h: by_ansible[h] for h in sorted(by_ansible)}
+    return out
+
+
+def merged_next_steps(sources: Sequence[Source], notes: list[str]) -> dict[str, Any] | None:
+    """The sources' ``next_steps`` record (the policy and ladders their findings' ``next`` came from) when all
+    that recorded one recorded the same; None when none did, or they differ (``notes`` says so: each one's is
+    in ``merged.sources``)."""
+    records = [s.next_steps for s in sources if s.next_steps is not None]
+    if not records:
+        return None
+    if any(r != records[0] for r in records[1:]):
+        notes.append(
+            "the reports' next steps came from different policies or ladders: each one's is in merged.sources"
+        )
+        return None
+    return records[0]
+
+
 def merge(paths: Sequence[Path]) -> Merged:
     """The shards' reports (or partial files) at ``paths`` as one scan report; MergeError when they
     are not the parts of one scan."""
@@ -289,15 +348,21 @@ def merge(paths: Sequence[Path]) -> Merged:
             notes.append(f"{s.label}: a killed scan's partial file: {s.not_scanned} host(s) not scanned")
         elif s.interrupted:
             notes.append(f"{s.label}: an interrupted scan: {s.not_scanned} host(s) not scanned")
+    transport = merged_transport(sources, notes)
+    steps = merged_next_steps(sources, notes)
     merged = {
         "sources": [
             {"path": s.path, "shard": s.shard.to_dict() if s.shard else None, "partial": s.partial,
-             "hosts": len(s.hosts), "not_scanned": s.not_scanned}
+             "hosts": len(s.hosts), "not_scanned": s.not_scanned,
+             "transport": s.transport["name"] if s.transport is not None else None,
+             "next_steps": s.next_steps}
             for s in sources
         ],
         "notes": notes,
     }  # fmt: skip
     selected: dict[str, Any] = {"selection": selection} if selection is not None else {}
+    selected |= {"transport": transport} if transport is not None else {}
+    selected |= {"next_steps": steps} if steps is not None else {}
     report = report_document(
         hosts,
         started=min(s.started for s in sources),

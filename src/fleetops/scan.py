@@ -443,8 +443,8 @@ class PartialReport:
 
     Line 1 is ``{"schema": "fleetops.scan.partial/v1", "started_at": ...}``, with, when the caller
     knows them, ``"targets"`` (every host the scan targets, before any answer: a scan killed half way
-    still says which hosts it did not scan), ``"shard"``, ``"options"`` and ``"selection"`` (as the report
-    records them);
+    still says which hosts it did not scan), ``"shard"``, ``"options"``, ``"selection"`` and ``"transport"``
+    (its ``name`` alone: which hosts ansible-playbook scanned is known at the end) as the report records them;
     each next line is ``{"host": NAME, "entry": {...}}`` with the entry as in the final report.
     Appending a line is O(1) per host at any fleet size (rewriting a whole report per host would be
     quadratic). The file is removed once the final report has been written (``close(done=True)``).
@@ -459,6 +459,7 @@ class PartialReport:
         shard: Shard | None = None,
         options: dict[str, Any] | None = None,
         selection: dict[str, Any] | None = None,
+        transport: str | None = None,
     ) -> None:
         self.path = path
         self.hosts = 0
@@ -477,6 +478,8 @@ class PartialReport:
             header["options"] = options
         if selection is not None:
             header["selection"] = selection
+        if transport is not None:
+            header["transport"] = {"name": transport}
         self._write(header)
         self.targeted = targets is not None
 

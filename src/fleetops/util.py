@@ -37,6 +37,9 @@ DRIFT_SCHEMA = "fleetops.drift/v1"
 # ``transport.name``, schemas.reports.ScanTransport)
 ScanTransportName = Literal["auto", "ansible", "ssh"]
 SCAN_TRANSPORTS: tuple[str, ...] = get_args(ScanTransportName)
+# a merge's ``transport.name`` when its sources were reached by different transports or did not all record theirs
+MixedTransport = Literal["mixed"]
+MIXED_TRANSPORT: str = get_args(MixedTransport)[0]
 PLAN_SCHEMA = "fleetops.plan/v1"
 ROLLOUTS_SCHEMA = "fleetops.rollouts/v1"  # `fleetops rollouts --format json`
 ROLLOUT_CUT_OFF = "running (no process)"  # `fleetops rollouts`: saved as running, no live process holds it

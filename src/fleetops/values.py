@@ -71,20 +71,38 @@ def sample_seconds(text: str) -> float:
     return value
 
 
-CAUSE_MAX = 1000  # characters of a pass's --cause (an alert, a ticket) kept in its JSON and the audit log
+# characters of a --reason/--cause (why a pass runs, a pause, a stop, a lift): what the pass's JSON, the audit
+# log, the pause and stop files and the store keep whole (an EC2 tag's copy is shortened to fit 256)
+CAUSE_MAX = 1000
+# characters of quarantine's --reason: what the node's annotation keeps (auto.actions; a Slurm drain reason is
+# cut to 200 with its prefix by the module)
+QUARANTINE_REASON_MAX = 200
 
 
-def cause(text: str) -> str:
-    """Why a pass runs, in one printable line of at most ``CAUSE_MAX`` characters (surrounding blanks
-    dropped): it is written into the audit log as it is, so no newline or other control character."""
+def one_line(text: str, limit: int = CAUSE_MAX, *, empty: bool = False) -> str:
+    """A person's free text in one printable line of at most ``limit`` characters (surrounding blanks dropped;
+    ``empty``: none allowed): it is written into the audit log, the store, tags and node annotations as it is,
+    so no newline (a forged audit line) or other control character. ValueError, one line, otherwise."""
     value = text.strip()
-    if not value:
+    if not value and not empty:
         raise ValueError("must not be empty")
-    if len(value) > CAUSE_MAX:
-        raise ValueError(f"must be at most {CAUSE_MAX} characters (got {len(value)})")
+    if len(value) > limit:
+        raise ValueError(f"must be at most {limit} characters (got {len(value)})")
     if not value.isprintable():
         raise ValueError(f"must be one line of printable characters: {value[:80]!r}")
     return value
+
+
+def cause(text: str) -> str:
+    """Why (a pass runs, automation is paused, a rollout stopped, a brake lifted, a record closed): ``one_line``
+    of at most ``CAUSE_MAX``. Every ``--reason`` and ``--cause`` of the CLI (``cli.args.add_reason_arg``)."""
+    return one_line(text, CAUSE_MAX)
+
+
+def quarantine_reason(text: str) -> str:
+    """quarantine's ``--reason`` (a remediation parameter, may be empty): ``one_line`` of at most
+    ``QUARANTINE_REASON_MAX``."""
+    return one_line(text, QUARANTINE_REASON_MAX, empty=True)
 
 
 def percent(text: str) -> float:

@@ -193,6 +193,111 @@ def test_the_cli_merges_writes_and_renders(tmp_path: Path, capsys: pytest.Captur
     assert "40 host(s):" in table and "gpu-003" in table
 
 
+# ------------------------------------------------------------------------------ transport and next steps
+
+STEPS = {"policy": "default", "ladders": "/var/lib/fleetops/auto/ladder.json"}
+
+
+def _with_next(hosts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``hosts`` with each finding's ``next`` as a scan gives it (fleetops.next_steps): the command names the host."""
+
+    def step(host: str) -> dict[str, Any]:
+        argv = ["fleetops", "remediate", "reboot", "-l", host]
+        return {"remediation": "reboot", "command": " ".join(argv), "argv": argv}
+
+    return {h: {**e, "findings": [{**f, "next": step(h)} for f in e["findings"]]} for h, e in hosts.items()}
+
+
+def _by_ansible(index: int, count: int) -> dict[str, str]:
+    """The first host of the shard, scanned by ansible-playbook (as the direct path hands over a host)."""
+    first = min(h for h in HOSTS if Shard(index, count).holds(h))
+    return {first: "ansible_connection is local, not ssh"}
+
+
+def test_the_merge_keeps_the_shards_transport_and_next_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hosts = _with_next(HOSTS)
+    paths = [
+        _write(tmp_path, f"s{i}.json", _shard_report(
+            i, 4, hosts, transport={"name": "auto", "by_ansible": _by_ansible(i, 4) if i != 3 else {}},
+            next_steps=STEPS))
+        for i in range(1, 5)
+    ]  # fmt: skip
+    merged = merge(paths).report
+    validate_scan_report(merged, "merged")
+    by_ansible = {**_by_ansible(1, 4), **_by_ansible(2, 4), **_by_ansible(4, 4)}
+    assert merged["transport"] == {"name": "auto", "by_ansible": dict(sorted(by_ansible.items()))}
+    assert merged["next_steps"] == STEPS
+    assert merged["hosts"] == hosts  # each finding keeps the next its shard gave it
+    assert [(s["transport"], s["next_steps"]) for s in merged["merged"]["sources"]] == [("auto", STEPS)] * 4
+    assert merge(paths).notes == []
+    # the table's note names the hosts the direct path handed to ansible-playbook, from every shard
+    assert main(["merge", *map(str, paths)]) == exit_code(merged)
+    assert "3 host(s) scanned by ansible-playbook" in capsys.readouterr().out
+
+
+def test_shards_of_different_transports_merge_as_mixed(tmp_path: Path) -> None:
+    transports = {1: {"name": "auto", "by_ansible": _by_ansible(1, 3)}, 2: {"name": "ansible"}, 3: None}
+    paths = [
+        _write(tmp_path, f"s{i}.json", _shard_report(
+            i, 3, **({"transport": t} if t is not None else {}), next_steps=STEPS))
+        for i, t in transports.items()
+    ]  # fmt: skip
+    merged = merge(paths).report
+    validate_scan_report(merged, "merged")
+    # not one name: mixed, each source's own (null: an older report that did not record it)
+    assert merged["transport"] == {"name": "mixed", "by_ansible": _by_ansible(1, 3)}
+    assert [s["transport"] for s in merged["merged"]["sources"]] == ["auto", "ansible", None]
+    # every source of one transport: that name, as the scan wrote it (ansible: no by_ansible)
+    alike = [
+        _write(tmp_path, f"a{i}.json", _shard_report(i, 3, transport={"name": "ansible"})) for i in (1, 2, 3)
+    ]
+    assert merge(alike).report["transport"] == {"name": "ansible"}
+    # none recorded (older reports): none claimed
+    assert (
+        "transport" not in merge(_shards(tmp_path)).report
+        and "next_steps" not in merge(_shards(tmp_path)).report
+    )
+
+
+def test_next_steps_of_different_policies_are_not_claimed_as_one(tmp_path: Path) -> None:
+    other = {"policy": "/etc/fleetops/strict.yml", "ladders": STEPS["ladders"]}
+    paths = [
+        _write(tmp_path, f"s{i}.json", _shard_report(i, 2, next_steps=STEPS if i == 1 else other))
+        for i in (1, 2)
+    ]
+    result = merge(paths)
+    assert "next_steps" not in result.report
+    assert [s["next_steps"] for s in result.report["merged"]["sources"]] == [STEPS, other]
+    assert any("next steps came from different policies or ladders" in n for n in result.notes)
+    validate_scan_report(result.report, "merged")
+
+
+def test_a_killed_shard_keeps_its_transport_name(tmp_path: Path) -> None:
+    paths = [
+        _write(tmp_path, f"s{i}.json", _shard_report(
+            i, 4, transport={"name": "auto", "by_ansible": _by_ansible(i, 4)}, next_steps=STEPS))
+        for i in (1, 3, 4)
+    ]  # fmt: skip
+    targets = sorted(h for h in HOSTS if Shard(2, 4).holds(h))
+    killed = tmp_path / "s2.json.partial"
+    partial = PartialReport(killed, targets=targets, shard=Shard(2, 4), options=OPTIONS, transport="auto")
+    partial.add(targets[0], HOSTS[targets[0]])
+    partial.close(done=False)
+    result = merge([paths[0], killed, *paths[1:]])
+    validate_scan_report(result.report, "merged")
+    by_ansible = {**_by_ansible(1, 4), **_by_ansible(3, 4), **_by_ansible(4, 4)}
+    assert result.report["transport"] == {"name": "auto", "by_ansible": dict(sorted(by_ansible.items()))}
+    assert (
+        f"{killed} (shard 2/4): a partial file does not say which of its hosts ansible-playbook scanned"
+        in result.notes
+    )
+    # the reports' record; the partial file holds none (its source says null)
+    assert result.report["next_steps"] == STEPS
+    assert [s["next_steps"] for s in result.report["merged"]["sources"]] == [STEPS, None, STEPS, STEPS]
+
+
 # ------------------------------------------------------------------------------ refused inputs
 
 
@@ -352,7 +457,8 @@ def test_a_killed_shard_merges_with_its_unscanned_hosts_marked(
     assert merged.exit_code == ExitCode.FAILED and merged.report["interrupted"] is True
     source = merged.report["merged"]["sources"][1]
     assert source == {"path": str(killed), "shard": {"index": 2, "count": 4}, "partial": True,
-                      "hosts": len(targets), "not_scanned": len(targets) - 3}  # fmt: skip
+                      "hosts": len(targets), "not_scanned": len(targets) - 3, "transport": None,
+                      "next_steps": None}  # fmt: skip
     rc = main(["merge", str(paths[0]), str(killed), str(paths[2]), str(paths[3]), "--format", "json"])
     err = capsys.readouterr().err
     assert rc == ExitCode.FAILED and f"note: {killed} (shard 2/4): a killed scan's partial file" in err
@@ -454,6 +560,13 @@ def test_scan_shard_runs_exactly_its_hosts_and_records_the_shard(
     merged = merge(reports)
     assert set(merged.report["hosts"]) == set(selected)
     assert merged.report["options"]["checks"] is None
+    # how the hosts were reached and where their next steps came from, as each shard's scan recorded them
+    record = json.loads(reports[0].read_text())["next_steps"]
+    assert record["policy"] == "default" and all(
+        json.loads(r.read_text())["next_steps"] == record for r in reports
+    )
+    assert merged.report["transport"] == {"name": "ansible"} and merged.report["next_steps"] == record
+    assert [s["transport"] for s in merged.report["merged"]["sources"]] == ["ansible"] * 3
 
 
 def test_a_killed_shard_scan_leaves_its_targets_first(
@@ -467,6 +580,7 @@ def test_a_killed_shard_scan_leaves_its_targets_first(
     lines = [json.loads(line) for line in partial.read_text().splitlines()]
     mine = [h for h in sorted(HOSTS)[:12] if Shard(2, 3).holds(h)]
     assert lines[0]["targets"] == mine and lines[0]["shard"] == {"index": 2, "count": 3}
+    assert lines[0]["transport"] == {"name": "ansible"}  # its name is known before any answer
     assert [r["host"] for r in lines[1:]] == mine[:1]  # the answers come after the targets
     assert not out.exists()
     with pytest.raises(MergeError, match=r"^shard 1/3, 3/3 missing \(given 1 of 3\)"):

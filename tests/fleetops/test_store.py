@@ -145,7 +145,11 @@ def test_pause_and_unpause_through_the_cli_are_held_and_audited(tmp_path: Path, 
     status = _fleetops("store", "status", "-i", str(inv))
     assert status.returncode == 0, status.stderr
     assert "not paused" in status.stderr
-    paused = _fleetops("pause", "-i", str(inv), "--reason", "bad AMI\nrolled out")
+    # a reason of two lines (it would be two lines of an audit trail) is refused before the store is touched
+    refused = _fleetops("pause", "-i", str(inv), "--reason", "bad AMI\nrolled out")
+    assert refused.returncode == 2 and "--reason: must be one line of printable characters" in refused.stderr
+    assert "not paused" in _fleetops("store", "status", "-i", str(inv)).stderr
+    paused = _fleetops("pause", "-i", str(inv), "--reason", "  bad AMI rolled out ")
     assert paused.returncode == 0, paused.stderr
     assert "automation paused by alice@" in paused.stderr and "bad AMI rolled out" in paused.stderr
     again = _fleetops("pause", "-i", str(inv), "--reason", "second")

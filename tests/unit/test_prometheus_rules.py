@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.fleetops.node.plugins.module_utils import cpustat, crashloop, ena, memcg
+from ansible_collections.fleetops.node.plugins.module_utils import cpustat, crashloop, ena, findings, memcg
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -293,7 +293,7 @@ def test_each_alert_has_a_severity_an_argued_for_and_a_runbook_in_the_site() -> 
 
 
 # The rules that compare a gauge with a detector's threshold (the others count findings: > 0), and the
-# detector's default they must equal.
+# detector's default (or the declared level) they must equal.
 HEADROOM_IDS = (
     memcg.DEFAULT_THRESHOLDS["headroom_critical_pct"] * memcg.MEM_CGROUP_ID_MAX / 100
 )  # free*100 < pct*MAX
@@ -305,6 +305,8 @@ THRESHOLDS = {
     ("FleetopsEnaResets", "critical"): ena.DEFAULT_THRESHOLDS["ena_resets_critical"],
     ("FleetopsCpuStarvation", "warning"): cpustat.DEFAULT_THRESHOLDS["cpu_system_warning_pct"],
     ("FleetopsCpuStarvation", "critical"): cpustat.DEFAULT_THRESHOLDS["cpu_system_critical_pct"],
+    # under full coverage (findings.COVERAGE: 1 full, 0.5 partial, 0 none): a check that could not look fully
+    ("FleetopsScanPartial", "info"): dict(findings.COVERAGE)["full"],
 }
 
 

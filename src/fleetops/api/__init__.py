@@ -240,6 +240,7 @@ def scan(
             shard=opts.shard,
             options=opts.record(),
             selection=selection,
+            transport=opts.transport,
         )
 
     # each Slurm host's node, read once before the hosts answer, so that every entry carries it as it streams

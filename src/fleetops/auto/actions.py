@@ -13,8 +13,9 @@ from fleetops.policy import (
     Policy,
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
+from fleetops.values import QUARANTINE_REASON_MAX
 
-REASON_MAX = 200  # the quarantine reason kept in the node's annotation
+REASON_MAX = QUARANTINE_REASON_MAX  # the quarantine reason kept in the node's annotation
 
 
 def check_policy_actions(policy: Policy, source: str) -> None:

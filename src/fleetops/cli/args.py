@@ -161,7 +161,23 @@ percent = argtype(values.percent)
 seconds = argtype(values.sample_seconds)  # 0..an hour (--sample-seconds)
 key_value = argtype(values.key_value)
 shard = argtype(values.shard)  # I/N (--shard)
-cause = argtype(values.cause)  # one printable line (remediate auto --cause)
+cause = argtype(values.cause)  # one printable line (every --reason and --cause: add_reason_arg)
+
+
+def add_reason_arg(p: argparse.ArgumentParser, help: str, *aliases: str) -> None:
+    """``--reason TEXT`` (and ``aliases``, as ``--cause``): why, written to the audit log, the store, the pause
+    and stop files or tags, so checked as it is parsed (``values.cause``: one printable line of at most
+    ``values.CAUSE_MAX`` characters; else exit 2 before anything is touched); ``args.reason`` None when not
+    given. Every subcommand that takes a reason takes it here (tests/fleetops/test_cli_reason.py walks them)."""
+    p.add_argument(
+        "--reason",
+        *aliases,
+        dest="reason",
+        type=cause,
+        default=None,  # a string default would go through the check (argparse converts it)
+        metavar="TEXT",
+        help=f"{help} (one line, up to {values.CAUSE_MAX} characters)",
+    )
 
 
 def int_range(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -11,9 +11,9 @@ from fleetops.cli.args import (
     add_format_arg,
     add_policy_arg,
     add_quiet_arg,
+    add_reason_arg,
     add_state_dir_arg,
     add_target_args,
-    cause,
     seconds_range,
 )
 from fleetops.cli.helptext import epilog
@@ -85,15 +85,12 @@ def register_auto[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]
                    "hosts waiting for a human, storm brakes, budgets spent, failed rungs, paused")  # fmt: skip
     p.add_argument("--lift-brake", metavar="RULE", default=None,
                    help="deprecated: `fleetops brake lift RULE` (kept for one release; no pass runs)")  # fmt: skip
-    p.add_argument(
-        "--reason",
+    add_reason_arg(
+        p,
+        "why this pass runs (an alert, a ticket): kept in the pass's JSON (as cause) and written with its "
+        "decisions and rollouts as one line of the audit log (the event-driven rulebook passes the alert that "
+        "started the pass; --cause is the same option)",
         "--cause",  # the event-driven path's name (playbooks/remediate_auto.yml, the rulebooks' alert)
-        dest="reason",
-        type=cause,
-        metavar="TEXT",
-        help="why this pass runs (an alert, a ticket; one line, up to 1000 characters): kept in the pass's "
-        "JSON (as cause) and written with its decisions and rollouts as one line of the audit log "
-        "(the event-driven rulebook passes the alert that started the pass; --cause is the same option)",
     )
     p.add_argument(
         "--fail-on",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetops.cli.args import add_state_dir_arg, cause
+from fleetops.cli.args import add_reason_arg, add_state_dir_arg
 from fleetops.cli.helptext import epilog
 
 if TYPE_CHECKING:
@@ -50,9 +50,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         "brake there too (default: this controller's state directory only)",
     )
     add_state_dir_arg(lift_p, "the auto passes' state directory, as remediate auto's")
-    lift_p.add_argument(
-        "--reason", type=cause, metavar="TEXT", help="why it is lifted (one line; kept in the audit log)"
-    )
+    add_reason_arg(lift_p, "why it is lifted (kept in the audit log)")
     lift_p.set_defaults(func=cmd_lift)
 
 
@@ -77,6 +75,6 @@ def cmd_lift(args: argparse.Namespace) -> int:
         args.rule,
         args.inventory,
         args.state_dir,
-        args.reason,
+        args.reason or "",
         Console(stderr=True, highlight=False, soft_wrap=True),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fleetops.cli.args import add_reason_arg
 from fleetops.cli.helptext import epilog
 
 
@@ -40,7 +41,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         epilog=epilog("pause"),
     )
     _inventory(pause)
-    pause.add_argument("--reason", default="", metavar="TEXT", help="why (shown by every held pass)")
+    add_reason_arg(pause, "why (shown by every held pass)")
     pause.set_defaults(func=cmd_store, verb="pause")
     unpause = subparsers.add_parser(
         "unpause",
@@ -50,7 +51,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
         epilog=epilog("unpause"),
     )
     _inventory(unpause)
-    unpause.add_argument("--reason", default="", metavar="TEXT", help="why (kept in the store's audit)")
+    add_reason_arg(unpause, "why (kept in the store's audit)")
     unpause.set_defaults(func=cmd_store, verb="unpause")
     store = subparsers.add_parser(
         "store",
@@ -65,7 +66,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     )
     store.add_argument("verb", choices=["init", "status", "forget"])
     store.add_argument("entry", nargs="?", default="", metavar="ENTRY", help="forget: the record's entry id")
-    store.add_argument("--reason", default="", metavar="TEXT", help="forget: why it is closed (audited)")
+    add_reason_arg(store, "forget: why it is closed (audited)")
     _inventory(store)
     store.set_defaults(func=cmd_store)
 
@@ -76,7 +77,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     from fleetops import api
 
     request = api.StoreRequest(
-        inventory=args.inventory, verb=args.verb, reason=args.reason, entry=getattr(args, "entry", "")
+        inventory=args.inventory, verb=args.verb, reason=args.reason or "", entry=getattr(args, "entry", "")
     )
     result = api.store(request)
     console = Console(stderr=True, highlight=False, soft_wrap=True)

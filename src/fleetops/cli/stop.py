@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fleetops.cli.args import rollout_id
+from fleetops.cli.args import add_reason_arg, rollout_id
 from fleetops.cli.helptext import epilog
 from fleetops.errors import UsageError
 
@@ -28,7 +28,7 @@ def register[P: argparse.ArgumentParser](subparsers: argparse._SubParsersAction[
     )
     p.add_argument("rollout", nargs="?", type=rollout_id, metavar="ROLLOUT", help="the rollout id to stop")
     p.add_argument("--all", action="store_true", help="stop every rollout running now")
-    p.add_argument("--reason", default="", metavar="TEXT", help="why (shown by the stopped rollout)")
+    add_reason_arg(p, "why (shown by the stopped rollout)")
     p.add_argument(
         "-i",
         "--inventory",
@@ -52,7 +52,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         raise UsageError("stop needs a ROLLOUT id or --all (not both)")
     result = api.stop(
         api.StopRolloutRequest(
-            rollout=args.rollout, reason=args.reason, inventory=args.inventory, clear=args.clear
+            rollout=args.rollout, reason=args.reason or "", inventory=args.inventory, clear=args.clear
         )
     )
     console = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -382,8 +382,10 @@ register(
             ),
             Param(
                 "reason",
-                "why: kept in the node's annotation (kubernetes), the drain reason's last part (slurm)",
+                f"why (one line, up to {values.QUARANTINE_REASON_MAX} characters): kept in the node's annotation "
+                "(kubernetes), the drain reason's last part (slurm)",
                 default="",
+                parse=values.quarantine_reason,
                 metavar="TEXT",
                 extravars=("fleetops_quarantine_reason",),
                 from_finding="reason",

@@ -56,12 +56,13 @@ from fleetops.exitcodes import ExitCode
 from fleetops.rollout.lease import KEY_PREFIX, ROLLOUT_ID
 from fleetops.rollout.state import state_home
 from fleetops.util import iso_utc
+from fleetops.values import CAUSE_MAX
 
 SCHEMA = "fleetops.rollout.stop/v1"
 STOP_DIR = "stops"
 ALL_FILE = "stop-all.json"
 MAX_FILE_BYTES = 64 * 1024
-MAX_REASON = 500
+MAX_REASON = CAUSE_MAX  # the CLI refuses a longer --reason (values.cause): none given is cut
 STOP_TAG = "fleetops:stop"
 TAG_ALL = "*"
 TAG_VALUE_MAX = 256

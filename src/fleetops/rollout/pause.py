@@ -23,11 +23,12 @@ from pathlib import Path
 from fleetops.rollout.killswitch import one_line
 from fleetops.rollout.state import state_home
 from fleetops.util import atomic_write, iso_utc, private_dir
+from fleetops.values import CAUSE_MAX
 
 PAUSE_FILE = "pause.json"
 SCHEMA = "fleetops.pause/v1"
 MAX_BYTES = 64 * 1024
-REASON_MAX = 500
+REASON_MAX = CAUSE_MAX  # the CLI refuses a longer --reason (values.cause): none given is cut
 
 
 def reason_line(text: str) -> str:

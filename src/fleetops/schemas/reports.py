@@ -22,7 +22,7 @@ from fleetops.schemas.models import (
     Severity,
     _Open,
 )
-from fleetops.util import DRIFT_SCHEMA, SCAN_HOST_SCHEMA, SCAN_SCHEMA, ScanTransportName
+from fleetops.util import DRIFT_SCHEMA, SCAN_HOST_SCHEMA, SCAN_SCHEMA, MixedTransport, ScanTransportName
 
 # -------------------------------------------------------------- scan report (fleetops.scan/v1)
 
@@ -322,32 +322,17 @@ class ScanSelection(_Open):
     unmatched: list[str] = Field(default_factory=list, description="the limit's parts that matched no host")
 
 
-class MergedSource(_Open):
-    path: str
-    shard: ScanShard | None = None
-    partial: bool = Field(
-        description="a killed scan's .partial file: its hosts without an answer are not_scanned"
-    )
-    hosts: NonNegInt
-    not_scanned: NonNegInt = 0
-
-
-class MergedFrom(_Open):
-    """``fleetops merge``: the reports (or .partial files) the report was joined from."""
-
-    sources: list[MergedSource]
-    notes: list[str] = Field(default_factory=list)
-
-
 class ScanTransport(_Open):
     """``fleetops scan --transport``: how the hosts were reached. auto (the default) and ssh, its alias: the
     direct path (fleetops' own ssh command a host) for every host but those in ``by_ansible``, which
-    ansible-playbook scanned instead (and why); ansible: ansible-playbook for every host."""
+    ansible-playbook scanned instead (and why); ansible: ansible-playbook for every host. A merge (``fleetops
+    merge``): the name its sources all recorded, else mixed (each source's in ``merged.sources``)."""
 
-    name: ScanTransportName
+    name: ScanTransportName | MixedTransport
     by_ansible: dict[HostName, str] | None = Field(
         default=None,
-        description="auto and ssh: the hosts ansible-playbook scanned, and why; absent with ansible",
+        description="auto and ssh: the hosts ansible-playbook scanned, and why; absent with ansible; a merge: "
+        "those of its sources that went the direct path",
     )
 
 
@@ -357,6 +342,30 @@ class NextStepsRecord(_Open):
     policy: str
     ladders: str | None = Field(default=None, description="the state directory's ladder.json")
     ladders_error: str | None = None
+
+
+class MergedSource(_Open):
+    path: str
+    shard: ScanShard | None = None
+    partial: bool = Field(
+        description="a killed scan's .partial file: its hosts without an answer are not_scanned"
+    )
+    hosts: NonNegInt
+    not_scanned: NonNegInt = 0
+    transport: ScanTransportName | None = Field(
+        default=None, description="its transport's name; null: not recorded (an older fleetops)"
+    )
+    next_steps: NextStepsRecord | None = Field(
+        default=None,
+        description="where its findings' next came from; null: not recorded (a partial file, an older fleetops)",
+    )
+
+
+class MergedFrom(_Open):
+    """``fleetops merge``: the reports (or .partial files) the report was joined from."""
+
+    sources: list[MergedSource]
+    notes: list[str] = Field(default_factory=list)
 
 
 class ScanReport(_Open):
@@ -375,9 +384,12 @@ class ScanReport(_Open):
         default=None, description="fleetops merge: absent in a scan's own report"
     )
     transport: ScanTransport | None = Field(
-        default=None, description="absent in older reports and merged ones"
+        default=None, description="absent in older reports (and merges of them)"
     )
-    next_steps: NextStepsRecord | None = Field(default=None, description="absent in older reports")
+    next_steps: NextStepsRecord | None = Field(
+        default=None,
+        description="absent in older reports; a merge: the record its sources share (absent when they differ)",
+    )
     hosts: dict[str, ScanHost]
     summary: ScanSummary
     interrupted: bool = False
@@ -394,6 +406,7 @@ class ScanPartialHeader(_Open):
     shard: ScanShard | None = None
     options: ScanOptionsRecord | None = None
     selection: ScanSelection | None = None
+    transport: ScanTransport | None = Field(default=None, description="its name alone; absent in older files")
 
 
 # ------------------------------------------------------------ drift report (fleetops.drift/v1)
