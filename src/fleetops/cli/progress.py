@@ -255,7 +255,8 @@ class ConsoleObserver(RolloutObserver):
             what = "ok (no change)"
         detail = outcome.gate or outcome.msg or ", ".join((outcome.result or {}).get("actions") or [])
         # host names and module messages are data (an EC2 Name tag, a kubectl error with [...]): never markup
-        self.console.print(f"  [{style}]{escape(host)}: {what}[/] {escape(str(detail))}")
+        tail = f" {escape(str(detail))}" if detail else ""  # no trailing blank when there is nothing to add
+        self.console.print(f"  [{style}]{escape(host)}: {what}[/]{tail}")
         self.host_finished(host)
 
     def interrupted(self, rollout: Rollout) -> None:
