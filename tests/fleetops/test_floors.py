@@ -206,7 +206,10 @@ def test_a_host_a_dead_pass_only_reserved_costs_its_group_when_taken(
     assert d.rung_action == "replace"
     assert runner.calls == [], lines
     assert d.status == "floor", d.reason
-    assert "keeps 3 of 5 available (50%, at least 3); 3 unavailable (a0 among them on a record only: stop-start " in d.reason
+    assert (
+        "keeps 3 of 5 available (50%, at least 3); 3 unavailable (a0 among them on a record only: stop-start "
+        in d.reason
+    )
     assert "and may be serving), 0 taken by this pass" in d.reason
 
 
