@@ -11,6 +11,11 @@ person, how a person closes it, and the sweep of the rollouts' stale lease items
 - ``fleetops store forget ENTRY --reason TEXT`` (:func:`forget`) closes a record a person has handled:
   marked finished and forgotten (who, why, when), audited in the store. An unknown or already closed
   entry is a usage error (exit 2).
+- :func:`release_dead`, when a pass has finished what a dead pass left on an instance: the lease the
+  dead pass's rollout still holds on that instance (its ``lease#`` item and its ``fleetops:lease:<rollout>``
+  mirror tag) is released, so that a controller reading the tags alone is not refused the instance until
+  the lease expires; only a rollout the store's own rules say is dead (its item expired, or its process on
+  this controller gone: ``plan_store_take``), never a live one's.
 - :func:`sweep`, during every applying pass and ``fleetops store status``: the ``rollout#`` items of
   rollouts whose lease expired more than ``SWEEP_AFTER_S`` ago, and the ``lease#`` items of rollouts that
   are gone, are deleted, each conditional on the version read (a rollout renewing or taking meanwhile
@@ -20,13 +25,14 @@ person, how a person closes it, and the sweep of the rollouts' stale lease items
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleetops.ansible.collection import module_utils
 from fleetops.errors import UsageError
 from fleetops.policy import LedgerEntry, fmt_duration
 from fleetops.store import Store, StoredState, pending
+from fleetops.util import dead_here
 
 # An hour: four of the schedule's 15-minute passes (or a burst of alert passes) have had their chance
 # to finish the step; then it is a person's.
@@ -161,3 +167,40 @@ def sweep(shared: Store, now: float) -> list[str]:
     if left:
         lines.append(f"swept {left} instance lease item(s) of rollouts that are gone")
     return lines
+
+
+def release_dead(
+    shared: Store, tags: Any, instance: str, now: float, dead: Callable[[object], bool] = dead_here
+) -> list[str]:
+    """Release, on ``instance`` alone, the lease of the rollout that holds it (its ``lease#`` item) when
+    the store's own rules say that rollout is dead: its ``rollout#`` item expired, or it names a process
+    of this controller that is gone (``dead``: fleetops.util.dead_here; module_utils/lease.py's
+    ``plan_store_take`` breaks it on the same grounds). Its mirror tag goes where it still has the value
+    read (``tags``: module_utils/lease.py's Ec2Tags over the instance, read only then; None: no mirror),
+    then its ``lease#`` item, then its ``rollout#`` item once no other instance is held by it, each
+    conditional on the version read. A live rollout's lease, an unreadable one, a ``lease#`` item whose
+    rollout is gone (free to any taker) and a tag of a rollout the store does not know (a controller of
+    tags alone) are left as they are. The lines said (one, or none). StoreFailure, or aws.AwsError from
+    the tags, when a call fails."""
+    lease, mu = module_utils("lease"), module_utils("store")
+    backend = shared.backend
+    item = shared.call(backend.get, lease.INSTANCE_ITEM + instance)
+    holder = lease.holder_of(item) if item is not None else None
+    theirs = shared.call(backend.get, lease.ROLLOUT_ITEM + holder) if holder is not None else None
+    if item is None or holder is None or theirs is None:
+        return []
+    record = lease.rollout_record(holder, theirs)
+    doc = theirs.doc if isinstance(theirs.doc, dict) else {}
+    if record.live(now) and not dead(doc.get("controller")):
+        return []
+    if tags is not None:
+        tagged = tags.read().get(instance, {}).get(holder)
+        if tagged is not None:
+            tags.delete([instance], lease.KEY_PREFIX + holder, tagged.value)
+    with contextlib.suppress(mu.Conflict):  # taken meanwhile: the taker's now
+        shared.call(backend.delete, item.key, item.version)
+    if not any(lease.holder_of(i) == holder for i in shared.call(backend.items, lease.INSTANCE_ITEM)):
+        with contextlib.suppress(mu.Conflict):  # renewed or taken meanwhile: left as it is
+            shared.call(backend.delete, theirs.key, theirs.version)
+    why = "its process on this controller is gone" if record.live(now) else "its lease had expired"
+    return [f"released the lease of rollout {holder} ({record.operator}) on {instance}: {why}"]

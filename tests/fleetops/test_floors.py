@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetops import auto
+from fleetops import auto, store
+from fleetops.ansible.collection import module_utils
+from fleetops.auto import finish as auto_finish
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
-from fleetops.policy import parse_policy
-from tests.fleetops.test_auto import CRASHLOOP, T0, Runner, ecc, report
+from fleetops.policy import Decision, hold_for_floors, parse_policy
+from fleetops.rollout.lease import Ec2Connection
+from tests.fleetops.test_auto import CRASHLOOP, T0, Clock, Runner, ecc, report
 
 POLICY = """
 schema: fleetops.policy/v1
@@ -135,3 +138,99 @@ def test_a_non_disruptive_rung_is_never_held(tmp_path: Path) -> None:
     )
     auto.run_pass(inputs, runner, lambda text, style: None, clock=lambda: T0)
     assert runner.calls[0][:2] == ("fix", ["h0", "h1", "h2", "h3"])
+
+
+POLICY_REPLACE = """
+schema: fleetops.policy/v1
+budgets:
+  stop-start: {window: 1h, max: 100}
+  replace: {window: 1h, max: 100}
+floor: {min_available: 3}
+storm: {fleet_pct: 100, group_pct: 100}
+rules:
+  - name: gpu-fatal
+    match: [{check: gpu_health, severity: [critical]}]
+    ladder:
+      - {action: stop-start, clear_after: 30m}
+      - {action: replace, clear_after: 2h}
+      - {action: human}
+"""
+
+
+@pytest.mark.parametrize("instance", ["running", "no-finisher"])
+def test_a_host_a_dead_pass_only_reserved_costs_its_group_when_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, instance: str
+) -> None:
+    """The simulation's find (--outages, seed 3): a dead pass reserved a stop-start on a0 and never acted
+    (the instance runs: its finisher has nothing to finish; or this pass cannot finish it: no EC2 source).
+    The next pass counts the rung as tried and climbs to replace; a0 is unavailable on the record only
+    ("stop-start in a batch of auto-dead") while the scan has it answering: taking it costs the group.
+    Five hosts, a3 and a4 down, the floor keeps 3: replacing a0 would leave 2, so it waits."""
+
+    clock = Clock(T0)
+    shared = store.Store(module_utils("store").MemoryStore(clock=clock), clock=clock)
+    dead = store.StoredState(shared)
+    dead.load()
+    dead.mark_seeded("test")
+    dead.reserve(
+        "auto-dead", "stop-start", [("a0", "az-a", "gpu-fatal", 0, "gpu_health")], "ctl:1", T0,
+        {"a0": ("i-a0", "us-east-1")},
+    )  # fmt: skip
+    finished: list[str] = []
+
+    class Finisher:
+        @staticmethod
+        def finish_instance(settings: object, record: dict) -> dict:  # type: ignore[type-arg]
+            finished.append(record["instance"])
+            return {"msg": f"instance {record['instance']} is running: nothing to finish", "changed": False}
+
+    monkeypatch.setattr(auto_finish, "load", lambda relative: Finisher)
+    connection = Ec2Connection(endpoint_url="http://127.0.0.1:9", aws_access_key="k", aws_secret_key="s")
+    runner, lines = Runner(), []
+    clock.now = T0 + 31 * 60  # past the stop-start's clear time: the ladder climbs
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY_REPLACE, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=report(a0=[ecc()], a1=[], a2=[], a3="unreachable", a4="unreachable"),
+        group_of={f"a{i}": "az-a" for i in range(5)},
+        state_dir=tmp_path / "auto",
+        apply=True,
+        connection=connection if instance == "running" else None,
+        store=shared,
+        operator="alice@bastion",
+    )
+    result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=clock)
+    assert finished == (["i-a0"] if instance == "running" else [])
+    assert len(result.recovered) == 1  # the rung counts as tried: the ladder climbs
+    (d,) = [d for d in result.decisions if d.host == "a0"]
+    assert d.rung_action == "replace"
+    assert runner.calls == [], lines
+    assert d.status == "floor", d.reason
+    assert (
+        "keeps 3 of 5 available (50%, at least 3); 3 unavailable (a0 among them on a record only: stop-start "
+        in d.reason
+    )
+    assert "and may be serving), 0 taken by this pass" in d.reason
+
+
+def test_a_host_on_a_record_only_is_taken_once_within_the_floor() -> None:
+    """hold_for_floors: a host counted unavailable only because a record names it (``maybe_serving``)
+    counts against its group for the others, and taking it is judged as taking a host in service,
+    never counted twice: five hosts, the floor keeps 3, a0 on a record: a0 and a1 may go, a2 waits."""
+    policy = parse_policy(POLICY_REPLACE, "policy.yml")
+    decisions = [
+        Decision(h, "az-a", "act", "", rule="gpu-fatal", rung=1, rung_action="replace", action="replace")
+        for h in ("a0", "a1", "a2")
+    ]
+    out, (capacity,) = hold_for_floors(
+        policy,
+        decisions,
+        {"az-a": 5},
+        {"a0": ("az-a", "stop-start in a batch of auto-dead")},
+        {},
+        lambda action: True,
+        maybe_serving={"a0"},
+    )
+    assert [d.status for d in out] == ["act", "act", "floor"]
+    assert capacity.taken == ("a1",) and list(capacity.unavailable) == ["a0"]
+    assert "1 unavailable, 1 taken by this pass" in out[2].reason

@@ -637,6 +637,123 @@ def test_a_stop_start_a_dead_pass_left_stopped_is_started_by_the_next(tmp_path: 
     )
 
 
+ROLLOUT, OTHER = "20270115T080000Z-dead00", "20270115T081000Z-other0"
+
+
+@pytest.mark.parametrize("holder", ["dead-here", "expired", "live-elsewhere"])
+def test_the_finisher_releases_a_dead_rollouts_lease_on_the_instance_it_finished(
+    tmp_path: Path, moto_url: str, holder: str
+) -> None:
+    """A pass killed mid stop-start leaves its rollout's lease: the store's items and their mirror tag
+    ``fleetops:lease:<rollout>`` on lab-01's (stopped) and lab-02's instances. The next pass starts lab-01
+    and releases that lease on lab-01 alone, when the store's own rules say the rollout is dead (its
+    process on this controller is gone, or its lease expired): a controller that reads the tags alone then
+    takes lab-01 at once instead of being refused until the lease expires. A live rollout's lease (another
+    controller's, not expired) is left as it is."""
+    from fleetops.rollout.lease import Ec2Connection, Ec2Lease, LeaseError
+    from fleetops.util import process_id
+    from fleetops_lab.ec2sim import client, register_ami
+
+    lp = module_utils("lease")
+    ec2 = client(moto_url, REGION)
+    image = register_ami(moto_url, REGION, name=f"finisher-{holder}")
+    stopped, other = (
+        i["InstanceId"] for i in ec2.run_instances(ImageId=image, MinCount=2, MaxCount=2)["Instances"]
+    )
+    ec2.stop_instances(InstanceIds=[stopped])
+    connection = Ec2Connection(
+        endpoint_url=moto_url, aws_access_key="testing", aws_secret_key="testing", max_attempts=1, regions=(REGION,)
+    )  # fmt: skip
+    clock = Clock(T0)
+    shared = memory(clock)
+    dead = store.StoredState(shared)
+    dead.load()
+    dead.mark_seeded("test")
+    dead.reserve(
+        "auto-dead", "stop-start", [("lab-01", "az-a", "gpu-fatal", 0, "gpu_health")], "ctl:1", T0,
+        {"lab-01": (stopped, REGION)},
+    )  # fmt: skip
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host, _pid, space = process_id().split(":")
+    controller = f"{host if holder == 'dead-here' else 'elsewhere'}:{gone.pid}:{space}"
+    tags = lp.Ec2Tags(connection.settings(), {stopped: REGION, other: REGION})
+    targets = {stopped: "lab-01", other: "lab-02"}
+    lp.StoreLease(
+        shared.backend, ROLLOUT, targets, "op@ctl", 900, tags=tags, clock=clock, controller=controller
+    ).acquire()
+
+    def mirror() -> dict[str, set[str]]:
+        return {i: set(leases) for i, leases in tags.read().items()}
+
+    assert mirror() == {stopped: {ROLLOUT}, other: {ROLLOUT}}
+    lines: list[str] = []
+    inputs = auto.PassInputs(
+        policy=parse_policy(POLICY_STOP_START, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=report(**{"lab-03": []}),  # lab-01 (stopped) is not in the inventory at all
+        group_of={"lab-03": "az-a"},
+        state_dir=tmp_path / "fresh",
+        apply=True,
+        connection=connection,
+        store=shared,
+        operator="alice@bastion",
+    )
+    clock.now = T0 + (1000 if holder == "expired" else 600)  # the lease was taken for 900 s
+    result = auto.run_pass(inputs, Runner(), lambda text, style: lines.append(text), clock=clock)
+    assert (
+        ec2.describe_instances(InstanceIds=[stopped])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        == "running"
+    )
+    assert len(result.finished) == 1 and not any("could not release" in w for w in result.warnings), lines
+    held = {i.key: i.doc for i in shared.backend.items(lp.INSTANCE_ITEM)}
+    lab01 = {"lab-01": {"instance": stopped, "region": REGION}}
+    tag_only = Ec2Lease(
+        connection, lab01, OTHER, "bob@awx", settle=0, clock=clock
+    )  # no store: the tags alone
+    if holder == "live-elsewhere":
+        assert mirror() == {stopped: {ROLLOUT}, other: {ROLLOUT}}
+        assert held == {f"lease#{stopped}": {"rollout": ROLLOUT}, f"lease#{other}": {"rollout": ROLLOUT}}
+        assert not any("released the lease" in line for line in lines), lines
+        with pytest.raises(
+            LeaseError, match=f"held by another rollout: lab-01 \\({stopped}\\): rollout {ROLLOUT}"
+        ):
+            tag_only.acquire()
+        return
+    why = "its process on this controller is gone" if holder == "dead-here" else "its lease had expired"
+    assert (
+        f"lab-01 ({stopped}): released the lease of rollout {ROLLOUT} (op@ctl) on {stopped}: {why}" in lines
+    )
+    assert mirror() == {other: {ROLLOUT}}  # lab-02 was not finished: its lease is left for the store's rules
+    assert held == {f"lease#{other}": {"rollout": ROLLOUT}}
+    assert shared.backend.get(lp.ROLLOUT_ITEM + ROLLOUT) is not None  # it still holds lab-02
+    tag_only.acquire()  # at once: the dead rollout's tag is gone
+    tag_only.release()
+
+
+def test_releasing_a_dead_rollouts_last_instance_removes_its_item_and_spares_the_live() -> None:
+    """journal.release_dead over the store alone (no mirror): the dead rollout's lease item on the
+    instance goes, and its rollout item with it once it holds nothing else; a live rollout holding
+    another instance, and a stale lease item of a rollout the store no longer has, are not its to judge."""
+    from fleetops import journal
+
+    lp = module_utils("lease")
+    clock = Clock(T0)
+    shared = memory(clock)
+    lp.StoreLease(shared.backend, ROLLOUT, {"i-1": "h1"}, "op@ctl", 60, clock=clock, controller="x").acquire()
+    lp.StoreLease(shared.backend, OTHER, {"i-2": "h2"}, "op@ctl", 900, clock=clock, controller="x").acquire()
+    shared.backend.put("lease#i-4", {"rollout": "20270115T070000Z-gone00"}, None)  # its rollout released
+    clock.now = T0 + 120  # the first expired, the second is live
+    assert journal.release_dead(shared, None, "i-2", clock.now) == []
+    assert journal.release_dead(shared, None, "i-3", clock.now) == []  # nobody holds it
+    assert journal.release_dead(shared, None, "i-4", clock.now) == []  # free to any taker already
+    assert journal.release_dead(shared, None, "i-1", clock.now) == [
+        f"released the lease of rollout {ROLLOUT} (op@ctl) on i-1: its lease had expired"
+    ]
+    assert [i.key for i in shared.backend.items("lease#")] == ["lease#i-2", "lease#i-4"]
+    assert [i.key for i in shared.backend.items("rollout#")] == [f"rollout#{OTHER}"]
+
+
 # ------------------------------------------------------------------------------ budgets count from the act
 
 

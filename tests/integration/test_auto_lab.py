@@ -309,14 +309,9 @@ def _instance(lab: Lab, name: str) -> dict[str, Any]:
     return dict(instance)
 
 
-def _drop_leases(lab: Lab, name: str) -> None:
-    """Remove the rollout lease tags (``fleetops:lease:*``) from ``name``'s instance."""
-    url = running(lab.state_dir)
-    assert url is not None
-    instance = _instance(lab, name)
-    keys = [t["Key"] for t in instance.get("Tags") or [] if t["Key"].startswith(LEASE_TAG_PREFIX)]
-    if keys:
-        client(url, REGION).delete_tags(Resources=[instance["InstanceId"]], Tags=[{"Key": k} for k in keys])
+def _leases(lab: Lab, name: str) -> list[str]:
+    """The rollout lease tags (``fleetops:lease:*``) on ``name``'s instance."""
+    return [t["Key"] for t in _instance(lab, name).get("Tags") or [] if t["Key"].startswith(LEASE_TAG_PREFIX)]
 
 
 def test_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_the_next(
@@ -325,7 +320,8 @@ def test_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_th
     """SIGKILL (the controller and its ansible run) while the pass's stop-start is stopping lab-01's
     instance. A new pass — another state directory, an inventory that lists only running instances, so
     lab-01 is not in it — finds the dead pass's reservation in the shared store, starts the instance,
-    and touches nothing else."""
+    and touches nothing else. It releases the dead pass's rollout lease on the instance (its process here
+    is gone): the next test's controller, without a store, reads the tags alone and takes it at once."""
     env = {**env, "FLEETOPS_STORE_TABLE": "fleetops-lab-inflight", **_cluster(tmp_path)}
     config = yaml.safe_load(lab.ec2_inventory_path().read_text())
     config["filters"]["instance-state-name"] = ["running"]  # as AWX's inventory of running instances
@@ -374,17 +370,13 @@ def test_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_th
         assert "took over the shared store's lease" in err  # the dead pass's, at once: its PID is gone
         assert _actions(doc) == []  # nothing else is touched
         assert _instance(lab, CRASH)["State"]["Name"] == "running"
+        assert _leases(lab, CRASH) == [], err  # the dead rollout's lease released (its process is gone)
         deadline = time.monotonic() + 120
         while lab.run(CRASH, "true").returncode != 0 and time.monotonic() < deadline:
             time.sleep(1)
         assert boots(lab, others) == before
     finally:
         remove_crashloop_unit(lab, CRASH, name="killed")
-        # the killed pass's stop-start rollout holds its lease on lab-01's instance until it expires (15
-        # min): the finisher restarts the instance but does not release a dead rollout's lease (a pass on
-        # this controller takes it over at once, another controller waits it out). The next test's
-        # controller has no store and reads the tags alone: it would wait, so the lease goes here.
-        _drop_leases(lab, CRASH)
 
 
 def test_without_a_store_a_pass_killed_after_a_stop_start_stopped_its_instance_is_finished_by_the_next(

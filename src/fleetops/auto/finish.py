@@ -8,7 +8,7 @@ from typing import Any
 
 from fleetops import journal as journal_mod
 from fleetops.ansible import facts
-from fleetops.ansible.collection import load
+from fleetops.ansible.collection import load, module_utils
 from fleetops.auto.actions import action_params, freeze
 from fleetops.auto.context import PassBase
 from fleetops.auto.marks import FIELDS, IN_FLIGHT_TAG, InFlightMarks, Mark, encode
@@ -139,7 +139,26 @@ class Finishers(PassBase):
         line = f"{where}: finished the {entry.action} a dead pass left half done: {msg or 'done'}"
         result.finished.append(line)
         self.say(line, "bold")
+        self.release_dead_leases(where, instance, str(journal.get("region") or ""))
         return True
+
+    def release_dead_leases(self, where: str, instance: str, region: str) -> None:
+        """With a shared store: release the lease a dead rollout (the dead pass's) still holds on the
+        instance just finished (``journal.release_dead``), so that a controller reading the tags alone
+        is not refused it until the lease expires. One that cannot be released is told; it expires on
+        its own."""
+        shared, connection = self.inputs.store, self.inputs.connection
+        if shared is None or connection is None:
+            return
+        region = region or (connection.regions[0] if connection.regions else "us-east-1")
+        tags = module_utils("lease").Ec2Tags(connection.settings(), {instance: region}, "fleetops.auto")
+        try:
+            for line in journal_mod.release_dead(shared, tags, instance, self.clock()):
+                self.say(f"{where}: {line}", "dim")
+        except (StoreFailure, module_utils("aws").AwsError) as exc:  # it stays until it expires
+            self.warn(
+                f"{where}: could not release a dead rollout's lease on it (it expires on its own): {exc}"
+            )
 
     def not_scanned_clean(self, instances: Sequence[str]) -> str | None:
         """Why this pass's scan does not show each of ``instances`` (EC2 ids) answering with no warning or

@@ -269,12 +269,14 @@ class Guards(PassBase):
         quarantined.update({d.host: d.group for d in result.decisions if d.still_quarantined})
         for host, group in quarantined.items():
             unavailable.setdefault(host, (group, "quarantined"))
+        out = set(unavailable)  # out of service as the scan, the inventory, the ladders and the nodes show
         for host, why in self.in_flight.items():
             unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, why))
         for host, state in (inputs.nodes.out() if inputs.nodes is not None else {}).items():
             if state.ours:  # a quarantine of ours a cleared ladder left standing counts against the cap
                 quarantined.setdefault(host, self.group_of(host) or NO_GROUP)
             unavailable.setdefault(host, (self.group_of(host) or NO_GROUP, state.why()))
+            out.add(host)
         result.decisions, capacity = hold_for_floors(
             policy,
             result.decisions,
@@ -282,6 +284,9 @@ class Guards(PassBase):
             unavailable,
             quarantined,
             disruptive,
+            # on the store's record alone (a batch reserved, a step a dead pass left, maybe never acted on):
+            # it may be serving, so taking it costs its group (the simulation's --outages, seed 3)
+            maybe_serving={h for h in self.in_flight if h not in out},
         )
         result.capacity = [
             {"group": c.group, "size": c.size, "unavailable": dict(c.unavailable), "taken": list(c.taken),

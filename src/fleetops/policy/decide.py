@@ -443,14 +443,19 @@ def hold_for_floors(
     unavailable: Mapping[str, tuple[str, str]],
     quarantined: Mapping[str, str],
     disruptive: Callable[[str], bool],
+    maybe_serving: Collection[str] = (),
 ) -> tuple[list[Decision], list[GroupCapacity]]:
     """``decisions`` with each disruptive action that would leave its group below the rule's floor (or
     over its quarantine cap) turned into status ``floor``, taken in host order; and each group's capacity.
 
     ``unavailable``: host -> (group, why) of hosts out of service before this pass (unreachable,
     quarantined, stopped, being replaced); ``quarantined``: host -> group of hosts standing quarantined.
-    A host already unavailable may be acted on without costing the group more. UsageError (exit 2) when
-    a floor keeps more hosts than a group it applies to has: no host of it could ever be taken."""
+    A host already unavailable may be acted on without costing the group more — except one of
+    ``maybe_serving``: counted unavailable only because a record names it (a batch reserved in the store,
+    a step a dead pass left) while nothing shows it out of service; it counts against its group for the
+    others, and taking it is judged as taking a host in service (it is counted once: already in the
+    unavailable). UsageError (exit 2) when a floor keeps more hosts than a group it applies to has: no
+    host of it could ever be taken."""
     from fleetops.errors import UsageError
 
     down: dict[str, dict[str, str]] = {}
@@ -483,6 +488,11 @@ def hold_for_floors(
             why = f"floor: group {g} has {in_quarantine[g]} of {size} hosts quarantined (at most {cap})"
         elif d.host not in gone and size - len(gone) - len(mine) - 1 < keep:
             why = f"floor: group {g} {floor.says(size)}; {len(gone)} unavailable, {len(mine)} taken by this pass"
+        elif d.host in gone and d.host in maybe_serving and size - len(gone) - len(mine) < keep:
+            why = (
+                f"floor: group {g} {floor.says(size)}; {len(gone)} unavailable ({d.host} among them on a record "
+                f"only: {gone[d.host]}, and may be serving), {len(mine)} taken by this pass"
+            )
         if why is not None:
             held.setdefault(g, []).append(d.host)
             out.append(replace(d, status="floor", action=None, reason=why))
