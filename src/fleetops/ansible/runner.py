@@ -121,6 +121,9 @@ class RunnerOptions:
     timeout: int | None = None
     # ssh's connect timeout, banner exchange included (ansible-playbook --timeout); None: ansible.cfg's
     connect_timeout: int | None = None
+    # what ansible-playbook reads instead of ``inventory`` (``batch_inventory.write``: a rollout batch's hosts
+    # as ``inventory`` lists them); ``inventory`` still gives the EC2 connection (``ec2_env``)
+    batch_inventory: Path | None = None
     keep_artifacts: bool = bool(os.environ.get("FLEETOPS_KEEP_ARTIFACTS"))
 
 
@@ -227,6 +230,11 @@ def _scrub_artifacts(private: Path, secrets: Sequence[str]) -> None:
         os.replace(tmp, command)
 
 
+def _inventory_env(opts: RunnerOptions) -> dict[str, str]:
+    """A batch inventory is YAML: read by ansible's own YAML plugin whatever ``enable_plugins`` says."""
+    return {"ANSIBLE_INVENTORY_ENABLED": "ansible.builtin.yaml"} if opts.batch_inventory is not None else {}
+
+
 def _cmdline(opts: RunnerOptions) -> str:
     args: list[str] = []
     if opts.check:
@@ -287,12 +295,14 @@ def run_playbook(
     kwargs: dict[str, Any] = {
         "private_data_dir": str(private),
         "playbook": opts.playbook,
-        "inventory": [str(p.resolve()) for p in opts.inventory] or None,
+        "inventory": [str(opts.batch_inventory)]
+        if opts.batch_inventory is not None
+        else [str(p.resolve()) for p in opts.inventory] or None,
         "limit": opts.limit,
         "extravars": dict(opts.extravars),
         # the inventory's EC2 connection in the environment (never on the command line); runner's copy
         # of it in the artifacts is scrubbed (status), suppress_env_files keeps it out of env/envvars
-        "envvars": {**ansible_env(), **aws_env, RUN_MARKER: str(private)},
+        "envvars": {**ansible_env(), **aws_env, RUN_MARKER: str(private), **_inventory_env(opts)},
         "event_handler": handle,
         "status_handler": status,
         # Never None: without a callback runner installs SIGINT/SIGTERM handlers of its own, for good,
