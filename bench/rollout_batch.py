@@ -63,6 +63,7 @@ UNIT_TEXT = (
 )
 VAR = "FLEETOPS_BENCH"
 PARTS = ("runner", "batch_inventory", "gate_scan", "state_save", "audit", "before_batch", "capacity")
+ROLLOUT_PARTS = ("listing", "preflight", "store", "gate_scan", "state_save")  # before the first batch
 
 
 def _cpu_now() -> float:
@@ -227,11 +228,17 @@ def _env(work: Path, cold: str) -> dict[str, str]:
     }
 
 
-def rollout(work: Path, inventory: Path, targets: Sequence[str], value: str) -> dict[str, Any]:
+def rollout(
+    work: Path, inventory: Path, targets: Sequence[str], value: str, src: Path | None = None
+) -> dict[str, Any]:
+    """One rollout in a child process; ``src``: the product from that ``src`` folder instead (``--before``)."""
     out = work / f"rollout-{value}.json"
     argv = [sys.executable, __file__, "--child", str(out), "--inventory", str(inventory),
             "--value", value, *targets]  # fmt: skip
-    wall, cpu, output, rc = _run(argv, _env(work, value))
+    env = _env(work, value)
+    if src is not None:  # that product, with this checkout's collection (its playbooks and plugins)
+        env.update(PYTHONPATH=str(src), FLEETOPS_COLLECTION_ROOT=str(REPO))
+    wall, cpu, output, rc = _run(argv, env)
     if rc != 0 or not out.exists():
         raise BenchError(f"the rollout's child exited {rc}: {output[-3000:]}")
     data: dict[str, Any] = json.loads(out.read_text())
@@ -276,11 +283,12 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    batches = [b for r in rounds for b in r["rollout"]["batches"]]
+def summarise(rounds: list[dict[str, Any]], key: str = "rollout") -> dict[str, Any]:
+    batches = [b for r in rounds for b in r[key]["batches"]]
     base = [x for r in rounds for x in r["baseline"]]
     whole = [x for r in rounds for x in r["whole"]]
     out: dict[str, Any] = {
+        "batches": len(batches),
         "batch_wall_s": _median([b["wall_s"] for b in batches]),
         "batch_cpu_s": _median([b["cpu_s"] for b in batches]),
         "baseline_wall_s": _median([w for w, _ in base]),
@@ -294,12 +302,35 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             ]
             for p in PARTS
         },
-        "overhead_wall_s": _median([b["wall_s"] for b in batches]) - _median([w for w, _ in base]),
-        "overhead_cpu_s": _median([b["cpu_s"] for b in batches]) - _median([c for _, c in base]),
+        "rollout_parts": {
+            p: [_median([r[key]["rollout_parts"].get(p, [0, 0])[i] for r in rounds]) for i in (0, 1)]
+            for p in ROLLOUT_PARTS
+        },
     }
+    out["overhead_wall_s"] = out["batch_wall_s"] - out["baseline_wall_s"]
+    out["overhead_cpu_s"] = out["batch_cpu_s"] - out["baseline_cpu_s"]
     out["ratio_wall"] = out["batch_wall_s"] / out["baseline_wall_s"]
     out["ratio_cpu"] = out["batch_cpu_s"] / out["baseline_cpu_s"]
     return out
+
+
+def print_summary(title: str, s: dict[str, Any]) -> None:
+    print(f"\n{title}, per batch, medians of {s['batches']} batches:")
+    print(f"  {'':36} {'wall s':>8} {'CPU s':>8}")
+    print(f"  {'the batch (rollout)':36} {s['batch_wall_s']:8.2f} {s['batch_cpu_s']:8.2f}")
+    for part in PARTS:
+        w, c = s["parts"][part]
+        print(f"    {part:34} {w:8.2f} {c:8.2f}")
+    print(
+        f"  {'baseline: ansible-playbook, 1 host':36} {s['baseline_wall_s']:8.2f} {s['baseline_cpu_s']:8.2f}"
+    )
+    print(f"  {'ansible-playbook, whole inventory':36} {s['whole_inventory_wall_s']:8.2f} "
+          f"{s['whole_inventory_cpu_s']:8.2f}")  # fmt: skip
+    print(f"  {'overhead (batch - baseline)':36} {s['overhead_wall_s']:8.2f} {s['overhead_cpu_s']:8.2f}")
+    print(f"  {'ratio (batch / baseline)':36} {s['ratio_wall']:7.2f}x {s['ratio_cpu']:7.2f}x")
+    print("  once per rollout: " + ", ".join(
+        f"{p} {w:.2f} s ({c:.2f} CPU s)" for p, (w, c) in s["rollout_parts"].items()
+    ))  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds", type=int, default=3, help="rounds of rollout, baseline, whole (default 3)"
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--before", type=Path, metavar="SRC",
+                        help="also the rollout with the product from SRC (another checkout's src folder, e.g. "
+                        "'git archive REV src'), interleaved: a change's before and after in one run")  # fmt: skip
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--inventory", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--value", help=argparse.SUPPRESS)
@@ -355,10 +389,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in range(1, args.rounds + 1):
                 load = _load()
                 r = rollout(work, inventory, targets, f"{stamp}-r{n}")
+                before = (
+                    rollout(work, inventory, targets, f"{stamp}-p{n}", args.before) if args.before else None
+                )
                 base = [bare(work, ones[t], t, r["extravars"], f"{stamp}-b{n}{t}") for t in targets]
                 whole = [bare(work, inventory, t, r["extravars"], f"{stamp}-w{n}{t}") for t in targets]
-                rounds.append({"load": load, "rollout": r, "baseline": base, "whole": whole})
+                rounds.append(
+                    {"load": load, "rollout": r, "before": before, "baseline": base, "whole": whole}
+                )
                 walls = " ".join(f"{b['wall_s']:.2f}" for b in r["batches"])
+                if before is not None:
+                    walls += " (before: " + " ".join(f"{b['wall_s']:.2f}" for b in before["batches"]) + ")"
                 print(f"  round {n} (load {load}): batches {walls} s; baseline "
                       f"{' '.join(f'{w:.2f}' for w, _ in base)} s; whole inventory "
                       f"{' '.join(f'{w:.2f}' for w, _ in whole)} s", flush=True)  # fmt: skip
@@ -370,23 +411,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(LabError):
                 lab.down(progress=print)
     s = summarise(rounds)
-    print(f"\nper batch, medians of {sum(len(r['rollout']['batches']) for r in rounds)} batches "
-          f"(load {rounds[0]['load']} .. {_load()}):")  # fmt: skip
-    print(f"  {'':34} {'wall s':>8} {'CPU s':>8}")
-    print(f"  {'the batch (rollout)':34} {s['batch_wall_s']:8.2f} {s['batch_cpu_s']:8.2f}")
-    for part in PARTS:
-        w, c = s["parts"][part]
-        print(f"    {part:32} {w:8.2f} {c:8.2f}")
-    print(
-        f"  {'baseline: ansible-playbook, 1 host':34} {s['baseline_wall_s']:8.2f} {s['baseline_cpu_s']:8.2f}"
-    )
-    print(f"  {'ansible-playbook, whole inventory':34} {s['whole_inventory_wall_s']:8.2f} "
-          f"{s['whole_inventory_cpu_s']:8.2f}")  # fmt: skip
-    print(f"  {'overhead (batch - baseline)':34} {s['overhead_wall_s']:8.2f} {s['overhead_cpu_s']:8.2f}")
-    print(f"  {'ratio (batch / baseline)':34} {s['ratio_wall']:7.2f}x {s['ratio_cpu']:7.2f}x")
+    print(f"\nload average {rounds[0]['load']} at the start, {_load()} at the end")
+    print_summary("this checkout", s)
+    result = {"after": s}
+    if args.before:
+        result["before"] = summarise(rounds, "before")
+        print_summary(f"before ({args.before})", result["before"])
     if args.json:
         args.json.write_text(json.dumps({"lab": lab.name, "size": args.size, "hosts": args.hosts,
-                                         "cpus": os.cpu_count(), "rounds": rounds, "summary": s}, indent=2))  # fmt: skip
+                                         "cpus": os.cpu_count(), "rounds": rounds, "summary": result}, indent=2))  # fmt: skip
     return 0
 
 
