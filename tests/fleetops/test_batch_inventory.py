@@ -37,7 +37,9 @@ def _inventory(tmp_path: Path, extra: dict[str, Any] | None = None) -> Path:
         }
     }
     (folder / "hosts.yml").write_text(yaml.safe_dump(data))
-    (folder / "group_vars" / "all.yml").write_text("site: one\nlist: [1, 2]\n")
+    (folder / "group_vars" / "all.yml").write_text(
+        "site: one\nlist: [1, 2]\nflag: 'yes'\nmode: '0755'\nnone: null\n"
+    )
     (folder / "group_vars" / "az_a.yml").write_text("tier: a\nnested: {k: [x, y]}\n")
     (folder / "host_vars" / "h5.yml").write_text("site: five\n")
     return folder
@@ -83,6 +85,11 @@ def test_ansible_reads_the_batch_hosts_variables_and_groups_as_from_the_whole_in
     assert own["_meta"]["hostvars"] == whole["_meta"]["hostvars"]
     assert own["_meta"]["hostvars"]["h2"]["tier"] == "host's own"  # the precedence the inventory had
     assert own["_meta"]["hostvars"]["h5"]["site"] == "five"
+    assert {k: own["_meta"]["hostvars"]["h6"][k] for k in ("flag", "mode", "none")} == {
+        "flag": "yes",  # strings YAML 1.1 would read as a bool or a number stay strings
+        "mode": "0755",
+        "none": None,
+    }
     assert (
         _membership(own)
         == _membership(whole)
