@@ -385,7 +385,10 @@ def execute(
         engine = Engine(
             rollout=rollout,
             actions=remediation.actions,
-            runner=PlaybookBatchRunner(remediation.playbook, inventory),
+            # replace's playbook names a new instance uniquely in groups['all']: the whole inventory
+            runner=PlaybookBatchRunner(
+                remediation.playbook, inventory, whole_inventory=remediation.replaces_host
+            ),
             scanner=InventoryScanner(inventory, groups, present),
             observer=observer,
             gate_check=remediation.gate,
