@@ -279,7 +279,9 @@ def test_the_wheel_as_a_user_installs_it_scans_and_remediates_a_lab_fleet(tmp_pa
     older = [Path("/usr/bin/python3.11"), *sorted(Path.home().glob(".pyenv/versions/3.1[01]*/bin/python3"))]
     python311 = next(p for p in older if p.is_file())
     venv311 = tmp_path / "venv311"
-    subprocess.run([str(python311), "-m", "venv", "--without-pip", str(venv311)], check=True, env=user, cwd=work)
+    subprocess.run(
+        [str(python311), "-m", "venv", "--without-pip", str(venv311)], check=True, env=user, cwd=work
+    )
     old = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv311 / "bin" / "python"), "install", "--dry-run",
          "--no-index", str(wheel)],
