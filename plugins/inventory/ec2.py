@@ -127,13 +127,26 @@ options:
     default: true
   include_events:
     description:
-      - Ask C(ec2:DescribeInstanceStatus) (C(IncludeAllInstances), 100 instance IDs per call) for
-        scheduled events and status checks, and set C(ec2_scheduled_events) (a list of
-        C(code), C(description), C(not_before), C(not_after), C(not_before_deadline),
-        C(instance_event_id)) and C(ec2_status_checks) (C(system), C(instance)).
-      - Only the instances the filters keep are asked about, as soon as a page of
-        C(ec2:DescribeInstances) names them (once the O(exclude_filters) listings are done, when
-        there are some), while the listing goes on.
+      - Ask C(ec2:DescribeInstanceStatus) for scheduled events and status checks, and set
+        C(ec2_scheduled_events) (a list of C(code), C(description), C(not_before), C(not_after),
+        C(not_before_deadline), C(instance_event_id)) and C(ec2_status_checks) (C(system),
+        C(instance)) on every host.
+      - For running instances it asks only what is not healthy, region-wide, with three calls per
+        region sent beside the listing (pages of up to 1000), for the instances with a scheduled event
+        (C(event.code) V(instance-reboot), V(system-reboot), V(system-maintenance),
+        V(instance-retirement), V(instance-stop), the codes the API documents), and instances whose
+        instance check or system check (C(instance-status.status), C(system-status.status)) is
+        V(impaired), V(initializing), V(insufficient-data) or V(not-applicable). A running instance
+        in none of these answers has no scheduled event and both checks V(ok), exactly what
+        C(ec2:DescribeInstanceStatus) says of it. On a healthy fleet the answers are empty, however
+        many instances are listed.
+      - The kept instances in another state (pending, stopping, stopped, ...), which EC2 describes
+        region-wide only with C(IncludeAllInstances), are asked about by ID (C(IncludeAllInstances),
+        100 instance IDs per call), as soon as a page of C(ec2:DescribeInstances) names them (once
+        the O(exclude_filters) listings are done, when there are some).
+      - The region-wide answers can name unhealthy instances the filters leave out; they are not
+        listed. With O(strict_permissions=false), where C(ec2:DescribeInstanceStatus) is denied the
+        hosts are kept without either variable.
     type: bool
     default: true
   max_concurrent_requests:
@@ -325,6 +338,19 @@ except ImportError:
 
 CACHE_FORMAT = 2  # 2: [hostname, host variables] per instance (1: the API's instance descriptions)
 STATUS_CHUNK = 100  # DescribeInstanceStatus takes at most 100 InstanceIds
+STATUS_PAGE_SIZE = 1000  # MaxResults of a DescribeInstanceStatus without InstanceIds (5 to 1000)
+# A running instance's DescribeInstanceStatus item is asked region-wide only when something in it is
+# not 'ok': one call per filter below (EC2 ANDs filters, ORs a filter's values), running instances
+# only (no IncludeAllInstances). A running instance in none of the answers has both checks 'ok' and
+# no scheduled event: RUNNING_OK. The values are all the API reference documents besides 'ok'.
+STATUS_NOT_OK = ["impaired", "initializing", "insufficient-data", "not-applicable"]
+EVENT_CODES = ["instance-reboot", "system-reboot", "system-maintenance", "instance-retirement", "instance-stop"]
+NOT_OK_FILTERS = (
+    [{"Name": "event.code", "Values": EVENT_CODES}],
+    [{"Name": "instance-status.status", "Values": STATUS_NOT_OK}],
+    [{"Name": "system-status.status", "Values": STATUS_NOT_OK}],
+)
+RUNNING_OK = {"Events": [], "SystemStatus": {"Status": "ok"}, "InstanceStatus": {"Status": "ok"}}
 MAX_CONCURRENT_REQUESTS = 16  # the upper bound of the option of that name (its default is in DOCUMENTATION)
 MAX_DUPLICATE_WARNINGS = 10
 # the store the source names, as variables of the ec2 group: what the playbooks hand fleetops.node.ec2_lease
@@ -665,12 +691,21 @@ def _flat_key(value):
     return None
 
 
+def _running(instance):
+    return (instance.get("State") or {}).get("Name") == "running"
+
+
 class _RegionDenied(Exception):
     """UnauthorizedOperation in a region, with strict_permissions off."""
 
 
 class _RegionListing:
-    """One region's listings and status calls, as tasks of the plugin's pool; records() waits for them."""
+    """One region's listings and status calls, as tasks of the plugin's pool; records() waits for them.
+
+    A running instance's status item comes from the region-wide NOT_OK_FILTERS calls (RUNNING_OK
+    when none of them names it); a kept instance in another state (pending, stopping, stopped, ...)
+    is asked about by ID, with IncludeAllInstances, as EC2 answers region-wide for running ones only.
+    """
 
     def __init__(self, plugin, pool, region, include_events):
         self._plugin = plugin
@@ -691,13 +726,19 @@ class _RegionListing:
         self._includes = [
             pool.submit(plugin._list_instances, region, filters, on_page) for filters in settings["filter_sets"]
         ]
+        self._not_ok = []
+        if include_events:  # they depend on no listing: sent at once, answered while the listing goes on
+            self._not_ok = [pool.submit(plugin._not_ok_statuses, region, filters) for filters in NOT_OK_FILTERS]
         self.started = time.monotonic()
 
     def _page_listed(self, instances):
-        """In a listing's thread: send a status call for every full chunk of newly kept instance IDs."""
+        """In a listing's thread: send a status call for every full chunk of newly kept instance IDs
+        of instances that are not running (the NOT_OK_FILTERS calls cover the running ones)."""
         with self._lock:
             for instance in instances:
                 instance_id = instance["InstanceId"]
+                if _running(instance):
+                    continue
                 if instance_id not in self._asked:
                     self._asked.add(instance_id)
                     self._pending.append(instance_id)
@@ -721,7 +762,7 @@ class _RegionListing:
                         found.setdefault(instance["InstanceId"], instance)
         except _RegionDenied as e:
             plugin.display.warning("fleetops.node.ec2: skipping %s: %s" % (region, e))
-            for future in self._status_calls:
+            for future in self._status_calls + self._not_ok:
                 future.cancel()
             return []
         listed = time.monotonic()
@@ -729,16 +770,23 @@ class _RegionListing:
         if self._include_events:
             with self._lock:
                 if not self._early_status:
-                    self._pending = sorted(found)
+                    self._pending = sorted(i for i, instance in found.items() if not _running(instance))
                 for start in range(0, len(self._pending), STATUS_CHUNK):
                     self._send(self._pending[start : start + STATUS_CHUNK])
                 self._pending = []
                 calls = list(self._status_calls)
             try:
                 statuses = {}
+                not_ok = {}
                 for future in calls:
                     for status in future.result():
                         statuses[status["InstanceId"]] = status
+                for future in self._not_ok:
+                    for status in future.result():
+                        not_ok[status["InstanceId"]] = status
+                for instance_id, instance in found.items():
+                    if _running(instance):
+                        statuses[instance_id] = not_ok.get(instance_id, RUNNING_OK)
             except _RegionDenied as e:
                 statuses = None
                 plugin.display.warning(
@@ -1161,12 +1209,27 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             for status in page.get("InstanceStatuses", [])
         ]
 
+    def _not_ok_statuses(self, region, filters):
+        """DescribeInstanceStatus of the region's running instances the filters match (one of NOT_OK_FILTERS)."""
+        return [
+            status
+            for page in self._pages(
+                region,
+                "DescribeInstanceStatus",
+                "describe_instance_status",
+                {"Filters": filters},
+                page_size=STATUS_PAGE_SIZE,
+            )
+            for status in page.get("InstanceStatuses", [])
+        ]
+
     def _query(self):
         """Every region's instances and statuses, as records in a stable order (regions as given, then IDs).
 
         The requests run in one pool of max_concurrent_requests threads: every listing (a region's
         filter sets and exclude sets) is one task, its pages one after another; the status calls
-        are tasks too, each for up to STATUS_CHUNK instance IDs the filters kept, sent as soon as
+        are tasks too: the region's NOT_OK_FILTERS calls, sent with the listings, and for the kept
+        instances that are not running, calls of up to STATUS_CHUNK instance IDs, sent as soon as
         a page names them (after the region's exclude listings, when it has some), so they overlap
         the listing. The clients are made here, before the threads start: one per region, shared
         by its tasks (a boto3 client is thread-safe, a session is not).

@@ -44,7 +44,6 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 EVENT_TAG = "fleetops:event"
@@ -100,10 +99,14 @@ class MotoServer:
     ``load_default_amis=False`` (the default) starts moto without its ~1,300 stock AMIs: every
     RunInstances then costs about half as much (moto filters all AMIs once per instance), and
     ``register_ami()`` gives the image to launch from.
+
+    Without ``executable`` it is moto's server with DescribeInstanceStatus's status filters
+    (``python -m fleetops_lab.motoserver``, see there); with it, that program as it is.
     """
 
     def __init__(self, executable: str | None = None, load_default_amis: bool = False) -> None:
-        self.executable = executable or str(Path(sys.executable).parent / "moto_server")
+        self.command = [executable] if executable else [sys.executable, "-m", "fleetops_lab.motoserver"]
+        self.executable = executable or f"{sys.executable} -m fleetops_lab.motoserver"
         self.env = {**os.environ, "MOTO_EC2_LOAD_DEFAULT_AMIS": "true" if load_default_amis else "false"}
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -112,7 +115,7 @@ class MotoServer:
         for _ in range(5):
             port = free_port()
             self.proc = subprocess.Popen(
-                [self.executable, "-H", "127.0.0.1", "-p", str(port)],
+                [*self.command, "-H", "127.0.0.1", "-p", str(port)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
