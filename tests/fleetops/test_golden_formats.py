@@ -248,7 +248,7 @@ def scanner(hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def _stand_ins(monkeypatch: pytest.MonkeyPatch, runner: Runner, down: dict[str, str] | None = None) -> None:
-    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda playbook, inventory: runner)
+    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda playbook, inventory, **k: runner)
     monkeypatch.setattr(launch, "InventoryScanner", lambda *a, **k: scanner)
     monkeypatch.setattr(
         launch, "preflight", lambda hosts, **k: {h.name: (down or {}).get(h.name) for h in hosts}

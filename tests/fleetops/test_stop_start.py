@@ -214,7 +214,7 @@ def test_an_auto_scaling_groups_instance_is_refused_and_left_untouched(
         ran.append(list(hosts))
         return PlaybookRun(status="successful", rc=0)
 
-    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda playbook, inventory: runner)
+    monkeypatch.setattr(launch, "PlaybookBatchRunner", lambda playbook, inventory, **k: runner)
     lines: list[str] = []
 
     class Observer(api.NullObserver):
