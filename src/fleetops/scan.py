@@ -405,7 +405,7 @@ def _run_direct(
         listed,
         opts.playbook_vars(),
         forks=opts.runner_forks(),
-        host_timeout=opts.host_timeout or 365 * 86400,
+        host_timeout=opts.host_timeout or None,  # 0: no limit
         connect_timeout=opts.connect_timeout(),
         on_result=on_result,
         cancel=cancel,

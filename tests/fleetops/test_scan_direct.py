@@ -99,6 +99,30 @@ def test_become_is_sudos_never_interactive_with_the_plugins_user_and_flags() -> 
     )
 
 
+def test_a_hosts_ansible_become_false_wins_over_ansible_cfgs_become(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ansible.cfg's ``become = true`` (here its environment variable, the same setting, which ansible reads
+    on each lookup) is every host's default, and a host's own ``ansible_become: false`` wins over it, as in
+    ansible (the configuration is the lowest layer of a become plugin's options)."""
+    monkeypatch.setenv("ANSIBLE_BECOME", "true")
+    resolver = _resolver()
+
+    def remote(**hostvars: Any) -> str:
+        return resolver.target(_host(ansible_user="ops", **hostvars), 60).argv[-1]
+
+    assert remote().startswith("sudo -H -S -n -u root python3 ")
+    for no in (False, "no", "false"):
+        assert remote(ansible_become=no).startswith("python3 -I -S -c "), no
+
+
+def test_a_host_timeout_of_zero_is_no_timeout_as_the_tasks_keyword_takes_it() -> None:
+    """``--host-timeout 0`` (no limit) reaches each host as ``fleetops_host_timeout: 0``: no limit, never an
+    immediate timeout; a host's own value is its limit."""
+    assert _resolver(fleetops_host_timeout=0).target(_host(), None).timeout is None
+    assert _resolver(fleetops_host_timeout=0).target(_host(), 120).timeout is None
+    assert _resolver().target(_host(fleetops_host_timeout=30), 120).timeout == 30
+    assert _resolver().target(_host(), 120).timeout == 120
+
+
 def test_the_options_come_from_the_knobs_extra_vars_first_and_are_typed() -> None:
     resolver = _resolver(fleetops_zombie_warning="700", fleetops_checks="zombie_memcg,crashloop_unit")
     events = [{"Code": "system-reboot", "EventId": "e-1"}]
@@ -181,6 +205,20 @@ def test_a_local_scan_reports_what_the_ansible_transport_reports(tmp_path: Path)
         assert a["checks"] == b["checks"] == c["checks"] == ["zombie_memcg", "unexpected_unit"]
         assert _shape(a["facts"]) == _shape(b["facts"]) == _shape(c["facts"])
     assert ours["summary"] == theirs["summary"] == alias["summary"]
+
+
+def test_host_timeout_zero_scans_with_no_limit(tmp_path: Path) -> None:
+    """``fleetops scan --host-timeout 0`` (no limit) answers on the default transport: the direct path timed
+    every host out (0.1 s: the knob's 0 taken as the limit), and its stand-in for no limit (365 days) overflowed
+    the wait for the host's command."""
+    slow = tmp_path / "slow-python"  # a host that takes a second to answer
+    slow.write_text(f'#!/bin/sh\nsleep 1\nexec {PYTHON} "$@"\n')
+    slow.chmod(0o755)
+    local = {"ansible_connection": "local", "ansible_python_interpreter": str(slow)}
+    rc, report = _scan(_inventory(tmp_path, {"here": local}), None, "--host-timeout", "0")
+    assert report["transport"] == {"name": "auto", "by_ansible": {}}, report["transport"]  # the direct path
+    assert report["hosts"]["here"]["status"] == ANSWERED, report["hosts"]["here"]
+    assert rc in (0, 1), rc
 
 
 def test_a_closed_port_is_unreachable_and_the_other_hosts_are_scanned(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ class Target:
     argv: tuple[str, ...]  # the command that runs the stage (ssh ... HOST CMD, or the local Python)
     ssh: bool  # over ssh (its exit 255 is its own failure: unreachable), or a local Python
     params: Mapping[str, Any] | None  # node_health's validated options (None: ``problem`` says why not)
-    timeout: float
+    timeout: float | None  # seconds the host may take (None: no limit)
     problem: str | None = None
 
 
@@ -146,8 +146,9 @@ class Resolver:
         """What a task on ``host`` sees: its variables, the extra vars over them."""
         return {**host.hostvars, "inventory_hostname": host.name, **self.extravars}
 
-    def target(self, host: InventoryHost, default_timeout: float) -> Target:
-        """``host``'s command and options; ``Unsupported`` when ansible-playbook must scan it."""
+    def target(self, host: InventoryHost, default_timeout: float | None) -> Target:
+        """``host``'s command and options; ``Unsupported`` when ansible-playbook must scan it. Its time:
+        ``fleetops_host_timeout``, else ``default_timeout`` (None, or the knob's 0: no limit)."""
         variables = self.variables(host)
         get = self.config.get_config_value
         connection = str(variables.get("ansible_connection") or get("DEFAULT_TRANSPORT", variables=variables))
@@ -174,19 +175,21 @@ class Resolver:
         timeout = variables.get("fleetops_host_timeout", default_timeout)
         if _template(timeout):
             raise Unsupported("fleetops_host_timeout is a template")
+        # 0: no limit, as the task's timeout keyword takes it (it timed every host out at once)
+        limit = float(timeout) if timeout is not None else 0.0
         params, problem = self.params(variables)
-        return Target(host.name, argv, not local, params, float(timeout), problem)
+        return Target(host.name, argv, not local, params, limit or None, problem)
 
     def become(self, variables: Mapping[str, Any], local: bool, remote_user: Any) -> list[str]:
         """The sudo command line before the host's Python ([]: no become), as the sudo become plugin's
         options say (user, flags), always non-interactive (``-n``: a sudo that wants a password gives no
         answer, and ansible-playbook scans that host)."""
-        asked = variables.get("ansible_become", False)
+        asked = variables.get("ansible_become")
         if _template(asked):
             raise Unsupported("ansible_become is a template")
-        if not (
-            self.boolean(asked) or self.config.get_config_value("DEFAULT_BECOME", variables=dict(variables))
-        ):
+        if asked is None:  # the configuration (ansible.cfg's become) only where the host says nothing
+            asked = self.config.get_config_value("DEFAULT_BECOME", variables=dict(variables))
+        if not self.boolean(asked):
             return []
         if local:
             raise Unsupported("become on the local connection")
@@ -264,8 +267,8 @@ class _Calls:
         self.procs: set[subprocess.Popen[bytes]] = set()
         self.cancelled = False
 
-    def run(self, argv: Sequence[str], data: bytes, timeout: float) -> tuple[int, bytes, bytes] | None:
-        """(rc, stdout, stderr), or None when it ran past ``timeout`` (then killed)."""
+    def run(self, argv: Sequence[str], data: bytes, timeout: float | None) -> tuple[int, bytes, bytes] | None:
+        """(rc, stdout, stderr), or None when it ran past ``timeout`` (then killed; None: no limit)."""
         with self.lock:
             if self.cancelled:
                 return (-1, b"", b"cancelled")
@@ -273,7 +276,7 @@ class _Calls:
                                     stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
             self.procs.add(proc)
         try:
-            out, err = proc.communicate(data, timeout=max(0.1, timeout))
+            out, err = proc.communicate(data, timeout=None if timeout is None else max(0.1, timeout))
             return proc.returncode, out, err
         except subprocess.TimeoutExpired:
             _kill(proc)
@@ -313,7 +316,7 @@ def scan_host(target: Target, calls: _Calls, sha: str, archive: bytes) -> TaskRe
     header = stage.request(sha, target.params)
     reply = None
     for data in (header, header + archive):
-        left = target.timeout - (time.monotonic() - started)
+        left = None if target.timeout is None else target.timeout - (time.monotonic() - started)
         done = calls.run(target.argv, data, left)
         if done is None:
             msg = f"The node_health task timed out after {target.timeout:g} seconds"
@@ -343,7 +346,7 @@ def run(
     hosts: Sequence[InventoryHost],
     extravars: Mapping[str, Any],
     forks: int,
-    host_timeout: float,
+    host_timeout: float | None,
     connect_timeout: int | None,
     on_result: Callable[[TaskResult], None] | None = None,
     cancel: threading.Event | None = None,
