@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,21 @@ FLEETOPS = Path(sys.executable).parent / "fleetops"
 # in its own cgroup namespace the zombie count cannot be known (coverage partial), so the host is "partial";
 # lab_blind(entry) is then exactly {"zombie_memcg"}.
 LAB_ANSWERED = "partial"
+
+
+def cli_parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(the command after "fleetops", its parser) for the top level ("") and every sub-command, depth first,
+    read from the CLI's own parser (``fleetops.cli.app.build_parser``), not a copy of its command list."""
+    from fleetops.cli.app import build_parser
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+        yield prefix, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from walk(child, f"{prefix} {name}".strip())
+
+    yield from walk(build_parser(), "")
 
 
 def lab_blind(entry: dict[str, Any]) -> set[str]:

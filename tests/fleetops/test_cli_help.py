@@ -6,7 +6,6 @@ Not timed (bench/cli_help.py times it): what a help loads is checked by the modu
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -17,30 +16,14 @@ from pathlib import Path
 import pytest
 
 from fleetops.ansible import collection
-from fleetops.cli.app import build_parser
 from fleetops.errors import FleetopsError
-from tests.helpers import FLEETOPS, REPO
+from tests.helpers import FLEETOPS, REPO, cli_parsers
 
 # what made every command wait ~1 s before it parsed its first option
 HEAVY = ("boto3", "botocore", "paramiko", "pydantic", "ansible", "ansible_runner", "ansible_collections")
 
 
-def _commands() -> list[list[str]]:
-    """[], every COMMAND and every ``remediate ACTION``, read from the parser."""
-    found: list[list[str]] = [[]]
-
-    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> None:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, sub in action.choices.items():
-                    found.append([*prefix, name])
-                    walk(sub, [*prefix, name])
-
-    walk(build_parser(), [])
-    return found
-
-
-COMMANDS = _commands()
+COMMANDS = [command.split() for command, _ in cli_parsers()]  # [], every COMMAND, remediate ACTION
 
 # every --help in one fresh interpreter, as the console script runs it; then what it imported
 LOADED = """

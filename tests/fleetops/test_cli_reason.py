@@ -20,6 +20,7 @@ from fleetops.cli.app import build_parser, main
 from fleetops.exitcodes import ExitCode
 from fleetops.remediations import REMEDIATIONS
 from fleetops.values import CAUSE_MAX, one_line
+from tests.helpers import cli_parsers
 
 REASON_OPTIONS = ("--reason", "--cause")
 # the commands that take a reason today (a new one is walked too: this only proves the walk finds them)
@@ -34,19 +35,11 @@ BAD = [
 ]
 
 
-def _walk(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    yield prefix, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, child in action.choices.items():
-                yield from _walk(child, f"{prefix} {name}".strip())
-
-
 def _reason_action(parser: argparse.ArgumentParser) -> argparse.Action | None:
     return next((a for a in parser._actions if set(a.option_strings) & set(REASON_OPTIONS)), None)
 
 
-TAKING = {cmd: p for cmd, p in _walk(build_parser(), "") if _reason_action(p) is not None}
+TAKING = {cmd: p for cmd, p in cli_parsers() if _reason_action(p) is not None}
 
 
 def _argv(command: str, parser: argparse.ArgumentParser) -> list[str]:

@@ -9,12 +9,10 @@ Through the real parser (``fleetops.cli.app.build_parser``) and ``main``; the au
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -24,6 +22,7 @@ from fleetops.cli.app import build_parser, main
 from fleetops.cli.helptext import EXAMPLES, EXITS
 from fleetops.exitcodes import MEANINGS, ExitCode
 from fleetops.remediations import REMEDIATIONS
+from tests.helpers import cli_parsers
 from tests.paths import REPO
 
 EVENTS = [{"Code": "system-reboot", "Description": "scheduled reboot", "EventId": "e-1"}]
@@ -40,20 +39,7 @@ PROGRESS = {
 }
 
 
-def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    """(command after "fleetops", its parser) for the top level and every sub-command."""
-
-    def walk(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-        yield prefix, parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, child in action.choices.items():
-                    yield from walk(child, f"{prefix} {name}".strip())
-
-    yield from walk(build_parser(), "")
-
-
-PARSERS = dict(_parsers())
+PARSERS = dict(cli_parsers())
 
 
 def _key(command: str) -> str:

@@ -567,12 +567,37 @@ rules:
 """
 
 
+def _moto_ec2(moto_url: str) -> Any:
+    """An ``Ec2Connection`` to moto_server's EC2 in REGION, one attempt a call."""
+    from fleetops.rollout.lease import Ec2Connection
+
+    return Ec2Connection(
+        endpoint_url=moto_url, aws_access_key="testing", aws_secret_key="testing", max_attempts=1, regions=(REGION,)
+    )  # fmt: skip
+
+
+def _next_pass(tmp_path: Path, connection: Any, shared: store.Store, serving: str) -> auto.PassInputs:
+    """The pass after a dead one: a fresh state directory, the store, EC2 through ``connection``, the stop-start
+    policy, and a scan of ``serving`` alone (lab-01, stopped, is not in the inventory at all: it lists running
+    instances)."""
+    return auto.PassInputs(
+        policy=parse_policy(POLICY_STOP_START, "policy.yml"),
+        policy_source="policy.yml",
+        scan_report=report(**{serving: []}),
+        group_of={serving: "az-a"},
+        state_dir=tmp_path / "fresh",
+        apply=True,
+        connection=connection,
+        store=shared,
+        operator="alice@bastion",
+    )
+
+
 def test_a_stop_start_a_dead_pass_left_stopped_is_started_by_the_next(tmp_path: Path, moto_url: str) -> None:
     """The instance (a real moto_server EC2 instance) was stopped by a pass that died before its start:
     the next pass — a fresh state directory, the host gone from the inventory (it lists running
     instances) — finds the reservation in the store, starts the instance, and counts the rung as tried.
     An instance it cannot finish fails the pass and is tried again by the next."""
-    from fleetops.rollout.lease import Ec2Connection
     from fleetops_lab.ec2sim import client, launch_many
 
     ec2 = client(moto_url, REGION)
@@ -595,26 +620,9 @@ def test_a_stop_start_a_dead_pass_left_stopped_is_started_by_the_next(tmp_path: 
         T0,
         {"lab-01": (stopped, REGION), "lab-09": ("i-0000000000000dead", REGION)},
     )
-    connection = Ec2Connection(
-        endpoint_url=moto_url,
-        aws_access_key="testing",
-        aws_secret_key="testing",
-        max_attempts=1,
-        regions=(REGION,),
-    )
     runner = Runner()
     lines: list[str] = []
-    inputs = auto.PassInputs(
-        policy=parse_policy(POLICY_STOP_START, "policy.yml"),
-        policy_source="policy.yml",
-        scan_report=report(**{"lab-02": []}),  # lab-01 (stopped) is not in the inventory at all
-        group_of={"lab-02": "az-a"},
-        state_dir=tmp_path / "fresh",
-        apply=True,
-        connection=connection,
-        store=shared,
-        operator="alice@bastion",
-    )
+    inputs = _next_pass(tmp_path, _moto_ec2(moto_url), shared, "lab-02")
     clock.now = T0 + 600
     result = auto.run_pass(inputs, runner, lambda text, style: lines.append(text), clock=clock)
     state = ec2.describe_instances(InstanceIds=[stopped])["Reservations"][0]["Instances"][0]["State"]["Name"]
@@ -650,7 +658,7 @@ def test_the_finisher_releases_a_dead_rollouts_lease_on_the_instance_it_finished
     process on this controller is gone, or its lease expired): a controller that reads the tags alone then
     takes lab-01 at once instead of being refused until the lease expires. A live rollout's lease (another
     controller's, not expired) is left as it is."""
-    from fleetops.rollout.lease import Ec2Connection, Ec2Lease, LeaseError
+    from fleetops.rollout.lease import Ec2Lease, LeaseError
     from fleetops.util import process_id
     from fleetops_lab.ec2sim import client, register_ami
 
@@ -661,9 +669,7 @@ def test_the_finisher_releases_a_dead_rollouts_lease_on_the_instance_it_finished
         i["InstanceId"] for i in ec2.run_instances(ImageId=image, MinCount=2, MaxCount=2)["Instances"]
     )
     ec2.stop_instances(InstanceIds=[stopped])
-    connection = Ec2Connection(
-        endpoint_url=moto_url, aws_access_key="testing", aws_secret_key="testing", max_attempts=1, regions=(REGION,)
-    )  # fmt: skip
+    connection = _moto_ec2(moto_url)
     clock = Clock(T0)
     shared = memory(clock)
     dead = store.StoredState(shared)
@@ -688,17 +694,7 @@ def test_the_finisher_releases_a_dead_rollouts_lease_on_the_instance_it_finished
 
     assert mirror() == {stopped: {ROLLOUT}, other: {ROLLOUT}}
     lines: list[str] = []
-    inputs = auto.PassInputs(
-        policy=parse_policy(POLICY_STOP_START, "policy.yml"),
-        policy_source="policy.yml",
-        scan_report=report(**{"lab-03": []}),  # lab-01 (stopped) is not in the inventory at all
-        group_of={"lab-03": "az-a"},
-        state_dir=tmp_path / "fresh",
-        apply=True,
-        connection=connection,
-        store=shared,
-        operator="alice@bastion",
-    )
+    inputs = _next_pass(tmp_path, connection, shared, "lab-03")
     clock.now = T0 + (1000 if holder == "expired" else 600)  # the lease was taken for 900 s
     result = auto.run_pass(inputs, Runner(), lambda text, style: lines.append(text), clock=clock)
     assert (
