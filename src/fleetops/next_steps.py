@@ -257,7 +257,8 @@ class ScanSteps:
         self._inventory = tuple(inventory)
         self._now = now
         self._steps: NextSteps | None = None
-        self._lock = threading.Lock()
+        self._checked: Any = None  # the policy, loaded and checked (policy())
+        self._lock = threading.RLock()  # policy() within steps()
         self.record: dict[str, Any] = {"policy": str(policy) if policy is not None else DEFAULT_POLICY}
         if state_dir is not None:
             from fleetops.util import LADDER_FILE
@@ -272,14 +273,24 @@ class ScanSteps:
                 self._steps = self._load()
             return self._steps
 
-    def _load(self) -> NextSteps:
-        from fleetops.auto.actions import check_policy_actions
-        from fleetops.documents import DocumentError
-        from fleetops.policy import LadderState, default_policy_path, load_policy
+    def policy(self) -> Any:
+        """The scan's policy (the given one, else the one fleetops ships), loaded and checked once."""
+        with self._lock:
+            if self._checked is None:
+                from fleetops.auto.actions import check_policy_actions
+                from fleetops.policy import default_policy_path, load_policy
 
-        path = self._policy if self._policy is not None else default_policy_path()
-        policy = self._loaded if self._loaded is not None else load_policy(path)
-        check_policy_actions(policy, str(path))
+                path = self._policy if self._policy is not None else default_policy_path()
+                policy = self._loaded if self._loaded is not None else load_policy(path)
+                check_policy_actions(policy, str(path))
+                self._checked = policy
+            return self._checked
+
+    def _load(self) -> NextSteps:
+        from fleetops.documents import DocumentError
+        from fleetops.policy import LadderState
+
+        policy = self.policy()
         ladder = None
         if "ladders" in self.record:
             try:

@@ -72,10 +72,12 @@ SCAN_UNUSED = ("boto3", "botocore", "paramiko", "pydantic", "ansible_runner", "a
 
 SCANNED = """
 import json, subprocess, sys
-started = []
+started, at_first_ssh = [], []
 real = subprocess.Popen.__init__
 def spy(self, args, *a, **k):
     started.append(str(args[0] if isinstance(args, (list, tuple)) else args))
+    if started[-1].rsplit("/", 1)[-1] == "ssh" and not at_first_ssh:
+        at_first_ssh.extend(sorted(sys.modules))
     real(self, args, *a, **k)
 subprocess.Popen.__init__ = spy
 from fleetops.cli import main
@@ -83,8 +85,12 @@ try:
     code = main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
-print(json.dumps({"code": code, "modules": sorted(sys.modules), "started": started}))
+print(json.dumps({"code": code, "modules": sorted(sys.modules), "started": started, "first": at_first_ssh}))
 """
+
+# what a scan must not have loaded when its first ssh starts (the operator waits for that): the policy
+# (pydantic) and the store are read once the hosts are being scanned, for a finding or the record
+BEFORE_FIRST_SSH_UNUSED = (*SCAN_UNUSED, "fleetops.policy", "fleetops.store", "fleetops.auto")
 
 
 @pytest.mark.parametrize("record", [False, True], ids=["no-record", "record"])
@@ -115,6 +121,8 @@ def test_a_scan_over_ssh_imports_only_what_it_uses(tmp_path: Path, record: bool)
     )
     assert (tmp_path / "state" / "seen.json").exists() == record
     assert "ansible.inventory.manager" in found["modules"]  # listed in this process
+    assert found["first"], found["started"]
+    assert [m for m in found["first"] if m.startswith(BEFORE_FIRST_SSH_UNUSED)] == []
 
 
 def test_collection_constants_read_from_source_are_the_imported_ones() -> None:

@@ -114,6 +114,33 @@ def test_a_bad_policy_is_refused_before_any_host_is_scanned(
     assert scanned == [] and not (tmp_path / "state").exists()
 
 
+def test_the_policy_fleetops_ships_is_read_once_the_hosts_are_being_scanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --policy, the shipped policy is read after the scan has started (pydantic and the policy were
+    about 0.15 s of the start before the first ssh), once, for both the next steps and the record."""
+    import fleetops.policy as policy_mod
+
+    events: list[str] = []
+    real_load = policy_mod.load_policy
+    monkeypatch.setattr(policy_mod, "load_policy", lambda path: events.append("policy") or real_load(path))
+    document = report_document(report(**STORM_SCAN)["hosts"], started=T0, finished=T0 + 1)
+
+    def run_scan(opts: Any, **k: Any) -> dict[str, Any]:
+        events.append("scan")
+        return document
+
+    monkeypatch.setattr(api_mod, "run_scan", run_scan)
+    monkeypatch.setattr(api_mod, "open_store", lambda inventories: None)
+    inv = _static_inventory(tmp_path, FLEET)
+    result = api_mod.scan(api_mod.ScanRequest(inventory=[inv], state_dir=tmp_path / "state"))
+    assert events == ["scan", "policy"]
+    assert result.recorded == str(tmp_path / "state" / SEEN_FILE) and result.record_warnings == ()
+    assert result.report["next_steps"]["policy"] == "default"
+    stepped = [e for e in result.report["hosts"].values() if e.get("findings")]
+    assert stepped and all("next" in f for e in stepped for f in e["findings"]), stepped[:1]
+
+
 def test_a_detector_that_failed_did_not_look() -> None:
     """A pass's (or a scan's) sighting of a host whose gpu_health detector failed keeps the GPU rule an
     earlier sighting matched; an unreachable host looked at nothing."""

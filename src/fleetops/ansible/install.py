@@ -26,7 +26,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from fleetops import __version__
+import fleetops
 from fleetops.ansible.collection import found_at
 from fleetops.errors import UsageError
 
@@ -88,7 +88,7 @@ def collections() -> list[Located]:
 
 def version_text() -> str:
     """``fleetops --version``: the package, and which collection runs (path and version), others after."""
-    lines = [f"fleetops {__version__} (Python {sys.version.split()[0]} at {sys.executable})"]
+    lines = [f"fleetops {fleetops.__version__} (Python {sys.version.split()[0]} at {sys.executable})"]
     found = collections()
     if not found:
         lines.append(

@@ -52,8 +52,14 @@ if TYPE_CHECKING:
 
 
 def shared_store(inventory: Sequence[Path]) -> Store | None:
-    """The inventory's shared store (``fleetops.store.open_store``), imported here: the store brings the
-    policy's ledger (pydantic models), which only a rollout that acts needs, not a scan or a plan."""
+    """The inventory's shared store (``fleetops.store.open_store``), imported here, and only for an inventory
+    with a ``fleetops.node.ec2`` source (the one place a store is named): the store brings the policy's
+    ledger (pydantic models), which only a rollout that acts needs, not a scan or a plan (a scan of a static
+    inventory started its first ssh about 0.15 s later for it)."""
+    from fleetops.ansible.runner import ec2_sources
+
+    if next(ec2_sources(inventory), None) is None:
+        return None
     from fleetops.store import open_store
 
     return open_store(inventory)

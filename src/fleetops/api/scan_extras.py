@@ -28,26 +28,26 @@ def next_steps(request: ScanRequest, policy: Any) -> Any:
 
 
 def scan_recorder(
-    request: ScanRequest, policy: Any, shared: Any
+    request: ScanRequest, policy: Callable[[], Any] | None, shared: Any
 ) -> Callable[[Mapping[str, Any], Sequence[Any]], tuple[str, list[str]]] | None:
-    """What writes a scan's fleet record (``fleetops.auto.seen.record_scan``) naming ``policy``'s rules (the
-    scan's, loaded; None: the scan records nothing, ``fleet_record`` off or this machine alone) to ``shared``
-    (the inventory's store, opened by the caller before any host is contacted; None: the state directory). It
-    gives where it wrote and what it could not write."""
+    """What writes a scan's fleet record (``fleetops.auto.seen.record_scan``) naming the rules of the scan's
+    policy (``policy()`` gives it, loaded once; None: the scan records nothing, ``fleet_record`` off or this
+    machine alone) to ``shared`` (the inventory's store, opened by the caller before any host is contacted;
+    None: the state directory). It gives where it wrote and what it could not write."""
     if policy is None:
         return None
-    from fleetops.auto import seen
-    from fleetops.store import StoreFailure
-
     state_dir = auto_state_dir(request.state_dir)
 
     def record(report_: Mapping[str, Any], hosts: Sequence[Any]) -> tuple[str, list[str]]:
+        from fleetops.auto import seen  # the auto pass's package, and the store: once the hosts have answered
+        from fleetops.store import StoreFailure
+
         warnings: list[str] = []
         group_of = {h.name: h.group for h in hosts}
         try:
             where = seen.record_scan(
                 report_,
-                policy,
+                policy(),
                 request.checks,
                 store=shared,
                 state_dir=state_dir,
