@@ -77,6 +77,9 @@ _FINDER = threading.Lock()  # one finder installed, by whichever thread comes fi
 def _install_finder() -> None:
     from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
+    from fleetops.ansible import meta_cache
+
+    meta_cache.install()  # ansible.builtin's routing table from its JSON copy
     with _FINDER:
         if PACKAGE in sys.modules or _AnsibleCollectionFinder._find_existing_finder() is not None:
             return  # already loaded, or ansible's own finder (we run inside ansible) resolves it
@@ -95,6 +98,9 @@ def install_ansible_loader() -> bool:
     False, and nothing installed, where collections were already imported without a finder (a
     ``PYTHONPATH`` holding ``ansible_collections``): a finder installed now would not know them (ansible's
     plugin loaders refuse them), and imports go on as they went."""
+    from fleetops.ansible import meta_cache
+
+    meta_cache.install()  # ansible.builtin's routing table from its JSON copy
     with _FINDER:
         from ansible.plugins.loader import init_plugin_loader
         from ansible.utils.collection_loader import AnsibleCollectionConfig
