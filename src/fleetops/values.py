@@ -93,6 +93,13 @@ def one_line(text: str, limit: int = CAUSE_MAX, *, empty: bool = False) -> str:
     return value
 
 
+def printable_line(text: str, limit: int) -> str:
+    """``text`` that a host wrote (a finding's summary) made one line of printable characters of at most ``limit``:
+    every run of blanks and other non-printable characters (a newline, an escape, U+2028) one space, then cut.
+    What ``one_line`` refuses from a person, this mends in what fleetops derives from a host."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:limit].rstrip()
+
+
 def cause(text: str) -> str:
     """Why (a pass runs, automation is paused, a rollout stopped, a brake lifted, a record closed): ``one_line``
     of at most ``CAUSE_MAX``. Every ``--reason`` and ``--cause`` of the CLI (``cli.args.add_reason_arg``)."""

@@ -150,3 +150,35 @@ def test_the_side_effect_check_sees_a_pause(
     assert main(["pause", "--reason", "incident 42"]) == ExitCode.OK
     assert (state / "pause.json").exists() and "incident 42" in (state / "audit.jsonl").read_text()
     assert main(["unpause", "--reason", "incident 42 closed"]) == ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        pytest.param('GPU 0: Xid 79\n{"event": "unquarantine"}\x1b[2J', id="newline-and-escape"),
+        pytest.param("unit a.service\u2028restarts\t\t12 times", id="line-separator-and-tabs"),
+        pytest.param("x" * 1000, id="over-long"),
+    ],
+)
+def test_a_pass_makes_the_hosts_summary_one_line_in_the_quarantine_reason(summary: str) -> None:
+    """An auto pass's quarantine reason is built from the finding's summary, which is the host's text: it is
+    made one printable line within the annotation's limit (a host cannot forge an audit line or a drain reason
+    of several lines), and the remediation's own check accepts it."""
+    from fleetops.auto.actions import REASON_MAX, action_params
+    from fleetops.policy import Decision
+
+    decision = Decision(
+        host="h1", group="g", status="act", reason="", rule="xid", check="gpu_health", severity="critical",
+        summary=summary, rung=0, rungs=2, rung_action="quarantine", action="quarantine", params={},
+        waiting_rules=(), reset=False, still_quarantined=False, blind=False,
+    )  # fmt: skip
+    params = action_params(decision, {})
+    reason = params["reason"]
+    assert reason.startswith("fleetops remediate auto: rule xid rung 1: ") and len(reason) <= REASON_MAX
+    assert reason.isprintable() and "  " not in reason, reason
+    assert one_line(reason, REASON_MAX) == reason
+    extravars = REMEDIATIONS["quarantine"].extravars(params)
+    assert (
+        extravars["fleetops_quarantine_reason"] == reason
+        and extravars["fleetops_quarantine_check"] == "gpu_health"
+    )

@@ -13,7 +13,7 @@ from fleetops.policy import (
     Policy,
 )
 from fleetops.remediations import REMEDIATIONS, ladder_order
-from fleetops.values import QUARANTINE_REASON_MAX
+from fleetops.values import QUARANTINE_REASON_MAX, printable_line, quarantine_reason
 
 REASON_MAX = QUARANTINE_REASON_MAX  # the quarantine reason kept in the node's annotation
 
@@ -48,10 +48,13 @@ def action_params(d: Decision, extra: Mapping[str, Mapping[str, Any]]) -> dict[s
     params.update(d.params)
     for name, source in remediation.from_finding().items():  # what the finding supplies (Param.from_finding)
         if source == "reason":
-            reason = (
-                f"fleetops remediate auto: rule {d.rule} rung {(d.rung or 0) + 1}: {d.summary or d.check}"
+            # the summary is the host's text: one printable line, as every reason fleetops writes (the node's
+            # annotation, Slurm's drain reason, the audit log) must be
+            reason = printable_line(
+                f"fleetops remediate auto: rule {d.rule} rung {(d.rung or 0) + 1}: {d.summary or d.check}",
+                REASON_MAX,
             )
-            params[name] = reason[:REASON_MAX]
+            params[name] = quarantine_reason(reason)
         elif d.check:
             params[name] = d.check
     return {k: v for k, v in params.items() if k in remediation.params}
