@@ -92,6 +92,23 @@ def test_a_copy_that_cannot_be_trusted_is_not_read(tmp_path: Path, attack: str) 
         assert json.loads(copy.read_bytes()) == table
 
 
+def test_the_cache_folder_is_xdgs_and_none_without_a_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert meta_cache.cache_dir() == tmp_path / "xdg" / "fleetops"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # the XDG spec: ignored
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert meta_cache.cache_dir() == tmp_path / "home" / ".cache" / "fleetops"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # no home: "~" stays "~"
+    assert meta_cache.cache_dir() is None
+    parse = Parse()
+    monkeypatch.chdir(tmp_path)
+    assert meta_cache.cached(parse)(RAW, meta_cache.BUILTIN) == _meta_yml_to_dict(RAW, None)
+    assert parse.calls == [meta_cache.BUILTIN] and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_no_cache_folder_is_no_copy_and_no_error(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the folder would be

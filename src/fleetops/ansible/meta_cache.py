@@ -31,9 +31,15 @@ BUILTIN = ("ansible.builtin", "runtime.yml")  # the content_id the finder passes
 _LOCK = threading.Lock()
 
 
-def cache_dir() -> Path:
-    """Where the copy is kept: ``$XDG_CACHE_HOME/fleetops``, else ``~/.cache/fleetops``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+def cache_dir() -> Path | None:
+    """Where the copy is kept: ``$XDG_CACHE_HOME/fleetops``, else ``~/.cache/fleetops``; None without a home
+    (a container's user with none) or with a relative ``XDG_CACHE_HOME`` (which the XDG spec says to ignore)."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    if not os.path.isabs(base):
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
     return Path(base) / "fleetops"
 
 
@@ -79,8 +85,11 @@ def cached(parse: Callable[[Any, Any], Any], folder: Path | None = None) -> Call
     def meta_yml_to_dict(yaml_string_data: Any, content_id: Any) -> Any:
         if tuple(content_id or ()) != BUILTIN:
             return parse(yaml_string_data, content_id)
+        where = folder or cache_dir()
+        if where is None:
+            return parse(yaml_string_data, content_id)
         raw = yaml_string_data.encode() if isinstance(yaml_string_data, str) else bytes(yaml_string_data)
-        path = (folder or cache_dir()) / f"ansible-builtin-runtime-{hashlib.sha256(raw).hexdigest()}.json"
+        path = where / f"ansible-builtin-runtime-{hashlib.sha256(raw).hexdigest()}.json"
         table = _read(path)
         if table is None:
             table = parse(yaml_string_data, content_id)
