@@ -119,7 +119,9 @@ def run_command(argv):
         # SIGPIPE and SIGXFSZ: Python ignores them, and an ignored signal stays ignored across exec
         restore = (signal.SIGPIPE, signal.SIGXFSZ)
         try:
-            pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsigdef=restore)
+            pid = os.posix_spawnp(  # pylint: disable=ansible-bad-function
+                argv[0], argv, env, file_actions=actions, setsigdef=restore
+            )
         except OSError as err:
             os.close(out_r)
             os.close(err_r)
