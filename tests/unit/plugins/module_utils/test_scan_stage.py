@@ -79,15 +79,21 @@ def test_first_call_asks_for_the_archive_then_it_is_staged_and_runs(home: Path) 
 
 
 STAGING_ONLY = ("tarfile", "tempfile", "hashlib", "shutil", "traceback", "shlex")
+# Nor what the runner does without: subprocess (its run_command spawns with os.posix_spawnp), calendar (only
+# docker's timestamps), each some milliseconds of every host's CPU on every scan.
+NOT_FOR_A_SCAN = (*STAGING_ONLY, "subprocess", "threading", "calendar")
 
 
 def test_a_scan_with_the_runner_staged_imports_nothing_only_staging_needs(home: Path) -> None:
     """Every import in the stage is paid by every host on every scan: what only staging, a crash or the
-    controller's side needs is imported where it is used. The stage runs as it does on a host, then says
-    which of those modules it loaded (the runner's detectors import none of them either)."""
+    controller's side needs is imported where it is used. The stage runs as it does on a host, runs one
+    command as a detector does (the runner's run_command), then says which of those modules it loaded (the
+    runner's detectors import none of them either)."""
     assert _ask(home, _request(blob=ARCHIVE))["fleetops_runner"] == "ok"
     probe = STAGE.replace('if __name__ == "__main__":', "if True:") + (
-        f"\nsys.stdout.write(json.dumps(sorted(m for m in {STAGING_ONLY!r} if m in sys.modules)) + '\\n')\n"
+        f"\nrc = sys.modules[PACKAGE + '.textfile'].run_command(['sh', '-c', 'echo ran'])"
+        f"\nassert rc == (0, 'ran\\n', ''), rc"
+        f"\nsys.stdout.write(json.dumps(sorted(m for m in {NOT_FOR_A_SCAN!r} if m in sys.modules)) + '\\n')\n"
     )
     proc = subprocess.run(
         [HOST_PYTHON, "-I", "-S", "-c", probe],

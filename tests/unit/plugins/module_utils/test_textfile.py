@@ -239,3 +239,56 @@ def test_which_finds_what_shutil_which_finds_and_skips_folders_and_files_it_cann
     # the system folders come after PATH: sh is found with an empty PATH
     monkeypatch.setenv("PATH", "")
     assert textfile.which("sh") in {"/usr/sbin/sh", "/usr/bin/sh", "/sbin/sh", "/bin/sh"}
+
+
+# run_command: posix_spawn and a poll loop answer what subprocess.run answered (the runner's run_command before).
+SPAWN_CASES = [
+    ["sh", "-c", "echo out; echo err >&2; exit 3"],
+    ["sh", "-c", "kill -TERM $$"],  # killed by a signal: rc -15, as subprocess gives
+    ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' o; head -c 300000 /dev/zero | tr '\\0' e >&2"],
+    ["sh", "-c", "printf '\\377\\376 not utf-8'"],
+    ["sh", "-c", "cat; echo read-stdin-to-eof"],  # standard input is /dev/null
+    ["sh", "-c", 'echo "$LC_ALL $LANG"'],
+    ["fleetops-no-such-command"],
+    ["/nonexistent/fleetops"],
+    ["/"],
+]
+
+
+@pytest.mark.parametrize("argv", SPAWN_CASES, ids=lambda argv: " ".join(argv)[:40])
+def test_run_command_answers_what_subprocess_answers(argv: list[str]) -> None:
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    assert hasattr(os, "posix_spawnp")  # this Python takes the spawn path, not the fallback compared with
+    assert textfile.run_command(argv) == textfile._run_subprocess(argv, env)
+
+
+def test_run_command_reads_both_pipes_at_once() -> None:
+    # 1 MB on stderr before anything on stdout: reading stdout alone would wait forever on a full pipe
+    rc, out, err = textfile.run_command(["sh", "-c", "head -c 1000000 /dev/zero >&2; echo done"])
+    assert (rc, out, len(err)) == (0, "done\n", 1000000)
+
+
+def test_run_command_gives_the_command_sigpipe_back() -> None:
+    # Python ignores SIGPIPE; a command that inherited that would see EPIPE and say so ("Broken pipe")
+    rc, out, err = textfile.run_command(["sh", "-c", "yes | head -n 1; trap"])
+    assert (rc, out, err) == (0, "y\n", "")
+
+
+def test_run_command_keeps_this_processs_descriptors_from_the_command() -> None:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.set_inheritable(fd, True)
+        rc, out, _err = textfile.run_command(["sh", "-c", "ls /proc/self/fd"])
+    finally:
+        os.close(fd)
+    assert rc == 0
+    assert str(fd) not in out.split()
+
+
+def test_run_command_kills_a_command_past_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(textfile, "COMMAND_TIMEOUT_S", 0.5)
+    rc, out, err = textfile.run_command(["sh", "-c", "echo started; exec sleep 30"])
+    assert (rc, out, err) == (124, "", "sh: timed out after 0.5s")
+    # one that closes its output and goes on is timed out too (its wait, not its read)
+    rc, _out, _err = textfile.run_command(["sh", "-c", "exec >&- 2>&-; exec sleep 30"])
+    assert rc == 124
