@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,32 @@ def run_module(
     assert result_file.exists(), proc.stdout + proc.stderr
     result: dict[str, Any] = json.loads(result_file.read_text())
     return proc.returncode, result
+
+
+def call_module(
+    tmp_path: Path, main: Callable[[], None], args: dict[str, Any], check: bool = False
+) -> tuple[int, dict[str, Any]]:
+    """A module's ``main()`` in this process, its arguments handed over as AnsiballZ hands them
+    (``ansible.module_utils.testing.patch_module_args``), its exit_json/fail_json answer read back:
+    (the exit status, the result). The module's own code with no controller around it: about 1.3
+    CPU-seconds less than ``run_module`` (no ``ansible`` start, no module process importing boto3). A
+    test file that uses it keeps some ``run_module`` calls for what needs Ansible itself: the
+    arguments and ``--check`` passed by the controller, the packaged module_utils, the tree result."""
+    from ansible.module_utils.testing import patch_module_args
+
+    module_tmp = tmp_path / "module-tmp"
+    module_tmp.mkdir(exist_ok=True)
+    out = io.StringIO()
+    full = {**args, "_ansible_check_mode": check, "_ansible_tmpdir": str(module_tmp)}
+    with patch_module_args(full), contextlib.redirect_stdout(out):
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code
+        else:
+            raise AssertionError("the module returned without exit_json or fail_json")
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return (0 if code is None else code if isinstance(code, int) else 1), result
 
 
 BOOTS_CMD = "cat /proc/sys/kernel/random/boot_id; journalctl --list-boots --no-pager -q | wc -l"

@@ -1,6 +1,8 @@
 """fleetops.node.ec2_asg_replace against a real moto_server on 127.0.0.1 (no boto3 mocks; loopback only).
 
-The module runs as Ansible runs it (``ansible localhost -m``, tests.helpers.run_module). moto 5.2
+The module runs as Ansible runs it (``ansible localhost -m``, tests.helpers.run_module) for a check-mode
+run and a replacement; elsewhere its main() runs in this process (tests.helpers.call_module: the same
+module code, arguments and result, without 1.3 CPU-seconds of controller and module start). moto 5.2
 implements Auto Scaling on its EC2: TerminateInstanceInAutoScalingGroup launches the replacement at
 once; SetInstanceHealth Unhealthy is only recorded (AWS would replace the instance on its next health
 check), so the ``unhealthy`` test runs the lab's reconciler (fleetops_lab.asg), which does what AWS
@@ -16,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.fleetops.node.plugins.modules import ec2_asg_replace
 
 from fleetops_lab import asg as lab_asg
 from fleetops_lab.ec2sim import MotoServer, client, register_ami
-from tests.helpers import ansible_doc, run_module
+from tests.helpers import ansible_doc, call_module, run_module
 
 REGION = "us-east-1"
 MODULE = "fleetops.node.ec2_asg_replace"
@@ -63,7 +66,11 @@ def _state(url: str, iid: str) -> str:
     return state
 
 
-def _run(tmp_path: Path, url: str, *extra: str, **args: Any) -> tuple[int, dict[str, Any]]:
+def _run(
+    tmp_path: Path, url: str, *extra: str, via_ansible: bool = False, **args: Any
+) -> tuple[int, dict[str, Any]]:
+    """The module: its main() in this process (tests.helpers.call_module), or with via_ansible as Ansible
+    runs it (``ansible localhost -m``)."""
     params: dict[str, Any] = {
         "region": REGION,
         "endpoint_url": url,
@@ -72,7 +79,10 @@ def _run(tmp_path: Path, url: str, *extra: str, **args: Any) -> tuple[int, dict[
         "poll_interval": 0.2,
         **args,
     }
-    return run_module(tmp_path, MODULE, json.dumps(params), *extra)
+    if via_ansible:
+        return run_module(tmp_path, MODULE, json.dumps(params), *extra)
+    assert set(extra) <= {"--check"}, extra
+    return call_module(tmp_path, ec2_asg_replace.main, params, check="--check" in extra)
 
 
 def test_terminate_in_group_keeps_desired_capacity_and_returns_the_new_instance(
@@ -80,13 +90,13 @@ def test_terminate_in_group_keeps_desired_capacity_and_returns_the_new_instance(
 ) -> None:
     url, ids = moto["url"], moto["ids"]
     _group(url, "g-term", ids[:2])
-    rc, would = _run(tmp_path, url, "--check", instance_id=ids[0])
+    rc, would = _run(tmp_path, url, "--check", instance_id=ids[0], via_ansible=True)
     assert rc == 0 and would["changed"] is True, would
     assert would["msg"].startswith("would terminate it in group g-term (desired capacity 2 kept)"), would
     assert sorted(i["InstanceId"] for i in _describe(url, "g-term")["Instances"]) == sorted(ids[:2])
     assert _state(url, ids[0]) == "running"  # check mode changed nothing
 
-    rc, done = _run(tmp_path, url, instance_id=ids[0], timeout=30)
+    rc, done = _run(tmp_path, url, instance_id=ids[0], timeout=30, via_ansible=True)
     assert rc == 0 and done["changed"] is True, done
     assert done["group"] == "g-term" and done["method"] == "terminate"
     assert done["before"] == {"desired_capacity": 2, "instances": sorted(ids[:2]), "in_service_healthy": 2}
@@ -253,7 +263,6 @@ def test_options_that_cannot_work_are_refused(tmp_path: Path, args: dict[str, An
 
 def test_docs_name_every_option_with_the_argument_specs_type_default_and_choices() -> None:
     import yaml
-    from ansible_collections.fleetops.node.plugins.modules import ec2_asg_replace
 
     # as ansible-doc renders them: the connection options come from the doc fragment fleetops.node.aws
     options = ansible_doc("fleetops.node.ec2_asg_replace")["options"]
