@@ -20,11 +20,13 @@ per host not growing with the fleet. Needs root (the lab); run it under the dev 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -222,8 +224,24 @@ def timed(argv: Sequence[str], env: Mapping[str, str], control_dir: Path | None 
 # --------------------------------------------------------------------------- the two runs
 
 
+_STATE: list[str] = []
+
+
+def _bench_state_dir() -> str:
+    """The state home every command of this benchmark process gets (unless ``FLEETOPS_STATE_DIR`` is set): a
+    scan of an inventory writes the fleet record there by default, and a benchmark must not write the
+    machine's (a 7,550-host record left in /var/lib/fleetops/auto made every later scan there load it).
+    Created once, removed when the process exits."""
+    if not _STATE:
+        path = tempfile.mkdtemp(prefix="fleetops-bench-state-")
+        atexit.register(shutil.rmtree, path, True)
+        _STATE.append(path)
+    return _STATE[0]
+
+
 def _ansible_env() -> dict[str, str]:
-    return {**ansible_env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+    state = os.environ.get("FLEETOPS_STATE_DIR") or _bench_state_dir()
+    return {**ansible_env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "FLEETOPS_STATE_DIR": state}
 
 
 # the transports a benchmark compares by default: the default one (auto) and ansible-playbook's (ssh is auto's
