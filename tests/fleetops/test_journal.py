@@ -16,15 +16,13 @@ from typing import Any
 import pytest
 
 from fleetops import auto, journal, store
-from fleetops.ansible.collection import module_utils
 from fleetops.exitcodes import ExitCode
 from fleetops.metrics import build_auto_registry
 from fleetops.policy import MAX_WINDOW_S, parse_policy
 from fleetops_lab.ec2sim import MotoServer
-from tests.fleetops.test_auto import T0, Runner, ecc, report
-from tests.fleetops.test_store import _fleetops, _inventory
+from tests.fleetops.test_auto import T0, Clock, Runner, ecc, report
+from tests.fleetops.test_store import _fleetops, _inventory, left_by_a_dead_pass, memory
 
-mu = module_utils("store")
 DAY = 86400.0
 
 POLICY = """
@@ -39,34 +37,6 @@ rules:
       - {action: stop-start, clear_after: 30m}
       - {action: human}
 """
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def memory(clock: Clock) -> store.Store:
-    return store.Store(mu.MemoryStore(clock=clock), clock=clock)
-
-
-def left_by_a_dead_pass(shared: store.Store, at: float, instance: str = "i-0000000000000dead") -> str:
-    """A stop-start a dead pass reserved on lab-01's instance at ``at`` and never settled; its entry id."""
-    dead = store.StoredState(shared)
-    dead.load()
-    dead.mark_seeded("test")
-    ids = dead.reserve(
-        "auto-dead",
-        "stop-start",
-        [("lab-01", "az-a", "gpu-fatal", 0, "gpu_health")],
-        "ctl:1",
-        at,
-        {"lab-01": (instance, "us-east-1")},
-    )
-    return ids["lab-01"]
 
 
 def a_pass(

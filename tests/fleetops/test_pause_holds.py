@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetops import auto, store
-from fleetops.ansible.collection import module_utils
+from fleetops import auto
 from fleetops.exitcodes import ExitCode
 from fleetops.policy import parse_policy
 from fleetops.rollout.lease import Ec2Connection
 from fleetops_lab.ec2sim import MotoServer, client, launch_many
-from tests.fleetops.test_auto import T0, Runner, report
+from tests.fleetops.test_auto import T0, Clock, Runner, report
+from tests.fleetops.test_store import left_by_a_dead_pass, memory
 
-mu = module_utils("store")
 REGION = "us-east-1"
 
 POLICY_STOP_START = """
@@ -44,14 +43,6 @@ def moto_url() -> Iterator[str]:
         server.stop()
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _instance_state(url: str, iid: str) -> str:
     answer = client(url, REGION).describe_instances(InstanceIds=[iid])
     state: str = answer["Reservations"][0]["Instances"][0]["State"]["Name"]
@@ -67,18 +58,8 @@ def test_a_paused_pass_does_not_start_a_dead_passs_stopped_instance_and_says_wha
     stopped, _other = launch_many(moto_url, REGION, 2, zones=("a",))
     client(moto_url, REGION).stop_instances(InstanceIds=[stopped])
     clock = Clock(T0)
-    shared = store.Store(mu.MemoryStore(clock=clock), clock=clock)
-    dead = store.StoredState(shared)
-    dead.load()
-    dead.mark_seeded("test")
-    dead.reserve(
-        "auto-dead",
-        "stop-start",
-        [("lab-01", "az-a", "gpu-fatal", 0, "gpu_health")],
-        "ctl:1",
-        T0,
-        {"lab-01": (stopped, REGION)},
-    )
+    shared = memory(clock)
+    left_by_a_dead_pass(shared, T0, stopped)
     shared.pause("bob@bastion", "incident 42: keep the fleet as it is")
     inputs = auto.PassInputs(
         policy=parse_policy(POLICY_STOP_START, "policy.yml"),

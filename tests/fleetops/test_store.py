@@ -232,6 +232,22 @@ def memory(clock: Clock, conditional: bool = True) -> store.Store:
     return store.Store(mu.MemoryStore(conditional=conditional, clock=clock), clock=clock)
 
 
+def left_by_a_dead_pass(shared: store.Store, at: float, instance: str = "i-0000000000000dead") -> str:
+    """A stop-start a dead pass reserved on lab-01's instance at ``at`` and never settled; its entry id."""
+    dead = store.StoredState(shared)
+    dead.load()
+    dead.mark_seeded("test")
+    ids = dead.reserve(
+        "auto-dead",
+        "stop-start",
+        [("lab-01", "az-a", "gpu-fatal", 0, "gpu_health")],
+        "ctl:1",
+        at,
+        {"lab-01": (instance, REGION)},
+    )
+    return ids["lab-01"]
+
+
 def run_store(
     tmp_path: Path,
     scan: dict[str, Any],
@@ -672,13 +688,7 @@ def test_the_finisher_releases_a_dead_rollouts_lease_on_the_instance_it_finished
     connection = _moto_ec2(moto_url)
     clock = Clock(T0)
     shared = memory(clock)
-    dead = store.StoredState(shared)
-    dead.load()
-    dead.mark_seeded("test")
-    dead.reserve(
-        "auto-dead", "stop-start", [("lab-01", "az-a", "gpu-fatal", 0, "gpu_health")], "ctl:1", T0,
-        {"lab-01": (stopped, REGION)},
-    )  # fmt: skip
+    left_by_a_dead_pass(shared, T0, stopped)
     gone = subprocess.Popen(["true"])
     gone.wait()
     host, _pid, space = process_id().split(":")

@@ -143,8 +143,9 @@ def _stranded_document() -> dict[str, Any]:
     from pathlib import Path
 
     from fleetops import journal
-    from tests.fleetops.test_auto import T0, ecc, report
-    from tests.fleetops.test_journal import Clock, a_pass, left_by_a_dead_pass, memory
+    from tests.fleetops.test_auto import T0, Clock, ecc, report
+    from tests.fleetops.test_journal import a_pass
+    from tests.fleetops.test_store import left_by_a_dead_pass, memory
 
     shared = memory(Clock(T0))
     left_by_a_dead_pass(shared, T0)
