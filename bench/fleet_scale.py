@@ -57,6 +57,7 @@ from scan_fleet import (
     _ansible_env,
     _cpu,
     _subreaper,
+    down_if_booted,
     transport_args,
 )
 from scan_floor import TargetCpu
@@ -328,28 +329,24 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.hosts} lab host(s) of lab {lab.name} ({os.cpu_count()} CPUs, shared by the controller and "
           f"the hosts); transports {', '.join(transports)}", flush=True)  # fmt: skip
     runs: list[Run] = []
-    booted = not any(h.running for h in lab.status(probe_ssh=False))
     target = TargetCpu(lab.names.cgroup_parent)
-    try:
-        for size, k, dead in plan:
-            lab.up(args.hosts, addresses=k, dead=dead, progress=None)
-            for transport in transports:
-                print(
-                    f"  {size:,} hosts ({args.hosts} x {k} + {dead} dead), {transport} ...",
-                    end=" ",
-                    flush=True,
-                )
-                runs.append(scan(lab, transport, size, dead, target))
-                r = runs[-1]
-                print(f"{r.wall_s:.1f} s, {r.cpu_s / size:.3f} CPU s/host, peak {r.peak_pss_mib:.0f} MiB",
-                      flush=True)  # fmt: skip
-    except (BenchError, LabError) as exc:
-        print(f"\nfleet_scale: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if booted:
-            with contextlib.suppress(LabError):
-                lab.down(progress=print)
+    with down_if_booted(lab):
+        try:
+            for size, k, dead in plan:
+                lab.up(args.hosts, addresses=k, dead=dead, progress=None)
+                for transport in transports:
+                    print(
+                        f"  {size:,} hosts ({args.hosts} x {k} + {dead} dead), {transport} ...",
+                        end=" ",
+                        flush=True,
+                    )
+                    runs.append(scan(lab, transport, size, dead, target))
+                    r = runs[-1]
+                    print(f"{r.wall_s:.1f} s, {r.cpu_s / size:.3f} CPU s/host, peak {r.peak_pss_mib:.0f} MiB",
+                          flush=True)  # fmt: skip
+        except (BenchError, LabError) as exc:
+            print(f"\nfleet_scale: {exc}", file=sys.stderr)
+            return 1
     print_table(runs)
     result = summary(runs, sizes)
     print()

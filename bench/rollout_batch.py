@@ -36,7 +36,6 @@ lab it booted. Run it under the dev lock:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
@@ -59,7 +58,7 @@ if os.environ.get(PRODUCT_ENV):  # imported first: scan_fleet puts this checkout
     import fleetops  # noqa: F401
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scan_fleet import REPO, BenchError, _ansible_env, _subreaper  # noqa: E402
+from scan_fleet import REPO, BenchError, _ansible_env, _subreaper, down_if_booted  # noqa: E402
 
 UNIT = "fleetops-bench"
 UNIT_TEXT = (
@@ -376,47 +375,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("rollout_batch: needs root (the lab boots systemd-nspawn hosts)", file=sys.stderr)
         return 2
     lab = Lab(name=args.lab)
-    booted = not any(h.running for h in lab.status(probe_ssh=False))
     print(f"rollout_batch: set-env on {args.targets} host(s), a batch each, over a {args.size:,}-host inventory "
           f"({args.hosts} lab hosts x {addresses} addresses, lab {lab.name}; {os.cpu_count()} CPUs shared)",
           flush=True)  # fmt: skip
     rounds: list[dict[str, Any]] = []
-    try:
-        lab.up(args.hosts, addresses=addresses, progress=None)
-        inventory = lab.inventory_path()
-        targets = [f"lab-{i:02d}-a001" for i in range(1, args.targets + 1)]
-        for i in range(1, args.targets + 1):
-            lab.run(f"lab-{i:02d}", f"printf %s {shlex.quote(UNIT_TEXT)} > /etc/systemd/system/{UNIT}.service"
-                    " && systemctl daemon-reload", check=True)  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="fleetops-rollout-batch-") as tmp:
-            work = Path(tmp)
-            (work / "state").mkdir(mode=0o700)
-            ones = {t: one_host_inventory(work, inventory, t) for t in targets}
-            stamp = str(int(time.time()))
-            for n in range(1, args.rounds + 1):
-                load = _load()
-                r = rollout(work, inventory, targets, f"{stamp}-r{n}")
-                before = (
-                    rollout(work, inventory, targets, f"{stamp}-p{n}", args.before) if args.before else None
-                )
-                base = [bare(work, ones[t], t, r["extravars"], f"{stamp}-b{n}{t}") for t in targets]
-                whole = [bare(work, inventory, targets[0], r["extravars"], f"{stamp}-w{n}")]  # one: 12 s each
-                rounds.append(
-                    {"load": load, "rollout": r, "before": before, "baseline": base, "whole": whole}
-                )
-                walls = " ".join(f"{b['wall_s']:.2f}" for b in r["batches"])
-                if before is not None:
-                    walls += " (before: " + " ".join(f"{b['wall_s']:.2f}" for b in before["batches"]) + ")"
-                print(f"  round {n} (load {load}): batches {walls} s; baseline "
-                      f"{' '.join(f'{w:.2f}' for w, _ in base)} s; whole inventory "
-                      f"{' '.join(f'{w:.2f}' for w, _ in whole)} s", flush=True)  # fmt: skip
-    except (BenchError, LabError) as exc:
-        print(f"\nrollout_batch: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if booted:
-            with contextlib.suppress(LabError):
-                lab.down(progress=print)
+    with down_if_booted(lab):
+        try:
+            lab.up(args.hosts, addresses=addresses, progress=None)
+            inventory = lab.inventory_path()
+            targets = [f"lab-{i:02d}-a001" for i in range(1, args.targets + 1)]
+            for i in range(1, args.targets + 1):
+                lab.run(f"lab-{i:02d}", f"printf %s {shlex.quote(UNIT_TEXT)} > /etc/systemd/system/{UNIT}.service"
+                        " && systemctl daemon-reload", check=True)  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="fleetops-rollout-batch-") as tmp:
+                work = Path(tmp)
+                (work / "state").mkdir(mode=0o700)
+                ones = {t: one_host_inventory(work, inventory, t) for t in targets}
+                stamp = str(int(time.time()))
+                for n in range(1, args.rounds + 1):
+                    load = _load()
+                    r = rollout(work, inventory, targets, f"{stamp}-r{n}")
+                    before = (
+                        rollout(work, inventory, targets, f"{stamp}-p{n}", args.before)
+                        if args.before
+                        else None
+                    )
+                    base = [bare(work, ones[t], t, r["extravars"], f"{stamp}-b{n}{t}") for t in targets]
+                    whole = [
+                        bare(work, inventory, targets[0], r["extravars"], f"{stamp}-w{n}")
+                    ]  # one: 12 s each
+                    rounds.append(
+                        {"load": load, "rollout": r, "before": before, "baseline": base, "whole": whole}
+                    )
+                    walls = " ".join(f"{b['wall_s']:.2f}" for b in r["batches"])
+                    if before is not None:
+                        walls += (
+                            " (before: " + " ".join(f"{b['wall_s']:.2f}" for b in before["batches"]) + ")"
+                        )
+                    print(f"  round {n} (load {load}): batches {walls} s; baseline "
+                          f"{' '.join(f'{w:.2f}' for w, _ in base)} s; whole inventory "
+                          f"{' '.join(f'{w:.2f}' for w, _ in whole)} s", flush=True)  # fmt: skip
+        except (BenchError, LabError) as exc:
+            print(f"\nrollout_batch: {exc}", file=sys.stderr)
+            return 1
     s = summarise(rounds)
     print(f"\nload average {rounds[0]['load']} at the start, {_load()} at the end")
     print_summary("this checkout", s)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from fleetops.ansible.runner import ansible_env  # noqa: E402
 from fleetops.scan import DEFAULT_TRANSPORT, DIRECT_TRANSPORTS, MAX_FORKS, TRANSPORTS, ScanOptions  # noqa: E402
-from fleetops_lab import Lab  # noqa: E402
+from fleetops_lab import Lab, LabError  # noqa: E402
 
 BIN = Path(sys.executable).parent
 FLEETOPS = BIN / "fleetops"
@@ -133,6 +133,19 @@ def _stop_orphans() -> None:
         if time.monotonic() > deadline:
             raise BenchError(f"processes left by a run survive SIGKILL: {left[:5]}")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def down_if_booted(lab: Lab) -> Iterator[None]:
+    """A benchmark's lab: taken down at the end when no host of it ran at the start (one found up is left as it
+    was, for the next run)."""
+    booted = not any(h.running for h in lab.status(probe_ssh=False))
+    try:
+        yield
+    finally:
+        if booted:
+            with contextlib.suppress(LabError):
+                lab.down(progress=print)
 
 
 @contextlib.contextmanager

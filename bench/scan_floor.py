@@ -31,7 +31,6 @@ fewer are up, and takes down only a lab it booted from nothing. Run it under the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -55,6 +54,7 @@ from scan_fleet import (
     _ansible_env,
     _cpu,
     _subreaper,
+    down_if_booted,
     scan_argv,
     timed,
     transport_args,
@@ -166,17 +166,16 @@ def run_scan(inventory: Path, hosts: Sequence[str], limit: str | None, transport
 # --------------------------------------------------------------------------- the lab
 
 
-def ensure_lab(lab: Lab, wanted: Sequence[str]) -> bool:
-    """Boot the lab's hosts when fewer than ``wanted`` are up; True when it booted the lab from nothing."""
+def ensure_lab(lab: Lab, wanted: Sequence[str]) -> None:
+    """Boot the lab's hosts when fewer than ``wanted`` are up."""
     running = {h.name for h in lab.status(probe_ssh=False) if h.running}
     if set(wanted) <= running and lab.inventory_path().exists():
         print(f"lab {lab.name}: {len(running)} host(s) already up", flush=True)
-        return False
+        return
     if len(running) >= len(wanted):
         raise BenchError(f"lab {lab.name} runs {len(running)} host(s) but not all of {wanted[0]} .. "
                          f"{wanted[-1]}: fix it first (fleetops-lab --lab {lab.name} status)")  # fmt: skip
     lab.up(len(wanted), progress=print)  # the lab raises fs.inotify.max_user_instances for large fleets
-    return not running
 
 
 # --------------------------------------------------------------------------- output
@@ -241,40 +240,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"scan_floor: fleetops scan vs the ssh floor on {args.hosts} host(s) of lab {lab.name}, "
           f"{forks} at once, {args.runs} run(s) each, interleaved ({os.cpu_count()} CPUs on this "
           "controller, which also runs the hosts)", flush=True)  # fmt: skip
-    booted = False
     samples: list[Sample] = []
     try:
-        booted = ensure_lab(lab, wanted)
-        inventory = lab.inventory_path()
-        listed = {h.name: h for h in load_hosts([inventory])}
-        missing = [h for h in wanted if h not in listed]
-        if missing:
-            raise BenchError(f"{inventory} lacks {missing}")
-        limit = None if set(listed) == set(wanted) else ",".join(wanted)
-        resolver = direct.Resolver({}, connect_timeout=None)
-        argvs = [floor_argv(resolver, listed[h]) for h in wanted]
-        print("floor, per host: " + shlex.join(argvs[0]), flush=True)
-        target = TargetCpu(lab.names.cgroup_parent)
-        if target.path is None:
-            print(f"  (no cpu.stat for the cgroup {lab.names.cgroup_parent}: no target CPU)", flush=True)
-        run_floor(argvs, forks)  # warm-up (untimed): guest page caches, every host answers, runners staged
-        for transport in transports:
-            run_scan(inventory, wanted, limit, transport)
-        for i in range(args.runs):
-            samples.append(_measured("floor", target, lambda: run_floor(argvs, forks)))
-            line = f"  run {i + 1}: floor {samples[-1].wall_s:.2f} s"
+        with down_if_booted(lab):
+            ensure_lab(lab, wanted)
+            inventory = lab.inventory_path()
+            listed = {h.name: h for h in load_hosts([inventory])}
+            missing = [h for h in wanted if h not in listed]
+            if missing:
+                raise BenchError(f"{inventory} lacks {missing}")
+            limit = None if set(listed) == set(wanted) else ",".join(wanted)
+            resolver = direct.Resolver({}, connect_timeout=None)
+            argvs = [floor_argv(resolver, listed[h]) for h in wanted]
+            print("floor, per host: " + shlex.join(argvs[0]), flush=True)
+            target = TargetCpu(lab.names.cgroup_parent)
+            if target.path is None:
+                print(f"  (no cpu.stat for the cgroup {lab.names.cgroup_parent}: no target CPU)", flush=True)
+            run_floor(
+                argvs, forks
+            )  # warm-up (untimed): guest page caches, every host answers, runners staged
             for transport in transports:
-                samples.append(_measured(f"scan {transport}", target, partial(run_scan, inventory, wanted, limit,
-                                                                              transport)))  # fmt: skip
-                line += f", scan {transport} {samples[-1].wall_s:.2f} s"
-            print(line, flush=True)
-    except (BenchError, LabError, UsageError) as exc:
+                run_scan(inventory, wanted, limit, transport)
+            for i in range(args.runs):
+                samples.append(_measured("floor", target, lambda: run_floor(argvs, forks)))
+                line = f"  run {i + 1}: floor {samples[-1].wall_s:.2f} s"
+                for transport in transports:
+                    samples.append(_measured(f"scan {transport}", target, partial(run_scan, inventory, wanted, limit,
+                                                                                  transport)))  # fmt: skip
+                    line += f", scan {transport} {samples[-1].wall_s:.2f} s"
+                print(line, flush=True)
+    except (BenchError, LabError, UsageError) as exc:  # the lab's status read first included
         print(f"scan_floor: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if booted:
-            with contextlib.suppress(LabError):
-                lab.down(progress=print)
     floor = median(samples, "floor")
     scans = [median(samples, f"scan {t}") for t in transports]
     print_table(samples, (floor, *scans), args.hosts)
