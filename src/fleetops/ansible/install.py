@@ -17,14 +17,14 @@ Nothing here imports ansible: the version output and the check run before any co
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import yaml
-from packaging.requirements import Requirement
-from packaging.version import InvalidVersion, Version
 
 import fleetops
 from fleetops.ansible.collection import found_at
@@ -40,21 +40,47 @@ class Located:
     version: str
 
 
-def ansible_core_requirement() -> Requirement | None:
+# A Requires-Dist line (PEP 508 as the metadata writes it): name, extras, the version specifiers, a marker.
+# Read here rather than by packaging.requirements (its markers and tags: ~15 ms of every command's start;
+# packaging's specifiers and versions are imported by ansible anyway).
+_REQUIRES = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()@]*?)\)?\s*(;.*)?")
+
+
+@dataclass(frozen=True)
+class CoreRequirement:
+    """fleetops' requirement on ansible-core: ``ansible-core<2.22,>=2.20`` (its specifiers)."""
+
+    specifier: Any  # packaging.specifiers.SpecifierSet
+
+    def __str__(self) -> str:
+        return f"{ANSIBLE_CORE}{self.specifier}"
+
+
+def ansible_core_requirement() -> CoreRequirement | None:
     """The ansible-core requirement of the installed fleetops package (None when it is not installed)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         requires = metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:
         return None
     for line in requires:
-        req = Requirement(line)
-        if req.name == ANSIBLE_CORE and req.marker is None:
-            return req
+        found = _REQUIRES.fullmatch(line)
+        if found is None or found[3] is not None:
+            continue
+        if re.sub(r"[-_.]+", "-", found[1]).lower() != ANSIBLE_CORE:
+            continue
+        try:
+            return CoreRequirement(SpecifierSet(found[2].strip()))
+        except InvalidSpecifier:
+            continue
     return None
 
 
 def check_ansible_core() -> None:
     """UsageError (one line, exit 2) when this Python's ansible-core is missing or outside fleetops' range."""
+    from packaging.version import InvalidVersion, Version
+
     req = ansible_core_requirement()
     if req is None:
         return
