@@ -6,6 +6,7 @@ Not timed (bench/cli_help.py times it): what a help loads is checked by the modu
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetops.ansible import collection
+from fleetops.cli import app
 from fleetops.errors import FleetopsError
 from tests.helpers import FLEETOPS, REPO, cli_parsers
 
@@ -51,6 +53,26 @@ def test_the_commands_are_all_there() -> None:
         "remediate reboot",
         "remediate auto",
     } <= names
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_a_command_alone_is_built_as_in_the_whole_parser() -> None:
+    """``fleetops COMMAND ...`` builds only COMMAND's parser (app.COMMANDS names the module that registers
+    it): the table is what the modules register, in --help's order, and each command built alone is the
+    same parser (its help, every option) as in the whole one; anything else builds all."""
+    whole = _commands(app.build_parser())
+    assert list(whole) == [name for _, names in app.COMMANDS for name in names]
+    for name, parser in whole.items():
+        alone = _commands(app.build_parser([name, "-q"]))
+        assert [names for _, names in app.COMMANDS if name in names] == [tuple(alone)]
+        assert alone[name].format_help() == parser.format_help()
+        assert [a.option_strings for a in alone[name]._actions] == [a.option_strings for a in parser._actions]
+    for argv in ([], ["--help"], ["--version"], ["scna"], ["-q", "scan"]):
+        assert list(_commands(app.build_parser(argv))) == list(whole), argv
 
 
 def test_help_of_every_command_imports_nothing_heavy() -> None:
@@ -89,8 +111,17 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules), "started": start
 """
 
 # what a scan must not have loaded when its first ssh starts (the operator waits for that): the policy
-# (pydantic) and the store are read once the hosts are being scanned, for a finding or the record
-BEFORE_FIRST_SSH_UNUSED = (*SCAN_UNUSED, "fleetops.policy", "fleetops.store", "fleetops.auto")
+# (pydantic) and the store are read once the hosts are being scanned, for a finding or the record; the other
+# commands' parsers are not built (fleetops.cli.app.COMMANDS), nor packaging's requirement parser imported
+OTHER_COMMANDS = tuple(module for module, _ in app.COMMANDS if module is not None)
+BEFORE_FIRST_SSH_UNUSED = (
+    *SCAN_UNUSED,
+    "fleetops.policy",
+    "fleetops.store",
+    "fleetops.auto",
+    *OTHER_COMMANDS,
+    "packaging.requirements",
+)
 
 
 @pytest.mark.parametrize("record", [False, True], ids=["no-record", "record"])

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +51,7 @@ _Parser = Parser  # the name tests and older callers use
 STDOUT = "-"  # a FILE argument that means standard output
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="fleetops",
-        description="Find and fix the hidden faults that break GPU fleets: zombie memory cgroups, "
-        "crash loops, UCX memory hooks. Scans run one module call per host through ansible-runner.",
-        epilog=epilog(""),
-    )
-    parser.add_argument(
-        "--version",
-        action=VersionAction,
-        help="show the version, the Python, and which fleetops.node collection runs (path, version)",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sub.required = True
-
+def _register_scan[P: argparse.ArgumentParser](sub: argparse._SubParsersAction[P]) -> None:
     scan = sub.add_parser(
         "scan",
         help="scan hosts for faults (default: this machine)",
@@ -228,33 +215,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scan.set_defaults(func=cmd_scan)
 
-    from fleetops.cli.plan import register as register_plan
 
-    register_plan(sub)
-    from fleetops.cli.remediate import register as register_remediate
-    from fleetops.cli.report import register as register_report
-
-    register_remediate(sub)
-    register_report(sub)
-    from fleetops.cli.stop import register as register_stop
-
-    register_stop(sub)
-    from fleetops.cli.pause import register as register_pause
-
-    register_pause(sub)
-    from fleetops.cli.drift import register as register_drift
-
-    register_drift(sub)
-    from fleetops.cli.merge import register as register_merge
-
-    register_merge(sub)
-    from fleetops.cli.policy import register as register_policy
-
-    register_policy(sub)
-    from fleetops.cli.brake import register as register_brake
-
-    register_brake(sub)
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser, every command in it. Given the arguments it will parse, only the command
+    they name (its module imported): ``fleetops scan ...`` neither builds remediate's parsers nor imports
+    the remediations; ``--help``, ``--version`` or an unknown command still build all."""
+    parser = Parser(
+        prog="fleetops",
+        description="Find and fix the hidden faults that break GPU fleets: zombie memory cgroups, "
+        "crash loops, UCX memory hooks. Scans run one module call per host through ansible-runner.",
+        epilog=epilog(""),
+    )
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="show the version, the Python, and which fleetops.node collection runs (path, version)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    named = _command_named(argv)
+    for module, names in COMMANDS:
+        if named is None or named in names:
+            register = _register_scan if module is None else import_module(module).register
+            register(sub)
     return parser
+
+
+# Each module that registers commands, and the commands it registers, in the order --help lists them
+# (None: this module's scan). tests/fleetops/test_cli_help.py checks it against what each registers.
+COMMANDS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
+    (None, ("scan",)),
+    ("fleetops.cli.plan", ("plan",)),
+    ("fleetops.cli.remediate", ("remediate",)),
+    ("fleetops.cli.report", ("report", "rollouts")),
+    ("fleetops.cli.stop", ("stop",)),
+    ("fleetops.cli.pause", ("pause", "unpause", "store")),
+    ("fleetops.cli.drift", ("drift",)),
+    ("fleetops.cli.merge", ("merge",)),
+    ("fleetops.cli.policy", ("policy",)),
+    ("fleetops.cli.brake", ("brake",)),
+)
+
+
+def _command_named(argv: Sequence[str] | None) -> str | None:
+    """The command the arguments name when their first is one (argparse's top level takes only -h and
+    --version, before the command); None otherwise."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    return argv[0] if any(argv[0] in names for _, names in COMMANDS) else None
 
 
 def parse_extra_vars(spec: str) -> dict[str, Any]:
@@ -391,7 +399,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         # parsing inside run_main too: an option's type may need the collection (its one-line error)
-        args = build_parser().parse_args(argv)
+        given = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser(given).parse_args(given)
         from fleetops.ansible.install import check_ansible_core  # packaging: only once a command runs
 
         check_ansible_core()  # one line, exit 2, before the command runs anything
