@@ -77,9 +77,9 @@ _FINDER = threading.Lock()  # one finder installed, by whichever thread comes fi
 def _install_finder() -> None:
     from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
-    from fleetops.ansible import meta_cache
+    from fleetops.ansible import parse_cache
 
-    meta_cache.install()  # ansible.builtin's routing table from its JSON copy
+    parse_cache.install()  # ansible.builtin's routing table and the collection's code from their copies
     with _FINDER:
         if PACKAGE in sys.modules or _AnsibleCollectionFinder._find_existing_finder() is not None:
             return  # already loaded, or ansible's own finder (we run inside ansible) resolves it
@@ -98,9 +98,9 @@ def install_ansible_loader() -> bool:
     False, and nothing installed, where collections were already imported without a finder (a
     ``PYTHONPATH`` holding ``ansible_collections``): a finder installed now would not know them (ansible's
     plugin loaders refuse them), and imports go on as they went."""
-    from fleetops.ansible import meta_cache
+    from fleetops.ansible import parse_cache
 
-    meta_cache.install()  # ansible.builtin's routing table from its JSON copy
+    parse_cache.install()  # ansible.builtin's routing table and the collection's code from their copies
     with _FINDER:
         from ansible.plugins.loader import init_plugin_loader
         from ansible.utils.collection_loader import AnsibleCollectionConfig
@@ -160,10 +160,22 @@ class _Known(ast.NodeTransformer):
 
 @cache
 def _constants(name: str) -> dict[str, Any]:
+    """The module's constants, read from its source (or the copy kept of what that source gave)."""
+    from fleetops.ansible.parse_cache import kept_literals
+
     path = source(f"plugins/module_utils/{name}.py")
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError) as err:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise FleetopsError(f"Failed to read {path}: {err}") from err
+    known: dict[str, Any] = kept_literals("constants", str(path), raw, lambda: _parse_constants(path, raw))
+    return known
+
+
+def _parse_constants(path: Path, raw: bytes) -> dict[str, Any]:
+    try:
+        tree = ast.parse(raw, filename=str(path))
+    except (SyntaxError, ValueError) as err:
         raise FleetopsError(f"Failed to read {path}: {err}") from err
     known: dict[str, Any] = {}
     for node in tree.body:

@@ -42,6 +42,7 @@ from typing import Any
 
 from fleetops.ansible.collection import install_ansible_loader, load, module_utils
 from fleetops.ansible.inventory import InventoryHost
+from fleetops.ansible.parse_cache import ansible_constants
 from fleetops.ansible.runner import PlaybookRun, TaskResult, prepare_env
 
 ACTION = "fleetops.node.node_health"
@@ -105,7 +106,7 @@ def _load_ansible() -> None:
     the configuration, the ssh and sudo plugins (their option definitions, for get_plugin_options), the
     action plugin's runner archive."""
     with _LOADING:
-        from ansible import constants  # noqa: F401  (reads the configuration)
+        ansible_constants()  # reads the configuration (its definitions from their kept copy)
         from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # noqa: F401
         from ansible.plugins.loader import become_loader, connection_loader
 

@@ -131,7 +131,9 @@ def unmatched_parts(listing: Mapping[str, Any], limit: str) -> list[str]:
     ansible's implicit localhost is no host of the inventory. Host names are data: a part that is a
     host's exact name matches it, whatever its characters."""
     prepare_env()  # before ansible's configuration is first read in this process
-    from ansible import constants
+    from fleetops.ansible.parse_cache import ansible_constants
+
+    constants = ansible_constants()
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader

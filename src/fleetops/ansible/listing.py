@@ -190,7 +190,9 @@ def _ansible_ready() -> bool:
     from fleetops.ansible.runner import prepare_env
 
     prepare_env()
-    from ansible import constants as C
+    from fleetops.ansible.parse_cache import ansible_constants
+
+    C = ansible_constants()
 
     wanted = os.environ.get("ANSIBLE_CONFIG")
     if wanted and not _same_file(C.CONFIG_FILE, wanted):
