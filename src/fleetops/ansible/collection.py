@@ -31,6 +31,7 @@ from fleetops.errors import FleetopsError
 
 PACKAGE = "ansible_collections.fleetops.node"
 _NOT_FOUND = "the fleetops.node collection is not installed where ansible finds collections"
+_INSTALL = "install it with ansible-galaxy collection install, or name its folder in ANSIBLE_COLLECTIONS_PATH"
 
 
 class CollectionNotFound(FleetopsError):
@@ -120,6 +121,8 @@ def load(relative: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as err:
+        if isinstance(err, ModuleNotFoundError) and PACKAGE.startswith(str(err.name or "-")):
+            raise CollectionNotFound(f"Failed to load {name}: {_NOT_FOUND} ({_INSTALL})") from err
         raise FleetopsError(f"Failed to load {name}: {_NOT_FOUND} ({err})") from err
 
 
@@ -140,10 +143,7 @@ def source(relative: str) -> Path:
         path = Path(folder) / "ansible_collections" / "fleetops" / "node" / relative
         if path.is_file():
             return path
-    raise CollectionNotFound(
-        f"Failed to read {name}: {_NOT_FOUND} (install it with ansible-galaxy collection install, "
-        "or name its folder in ANSIBLE_COLLECTIONS_PATH)"
-    )
+    raise CollectionNotFound(f"Failed to read {name}: {_NOT_FOUND} ({_INSTALL})")
 
 
 class _Known(ast.NodeTransformer):
