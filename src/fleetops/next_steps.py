@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetops.errors import FleetopsError, UsageError
-from fleetops.remediations import REMEDIATIONS, Remediation, ladder_order
 from fleetops.rollout.guards import target_name_problem
 
 if TYPE_CHECKING:  # the policy (pydantic) is loaded when a finding first needs it: a clean scan never does
     from fleetops.policy import LadderState, Policy
+    from fleetops.remediations import Remediation  # the catalog, too: imported once a finding needs a step
 
 PROG = "fleetops"
 DEFAULT_POLICY = "default"  # how ``next.rung.policy`` names the policy fleetops ships
@@ -48,6 +48,8 @@ ACTING = ("act", "wait", "budget")  # the decision statuses whose rung's action 
 
 def _order() -> list[Remediation]:
     """Every remediation, in the auto pass's order (those no rung can name last, by name)."""
+    from fleetops.remediations import REMEDIATIONS, ladder_order
+
     ranked = list(ladder_order())
     rest = sorted(n for n in REMEDIATIONS if n not in ranked)
     return [REMEDIATIONS[n] for n in ranked + rest]
@@ -82,7 +84,7 @@ def option_args(remediation: Remediation, params: Mapping[str, Any]) -> list[str
 
 
 # a finding's rung and the remediation chosen with its parameters (None, None: nothing to do)
-_Choice = tuple[dict[str, Any] | None, tuple[Remediation, dict[str, Any]] | None]
+_Choice = tuple[dict[str, Any] | None, "tuple[Remediation, dict[str, Any]] | None"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,8 @@ class NextSteps:
         return self._cache[key]
 
     def _choose(self, host: str, finding: Mapping[str, Any]) -> _Choice:
+        from fleetops.remediations import REMEDIATIONS
+
         rung = self.rung(host, finding)
         chosen: tuple[Remediation, dict[str, Any]] | None = None
         # the rung's action, while the ladder is on it (to act, waiting for it to clear, held by a budget); a

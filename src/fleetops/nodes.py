@@ -34,9 +34,10 @@ from typing import Any
 
 from fleetops.ansible.collection import module_utils
 from fleetops.ansible.inventory import InventoryHost
-from fleetops.remediations.backends import BACKENDS, QUARANTINE_KEY, backend_of, on_slurm
+from fleetops.remediations.backends import BACKENDS, QUARANTINE_KEY, backend_of
 from fleetops.remediations.catalog import KUBECTL
 from fleetops.rollout.killswitch import one_line
+from fleetops.util import on_slurm
 
 READ_TIMEOUT_S = 30  # each kubectl or scontrol call (a pass reads each backend once)
 # the taints Kubernetes' node controller puts on a node it cannot reach or that is not ready

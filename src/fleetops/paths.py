@@ -61,3 +61,13 @@ def default_inventory() -> Path:
 def resolve_inventories(given: Sequence[Path] | None) -> list[Path]:
     """The inventories to use: those given, else the localhost inventory (the one default)."""
     return list(given or []) or [default_inventory()]
+
+
+def state_home() -> Path:
+    """Where rollouts keep state, locks and the audit log ($FLEETOPS_STATE_DIR overrides)."""
+    env = os.environ.get("FLEETOPS_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/fleetops")
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "fleetops"

@@ -18,7 +18,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -45,6 +45,10 @@ ROLLOUTS_SCHEMA = "fleetops.rollouts/v1"  # `fleetops rollouts --format json`
 ROLLOUT_CUT_OFF = "running (no process)"  # `fleetops rollouts`: saved as running, no live process holds it
 # A rollout id (it names lock and lease records): rollout.lease.ROLLOUT_ID, schemas' rollout id field.
 ROLLOUT_ID_PATTERN = r"^\d{8}T\d{6}Z-[0-9a-f]{6}$"
+# The hostvar naming a host's quarantine backend (fleetops.remediations.backends.BACKENDS: its values), and the
+# Slurm one's name: here, since every scan asks ``on_slurm`` of its hosts (their nodes read before they answer)
+BACKEND_VAR = "fleetops_quarantine_backend"
+SLURM_BACKEND = "slurm"
 log = logging.getLogger("fleetops")
 
 
@@ -274,3 +278,8 @@ def nearest(name: str, known: Iterable[str]) -> str:
     started = [k for k in names if k.startswith(name)] if name else []
     match = started if len(started) == 1 else difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return f" (did you mean {match[0]}?)" if match else ""
+
+
+def on_slurm(hostvars: Mapping[str, Any]) -> bool:
+    """Whether the host's hostvars pick the Slurm backend (no check: ``backends.backend_of`` judges the value)."""
+    return hostvars.get(BACKEND_VAR) == SLURM_BACKEND

@@ -833,7 +833,7 @@ def test_api_auto_runs_each_action_on_exactly_the_hosts_it_decided(
     """api.auto wires the pass to api.remediate: one request per action, naming its hosts exactly
     (``hosts=``, never a joined --limit), with the pass's caps; the scan is recorded (ansible and the
     lab are proven by tests/integration/test_auto_lab.py)."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
 
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
     inv = _static_inventory(tmp_path, {"lab-01": "a", "lab-02": "b", "lab-03": "c"})
@@ -870,7 +870,7 @@ def test_api_auto_ends_the_pass_when_the_kill_switch_stopped_an_actions_rollout(
 ) -> None:
     """The rollout's stop record says a person asked for it (kind kill_switch): api.auto's action
     reports it and the pass runs nothing after it."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.rollout.engine import STOP_KILL_SWITCH
     from fleetops.rollout.state import new_rollout
 
@@ -904,7 +904,7 @@ def test_a_rung_that_finds_nothing_to_do_counts_as_tried_and_fails_the_pass(
     """fix's own scan finds nothing it may do (the crash-looping unit is protected): before, the ladder
     stayed at rung 1 and every pass exited 0 deciding fix again; now the rung counts as tried (the
     ladder climbs after its clear time) and the pass exits 3 saying so."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
 
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
     inv = _static_inventory(tmp_path, {"lab-01": "a"})
@@ -934,7 +934,7 @@ def test_a_host_its_remediation_refused_counts_as_tried_so_the_ladder_climbs(
     """stop-start refuses an Auto Scaling group's instance (skipped, "refused: ..."): the pass exits 3
     and the rung counts as tried, so the next pass after its clear time climbs to replace rather than
     asking for the refused stop-start forever."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.rollout.engine import REFUSED
     from fleetops.rollout.outcome import HostOutcome
     from fleetops.rollout.state import new_rollout
@@ -969,7 +969,7 @@ def test_a_pass_limited_to_some_hosts_sizes_groups_and_reads_tags_over_the_whole
     """A pass with -l over 2 hosts of a 4-host group: reboot's 50% budget is 2 of the group's 4 (not 1 of
     the 2 selected); a stop-start spent on a host outside the limit (its spent tag) counts against the
     1-an-hour budget; the tags of hosts outside the limit are read, never written."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
 
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
     inv = tmp_path / "inv.yml"
@@ -1013,7 +1013,7 @@ def test_api_auto_finds_the_new_instance_a_replace_reported(
 ) -> None:
     """The replace module's result names the new instance: api.auto hands it to the pass (which writes
     the spent tag there; the write itself is tested against moto above), with when its batch started."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.rollout.outcome import HostOutcome
     from fleetops.rollout.state import new_rollout
 
@@ -1052,7 +1052,7 @@ def test_api_auto_finds_the_new_instance_a_replace_reported(
 def test_a_remediation_request_naming_hosts_acts_on_those_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
 
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("FLEETOPS_AUDIT_LOG", str(tmp_path / "audit.jsonl"))
@@ -1075,7 +1075,7 @@ def test_a_pass_with_a_cause_writes_one_audit_line_and_says_it_in_its_document(
     """``--cause`` (the event-driven rulebook passes the alert): the pass's document carries it, and the
     audit log gets one line for the pass with its cause, limit, decisions and each action's rollout;
     a pass without one writes no such line and its document is as before."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
 
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))
     log = tmp_path / "audit.jsonl"
@@ -1104,7 +1104,7 @@ def test_a_pass_with_a_cause_writes_one_audit_line_and_says_it_in_its_document(
 def test_a_pass_whose_cause_cannot_be_audited_does_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.rollout.audit import AuditError
 
     monkeypatch.setenv("FLEETOPS_STATE_DIR", str(tmp_path / "state"))

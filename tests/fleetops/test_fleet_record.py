@@ -6,12 +6,13 @@ has in flight."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import fleetops.api as api_mod
+import fleetops.api.scanning as api_mod
 from fleetops import auto, store
 from fleetops.auto.seen import SEEN_FILE, SEEN_PREFIX, combine, rule_checks, sightings
 from fleetops.policy import parse_policy
@@ -38,7 +39,7 @@ def _scan(
     document = report_document(report(**hosts)["hosts"], started=T0, finished=T0 + 1)
     monkeypatch.setattr(api_mod, "run_scan", lambda opts, **k: document)
     monkeypatch.setattr(api_mod, "open_store", lambda inventories: shared)
-    monkeypatch.setattr(api_mod.time, "time", lambda: now)
+    monkeypatch.setattr(time, "time", lambda: now)
     return api_mod.scan(
         api_mod.ScanRequest(
             inventory=[inv], checks=checks, policy=policy, state_dir=tmp_path / "state", **more

@@ -154,6 +154,7 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
     from fleetops import api
     from fleetops.ansible import runner
     from fleetops.ansible.inventory import InventoryHost
+    from fleetops.api import scanning
     from fleetops.cli.progress import NdjsonOutput, ScanProgress
     from fleetops.cli.render import host_line, render_scan
 
@@ -185,7 +186,7 @@ def scan_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
     monkeypatch.setattr(ansible_runner, "run", fake_run)
     monkeypatch.setattr(runner, "_stop_leftovers", lambda marker: None)  # reads /proc: other processes' count
     monkeypatch.setattr(
-        api, "_selected", lambda inventories, limit, group_by, strict=True: _listed(fleet["hosts"])
+        scanning, "_selected", lambda inventories, limit, group_by, strict=True: _listed(fleet["hosts"])
     )
 
     def make(n: int) -> Callable[[], object]:
@@ -227,6 +228,7 @@ def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[
     from fleetops import api
     from fleetops.ansible import direct
     from fleetops.ansible.inventory import InventoryHost
+    from fleetops.api import scanning
 
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all: {}\n")
@@ -250,7 +252,7 @@ def scan_ssh_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[
     monkeypatch.setattr(direct._Calls, "run", lambda self, argv, data, timeout: (0, reply, b""))
     monkeypatch.setattr(direct, "ThreadPoolExecutor", Inline)
     monkeypatch.setattr(
-        api, "_selected", lambda inventories, limit, group_by, strict=True: _listed(fleet["hosts"])
+        scanning, "_selected", lambda inventories, limit, group_by, strict=True: _listed(fleet["hosts"])
     )
 
     def make(n: int) -> Callable[[], object]:
@@ -353,7 +355,7 @@ def rollout_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[i
     fixed number of batches: the state is saved whole after each batch, O(hosts) a batch (see the
     lead's note: batches of a fixed size make that quadratic)."""
     from fleetops.api import _ctrl_c
-    from fleetops.cli.progress import ConsoleObserver
+    from fleetops.cli.observer import ConsoleObserver
     from fleetops.cli.report import render_rollout
     from fleetops.rollout.engine import Engine
     from tests.fleetops.test_rollout import FakeRunner, _rollout, fake_scanner

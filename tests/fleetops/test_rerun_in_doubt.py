@@ -198,7 +198,7 @@ def test_api_auto_runs_it_again_on_a_host_outside_the_limit(
 ) -> None:
     """api.auto's run_action names a host outside -l in the whole inventory (a limit would refuse it), with
     the operator's kubectl (ansible and the lab are proven by tests/integration)."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.rollout.state import HOST_DONE, new_rollout
     from tests.fleetops.test_auto import _static_inventory
 

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from fleetops.ansible.inventory import InventoryHost
 from fleetops.ansible.runner import PlaybookRun, TaskResult
-from fleetops.cli.progress import ConsoleObserver
+from fleetops.cli.observer import ConsoleObserver
 from fleetops.cli.remediate import _failure_budget
 from fleetops.documents import DocumentError
 from fleetops.rollout.budget import FailureBudget
@@ -311,7 +311,7 @@ def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _no_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Record any attempt to run a playbook, scan or preflight (none must happen when a guard refuses)."""
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.api import launch
 
     calls: list[Any] = []
@@ -968,7 +968,7 @@ def test_resume_can_set_a_new_deadline_and_capacity_floor(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    import fleetops.api as api_mod
+    import fleetops.api.verbs as api_mod
     from fleetops.cli.app import main
 
     engine, runner = _guarded(

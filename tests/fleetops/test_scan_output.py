@@ -439,7 +439,7 @@ class FakeRollout:
 
 
 def test_a_rollout_s_plain_lines_carry_this_run_s_rate_and_eta() -> None:
-    from fleetops.cli.progress import ConsoleObserver
+    from fleetops.cli.observer import ConsoleObserver
 
     out, clock = io.StringIO(), Clock()
     observer = ConsoleObserver(Console(file=out, width=300), clock=clock)

@@ -27,13 +27,14 @@ from rich.console import Console
 
 from fleetops import api, util
 from fleetops.ansible.runner import PlaybookRun, TaskResult
-from fleetops.cli.progress import ConsoleObserver
+from fleetops.cli.observer import ConsoleObserver
 from fleetops.errors import UsageError
+from fleetops.paths import state_home
 from fleetops.remediations import REMEDIATIONS
 from fleetops.rollout.audit import AuditError, audit, audit_path
 from fleetops.rollout.engine import Engine
 from fleetops.rollout.outcome import HostOutcome
-from fleetops.rollout.state import Rollout, new_rollout, state_home
+from fleetops.rollout.state import Rollout, new_rollout
 from fleetops.scan import PartialReport, write_report
 from tests.helpers import fleetops
 

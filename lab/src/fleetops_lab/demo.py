@@ -19,7 +19,7 @@ from rich.rule import Rule
 
 from fleetops import api
 from fleetops.cli.errors import run_main
-from fleetops.cli.progress import ConsoleObserver
+from fleetops.cli.observer import ConsoleObserver
 from fleetops.cli.remediate import print_summary
 from fleetops.cli.render import render_drift, render_scan
 from fleetops.errors import FleetopsError

@@ -14,98 +14,160 @@ Progress goes to callbacks (``on_host`` for scans) or a ``RolloutObserver`` (rol
 - ``stop(StopRolloutRequest) -> StopRolloutResult``: the kill switch.
 - ``drift(DriftRequest) -> DriftResult``: the facts that differ between hosts (``fleetops.drift/v1``).
 
-This module holds the verbs only: the requests and results are ``fleetops.api.requests``'s, the
-launch of a rollout ``fleetops.api.launch``'s and the signal handling ``fleetops.api.signals``'s.
+This module names them; they live where they are made: the verbs that only read the fleet (scan, merge, drift)
+in ``fleetops.api.scanning`` with their requests (``fleetops.api.scan_types``), imported with this module; the
+rollout verbs in ``fleetops.api.verbs``, their requests in ``fleetops.api.requests``, the kill switch, the
+pause and the store in ``fleetops.api.controls``: each imported when one of its names is first asked for
+(PEP 562), so that a scan does not wait for the planner, the engine, the lease and the remediations.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from fleetops import paths
-from fleetops.ansible import facts, knobs
-from fleetops.ansible.inventory import load_hosts
-from fleetops.api.controls import lift_brake, stop, store
-from fleetops.api.launch import execute as _execute
-from fleetops.api.launch import leave_out_gone, plan_hosts, start_listed
-from fleetops.api.launch import selected as _selected
-from fleetops.api.launch import shared_store as open_store
-from fleetops.api.launch import start as _start  # noqa: F401  (tests plan a rollout without running it)
-from fleetops.api.launch import targets as _targets
-from fleetops.api.requests import (
-    ROLLOUT_SCHEMA,
-    AutoRequest,
-    AutoResult,
+from fleetops.api.scan_types import (
     DriftRequest,
     DriftResult,
-    LiftBrakeRequest,
     MergeRequest,
     MergeResult,
-    PlanRequest,
-    PlanResult,
-    RemediationRequest,
-    ResumeRequest,
-    RolloutCaps,
-    RolloutLimits,
-    RolloutResult,
     ScanRequest,
     ScanResult,
-    StopRolloutRequest,
-    StopRolloutResult,
-    StoreRequest,
-    StoreResult,
-    auto_state_dir,
-    empty_document,
-    is_empty_document,
-    needs_reboot,
-    plan_document,
-    report_document,
-    rollout_exit_code,
-    rollout_options,
-    rollout_result,
 )
-from fleetops.api.scan_extras import next_steps as _next_steps
-from fleetops.api.scan_extras import scan_policy as _scan_policy
-from fleetops.api.scan_extras import scan_recorder as _scan_recorder
-from fleetops.api.signals import STOP_MESSAGE, PassSignals, ctrl_c
-from fleetops.errors import UsageError
+from fleetops.api.scanning import OnHost as OnHost
+from fleetops.api.scanning import OnTargets as OnTargets
+from fleetops.api.scanning import default_inventories, drift, merge, scan, scan_metrics
 from fleetops.exitcodes import ExitCode
-from fleetops.planner import MaxParallel
-from fleetops.remediations import REMEDIATIONS
-from fleetops.remediations import get as get_remediation
-from fleetops.remediations.backends import on_slurm
-from fleetops.rollout import guards
-from fleetops.rollout.audit import audit_pass
-from fleetops.rollout.audit import ensure_writable as ensure_audit_writable
-from fleetops.rollout.budget import FailureBudget
-from fleetops.rollout.engine import GUARDS_KEY, STOP_KILL_SWITCH, NullObserver, RolloutObserver, refused
-from fleetops.rollout.lease import connection_for, lease_targets
-from fleetops.rollout.state import HOST_DONE, HOST_FAILED, HOST_RUNNING, Rollout, operator
-from fleetops.scan import (
-    FAIL_ON,
-    TRANSPORTS,
-    PartialReport,
-    ScanOptions,
-    run_scan,
-    shard_hosts,
-    with_nodes,
-    write_report,
-)
-from fleetops.scan import selection_record as _selection_record
-from fleetops.util import check_writable
 
 if TYPE_CHECKING:
-    from fleetops import auto as auto_mod
-    from fleetops.policy import Policy
+    from fleetops.api.controls import lift_brake, stop, store
+    from fleetops.api.launch import start as _start  # noqa: F401  (tests plan a rollout without running it)
+    from fleetops.api.requests import (
+        ROLLOUT_SCHEMA,
+        AutoRequest,
+        AutoResult,
+        LiftBrakeRequest,
+        PlanRequest,
+        PlanResult,
+        RemediationRequest,
+        ResumeRequest,
+        RolloutCaps,
+        RolloutLimits,
+        RolloutResult,
+        StopRolloutRequest,
+        StopRolloutResult,
+        StoreRequest,
+        StoreResult,
+        needs_reboot,
+        plan_document,
+        report_document,
+        rollout_exit_code,
+    )
+    from fleetops.api.requests import (
+        empty_document as empty_document,
+    )
+    from fleetops.api.requests import (
+        is_empty_document as is_empty_document,
+    )
+    from fleetops.api.requests import (
+        rollout_options as rollout_options,
+    )
+    from fleetops.api.requests import (
+        rollout_result as rollout_result,
+    )
+    from fleetops.api.signals import STOP_MESSAGE
+    from fleetops.api.verbs import (
+        _ctrl_c as _ctrl_c,
+    )
+    from fleetops.api.verbs import (
+        _leave_out_gone as _leave_out_gone,
+    )
+    from fleetops.api.verbs import (
+        _PassSignals as _PassSignals,
+    )
+    from fleetops.api.verbs import (
+        _plan_hosts as _plan_hosts,
+    )
+    from fleetops.api.verbs import (
+        auto,
+        plan,
+        remediate,
+        report,
+        resume,
+    )
+    from fleetops.planner import MaxParallel
+    from fleetops.remediations import REMEDIATIONS
+    from fleetops.rollout.budget import FailureBudget
+    from fleetops.rollout.engine import NullObserver, RolloutObserver
 
-# fleetops.auto, the policy and the node states (pydantic models: ~0.2 s of imports) are imported by the
-# verbs that run a pass, not by every command: a scan starts without them
+# Each name the rollout verbs bring, and the module it is imported from when first asked for.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("lift_brake", "stop", "store"), "fleetops.api.controls"),
+    **dict.fromkeys(
+        (
+            "ROLLOUT_SCHEMA",
+            "AutoRequest",
+            "AutoResult",
+            "LiftBrakeRequest",
+            "PlanRequest",
+            "PlanResult",
+            "RemediationRequest",
+            "ResumeRequest",
+            "RolloutCaps",
+            "RolloutLimits",
+            "RolloutResult",
+            "StopRolloutRequest",
+            "StopRolloutResult",
+            "StoreRequest",
+            "StoreResult",
+            "empty_document",
+            "is_empty_document",
+            "needs_reboot",
+            "plan_document",
+            "report_document",
+            "rollout_exit_code",
+            "rollout_options",
+            "rollout_result",
+        ),
+        "fleetops.api.requests",
+    ),
+    "STOP_MESSAGE": "fleetops.api.signals",
+    **dict.fromkeys(
+        (
+            "auto",
+            "plan",
+            "remediate",
+            "report",
+            "resume",
+            "_PassSignals",
+            "_ctrl_c",
+            "_leave_out_gone",
+            "_plan_hosts",
+            "_start",
+        ),
+        "fleetops.api.verbs",
+    ),
+    "MaxParallel": "fleetops.planner",
+    "REMEDIATIONS": "fleetops.remediations",
+    "FailureBudget": "fleetops.rollout.budget",
+    "NullObserver": "fleetops.rollout.engine",
+    "RolloutObserver": "fleetops.rollout.engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``_LAZY``, imported now and kept (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "REMEDIATIONS",
@@ -150,505 +212,7 @@ __all__ = [
     "resume",
     "rollout_exit_code",
     "scan",
+    "scan_metrics",
     "stop",
     "store",
 ]
-
-OnHost = Callable[[str, dict[str, Any]], None]
-# the hosts a scan targets, listed before it starts (with their group key): a progress bar's total, a table's groups
-OnTargets = Callable[[Sequence[Any]], None]
-# the launch's and the signal handling's own names, as the tests reach them through the API
-_PassSignals = PassSignals
-_ctrl_c = ctrl_c
-_leave_out_gone = leave_out_gone
-
-
-def _plan_hosts(request: PlanRequest, hosts: Sequence[Any]) -> PlanResult:
-    """``request``'s plan of ``hosts`` (already selected)."""
-    return plan_hosts(request.action, request, request.exclude, hosts)
-
-
-# ------------------------------------------------------------------------------------------ scan
-
-
-def scan(
-    request: ScanRequest,
-    on_host: OnHost | None = None,
-    cancel: threading.Event | None = None,
-    on_targets: OnTargets | None = None,
-) -> ScanResult:
-    """Scan the hosts; ``on_host`` sees each host's entry as it answers; ``cancel`` stops the scan,
-    keeping what has arrived (exit code INTERRUPTED); ``on_targets`` gets the targeted hosts
-    (InventoryHost, listed once) before the scan starts."""
-    from fleetops.scan import exit_code
-
-    warning = facts.zombie_warning_default() if request.zombie_warning is None else request.zombie_warning
-    critical = facts.zombie_critical_default() if request.zombie_critical is None else request.zombie_critical
-    if warning > critical:
-        raise UsageError(f"--zombie-warning ({warning}) must not exceed --zombie-critical ({critical})")
-    if request.fail_on not in FAIL_ON:
-        raise UsageError(f"--fail-on: {request.fail_on!r} is not one of {', '.join(FAIL_ON)}")
-    if request.transport not in TRANSPORTS:
-        raise UsageError(f"--transport: {request.transport!r} is not one of {', '.join(TRANSPORTS)}")
-    # what the hosts would be sent, checked here as node_health would check it on each of them
-    if request.checks:
-        knobs.check_checks(request.checks)
-    inventories = paths.resolve_inventories(request.inventory)
-    for inv in inventories:
-        if not inv.exists():
-            raise UsageError(f"inventory not found: {inv}")
-    for out_path in (request.output, request.prometheus):
-        why = check_writable(out_path) if out_path is not None else None
-        if why:
-            raise UsageError(f"cannot write {out_path}: {why}")
-    # the request's scan options (None: the module's default; only what the caller set reaches the
-    # playbook), with the inventories resolved and its own copy of the extra vars
-    opts = ScanOptions(
-        **{f.name: getattr(request, f.name) for f in dataclasses.fields(ScanOptions)}
-        | {
-            "inventory": inventories,
-            "checks": list(request.checks) if request.checks else None,
-            "extravars": dict(request.extravars),
-        }
-    )
-    if request.unit_allowlist is not None:
-        from fleetops.drift import load_unit_allowlist
-
-        opts.extravars["fleetops_unit_allowlist"] = load_unit_allowlist(request.unit_allowlist)
-    knobs.check_scan_vars(opts.playbook_vars())  # every knob sent, as the module checks it
-    # the policy, read once for the record and the next steps: a given one now (a bad one: exit 2 before any
-    # host is contacted), the one fleetops ships when a finding or the record first needs it, once the hosts
-    # are being scanned (pydantic and the policy: about 0.15 s of the start before the first ssh)
-    records = bool(request.fleet_record and request.inventory)
-    steps = _next_steps(request, _scan_policy(request) if records and request.policy is not None else None)
-    shared = open_store(inventories) if records else None  # checked before any host
-    record = _scan_recorder(request, steps.policy if records else None, shared)
-    # the selected hosts, listed once (names checked): a shard's exact targets, the partial file's header;
-    # a part of the limit that matches nothing is ansible's to ignore, and the report's to say
-    listing = _selected(inventories, request.limit, None, strict=False)
-    listed = listing.hosts
-    selection = _selection_record(inventories, request.limit, [h.name for h in listed], listing.unmatched)
-    targets = shard_hosts([h.name for h in listed], request.shard)
-    held = set(targets)
-    if on_targets is not None:
-        on_targets([h for h in listed if h.name in held])
-    output = request.output
-    partial = None
-    if output is not None:
-        partial = PartialReport(
-            output.with_name(output.name + ".partial"),
-            targets=targets,
-            shard=opts.shard,
-            options=opts.record(),
-            selection=selection,
-            transport=opts.transport,
-        )
-
-    # each Slurm host's node, read once before the hosts answer, so that every entry carries it as it streams
-    nodes: dict[str, dict[str, Any]] = {}
-    if any(on_slurm(h.hostvars) for h in listed if h.name in held):
-        from fleetops.nodes import scan_view
-
-        nodes = scan_view([h for h in listed if h.name in held])
-
-    def seen(host: str, entry: dict[str, Any]) -> None:
-        entry = steps.entry(host, entry)
-        if host in nodes:
-            entry = {**entry, "node": nodes[host]}
-        if partial is not None:
-            partial.add(host, entry)
-        if on_host is not None:
-            on_host(host, entry)
-
-    try:
-        report_ = run_scan(
-            opts, on_host=seen, cancel=cancel, targets=targets, hosts=[h for h in listed if h.name in held]
-        )
-    finally:
-        if partial is not None:
-            partial.close(done=False)  # kept until the final report is written
-    report_ = {**steps.report(with_nodes(report_, nodes)), "selection": selection, "next_steps": steps.record}
-    if report_["summary"]["hosts"] == 0 and not report_.get("interrupted") and request.shard is None:
-        if partial is not None:
-            partial.close(done=True)
-        raise UsageError("no hosts matched the inventory and limit")
-    code = exit_code(report_, request.fail_on)
-    where, warnings = record(report_, listed) if record is not None else ("", [])
-    result = ScanResult(
-        report_, ExitCode.INTERRUPTED if report_.get("interrupted") else code, where, tuple(warnings)
-    )
-    if output is not None:
-        write_report(output, result.json() + "\n")
-        if partial is not None:
-            partial.close(done=True)
-    if request.prometheus is not None:
-        from fleetops.metrics import write_textfile
-
-        write_textfile(report_, request.prometheus)
-    return result
-
-
-def scan_metrics(report: Mapping[str, Any]) -> bytes:
-    """A scan report's node_exporter textfile (what ``ScanRequest.prometheus`` writes), for another sink."""
-    from fleetops.metrics import textfile
-
-    return textfile(dict(report))
-
-
-def merge(request: MergeRequest) -> MergeResult:
-    """Join shard reports into the report one scan of all their hosts would have written (its exit
-    code too); a ``MergeError`` (exit 2, one line) when they are not the parts of one scan. Changes
-    nothing but ``request.output``, written only when the merge succeeds."""
-    from fleetops.merge import merge as merge_reports
-
-    why = check_writable(request.output) if request.output is not None else None
-    if why:
-        raise UsageError(f"cannot write {request.output}: {why}")
-    merged = merge_reports(list(request.reports))
-    result = MergeResult(merged.report, merged.exit_code, merged.notes)
-    if request.output is not None:
-        write_report(request.output, result.json() + "\n")
-    return result
-
-
-# ------------------------------------------------------------------------------------------ plan
-
-
-def plan(request: PlanRequest) -> PlanResult:
-    """Load the targeted hosts and plan them with the request's caps (changes nothing)."""
-    get_remediation(request.action)  # an unknown action: UsageError, before any inventory is read
-    inventories = paths.resolve_inventories(request.inventory)
-    return _plan_hosts(request, _targets(inventories, request.limit, request.group_by))
-
-
-# ------------------------------------------------------------------------------------------ rollouts
-
-
-def remediate(
-    request: RemediationRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
-) -> RolloutResult:
-    """Plan and run a remediation batch by batch (a dry run unless ``request.apply``).
-
-    ``handle_signals``: in the main thread, Ctrl-C stops after the current batch and a second one
-    aborts it (the state is saved either way; exit code INTERRUPTED).
-    """
-    obs = observer if observer is not None else NullObserver()
-    remediation = get_remediation(request.action)
-    rollout, listing = start_listed(request, remediation, obs)
-    if rollout is None:
-        obs.message("nothing to do: no host has a finding this remediation acts on")
-        return RolloutResult(None, empty_document(remediation.name, request.apply), ExitCode.OK)
-    return rollout_result(_execute(rollout, remediation, obs, request.break_lock, handle_signals, listing))
-
-
-def resume(
-    request: ResumeRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
-) -> RolloutResult:
-    """Continue a saved rollout: hosts caught mid-batch are probed first, failed ones re-checked."""
-    obs = observer if observer is not None else NullObserver()
-    rollout = Rollout.load(request.state, actions=REMEDIATIONS)
-    if rollout.status == "done":
-        obs.message(f"rollout {rollout.id} is already done")
-        return rollout_result(rollout)
-    rollout.check_resumable()
-    obs.message(f"resuming rollout {rollout.id} ({rollout.action}, status {rollout.status})")
-    settings = rollout.plan.setdefault(GUARDS_KEY, {})
-    if request.not_after is not None:
-        settings["not_after"] = request.not_after.isoformat()
-        obs.message(f"new deadline: --not-after {settings['not_after']}")
-    if request.max_unhealthy is not None:
-        limit = request.max_unhealthy
-        settings["max_unhealthy"] = str(guards.MaxUnhealthy.parse(limit) if isinstance(limit, str) else limit)
-        obs.message(f"new capacity floor: --max-unhealthy {settings['max_unhealthy']}")
-    remediation = get_remediation(rollout.action)
-    return rollout_result(_execute(rollout, remediation, obs, request.break_lock, handle_signals))
-
-
-def report(path: Path) -> RolloutResult:
-    """A saved rollout's report; exit code OK only when it is done with every host verified
-    (no failed, timed-out, preflight-skipped or in-doubt host)."""
-    rollout = Rollout.load(path, actions=REMEDIATIONS)
-    s = rollout.summary()
-    done = rollout.status == "done" and not (s["failed"] or s["skipped"] or s["pending"])
-    return RolloutResult(rollout, report_document(rollout), ExitCode.OK if done else ExitCode.FAILED)
-
-
-# ------------------------------------------------------------------------------------------ auto
-
-
-def auto(
-    request: AutoRequest, observer: RolloutObserver | None = None, *, handle_signals: bool = True
-) -> AutoResult:
-    """One pass: scan, decide per host by the policy, run each action's rollout, remember (with
-    ``apply``). ``fleetops.auto`` says what a pass does and what its exit code means."""
-    from fleetops import auto as auto_mod
-    from fleetops.exitcodes import AUTO_FAIL_ON
-    from fleetops.policy import default_policy_path, load_policy
-
-    if request.fail_on not in AUTO_FAIL_ON:
-        raise UsageError(f"--fail-on {request.fail_on!r}: choose from {', '.join(AUTO_FAIL_ON)}")
-    obs = observer if observer is not None else NullObserver()
-    policy_path = request.policy if request.policy is not None else default_policy_path()
-    policy = load_policy(policy_path)
-    auto_mod.check_policy_actions(policy, str(policy_path))
-    if request.from_report is not None:
-        return _what_if(request, obs, policy, policy_path)
-    signals = PassSignals()
-    if request.cause is not None:
-        ensure_audit_writable()  # a pass with a cause is audited: AuditError (exit 3) before it acts
-    why = check_writable(request.prometheus) if request.prometheus is not None else None
-    if why:  # before the pass, not after it acted
-        raise UsageError(f"cannot write {request.prometheus}: {why}")
-    with signals.installed() if handle_signals else contextlib.nullcontext():
-        result = _auto(request, obs, policy, policy_path, handle_signals, signals)
-    if request.apply:
-        _audit_waiting(result.result)
-    if request.cause is not None:
-        # the pass's own audit line (its cause, decisions and rollouts); its document says the cause too
-        result = dataclasses.replace(
-            result, document=audit_pass(result.document, request.cause, request.limit)
-        )
-    if request.prometheus is not None:
-        from fleetops.metrics import write_auto_textfile
-
-        write_auto_textfile(result.document, request.prometheus, time.time())
-    return result
-
-
-def _audit_waiting(result: auto_mod.PassResult) -> None:
-    """One audit line per host this pass put on its ladder's ``human`` rung (recorded once, as the rung is):
-    it waits for a person from now on, which the exit code says only with --fail-on human."""
-    from fleetops.policy import HUMAN
-    from fleetops.rollout.audit import audit_event
-
-    who = operator()
-    for d in result.decisions:
-        if d.action == HUMAN:
-            audit_event("human_needed", who, host=d.host, rule=d.rule, check=d.check, reason=d.reason)
-
-
-def _what_if(request: AutoRequest, obs: RolloutObserver, policy: Policy, policy_path: Path) -> AutoResult:
-    """``auto`` against a saved scan report: the pass's decisions, nothing run (``fleetops.auto.whatif``)."""
-    from fleetops import auto as auto_mod
-
-    assert request.from_report is not None
-    given = [
-        option
-        for option, on in (
-            ("--apply", request.apply),
-            ("--reason", request.cause is not None),
-            ("--prometheus", request.prometheus is not None),
-            ("-i/--inventory", bool(request.inventory)),
-            ("-l/--limit", bool(request.limit)),
-            ("--exclude", bool(request.exclude)),
-        )
-        if on
-    ]
-    if given:
-        raise UsageError(
-            f"--from {request.from_report}: a what-if against a saved scan runs nothing and reads no "
-            f"inventory: {', '.join(given)} cannot go with it"
-        )
-    report_ = _read_report(request.from_report)
-    state_dir = auto_state_dir(request.state_dir)
-    result = auto_mod.what_if(
-        policy, str(policy_path), report_, str(request.from_report), state_dir, obs.message
-    )
-    result.fail_on = request.fail_on
-    return AutoResult(result, result.document(), result.exit_code)
-
-
-def _tag_targets(hosts: Sequence[Any]) -> dict[str, auto_mod.TagTarget]:
-    """Each EC2 host's instance and the ladder and budgets spent its fleetops.io tags show."""
-    from fleetops import auto as auto_mod
-    from fleetops.policy import SPENT_TAG_KEY, TAG_KEY
-
-    hostvars = {h.name: h.hostvars for h in hosts}
-    tags: dict[str, auto_mod.TagTarget] = {}
-    for host, target in lease_targets(hosts).items():
-        shown = hostvars[host].get("ec2_tags") or {}
-        value, spent = shown.get(TAG_KEY), shown.get(SPENT_TAG_KEY)
-        tags[host] = auto_mod.TagTarget(
-            target["instance"],
-            target["region"],
-            str(value) if value else None,
-            str(spent) if spent else None,
-        )
-    return tags
-
-
-def _auto(
-    request: AutoRequest,
-    obs: RolloutObserver,
-    policy: Policy,
-    policy_path: Path,
-    handle_signals: bool,
-    signals: PassSignals,
-) -> AutoResult:
-    from fleetops import auto as auto_mod
-    from fleetops.nodes import read_nodes
-
-    inventories = paths.resolve_inventories(request.inventory)
-    listing = _selected(inventories, request.limit, request.group_by)
-    hosts = listing.hosts
-    # the default transport (the direct path, ansible-playbook for the hosts it cannot serve), on the hosts
-    # listed above: no second listing
-    report_ = run_scan(
-        ScanOptions(inventory=inventories, limit=request.limit, sample_seconds=request.sample_seconds),
-        hosts=hosts,
-    )
-    if request.exclude:
-        left_out = set(request.exclude)
-        report_ = {
-            **report_,
-            "hosts": {h: e for h, e in (report_.get("hosts") or {}).items() if h not in left_out},
-        }
-        hosts = [h for h in hosts if h.name not in left_out]
-        obs.message(f"left out (--exclude): {' '.join(sorted(left_out))}", "dim")
-    connection = connection_for(inventories) if request.ec2_tags else None
-    tags = _tag_targets(hosts) if connection is not None else {}
-    selection = {h.name for h in hosts}
-    others = [h for h in listing.every if h.name not in selection]  # outside the limit or --exclude
-    fleet_tags = _tag_targets(others) if connection is not None else {}
-
-    limited = {h.name for h in listing.hosts}
-
-    def run_action(action: str, names: Sequence[str], params: Mapping[str, Any]) -> auto_mod.ActionRun:
-        # the pass's caps and limits, unchanged, for each action's rollout over exactly its hosts; a host
-        # outside the limit (a drain a dead pass cut off, run again) is named in the whole inventory
-        result = remediate(
-            RemediationRequest(
-                action=action,
-                inventory=inventories,
-                limit=request.limit if set(names) <= limited else None,
-                hosts=list(names),
-                params=params,
-                apply=request.apply,
-                **rollout_options(request),
-            ),
-            obs,
-            handle_signals=handle_signals,
-        )
-        rollout = result.rollout
-        states = rollout.hosts if rollout is not None else {}
-        stopped = (rollout.stopped or {}) if rollout is not None else {}
-        results = rollout.results if rollout is not None and get_remediation(action).replaces_host else {}
-        replacements = {
-            host: (str(new["instance_id"]), tags[host].region)
-            for host in names
-            if states.get(host) == HOST_DONE and host in tags and host in results
-            for r in results[host].task_results()
-            for new in (r.get("new_instances") or [])[:1]
-            if isinstance(new, Mapping) and new.get("instance_id")
-        }
-        return auto_mod.ActionRun(
-            action,
-            tuple(names),
-            params,
-            attempted=frozenset(
-                h for h, st in states.items() if st in (HOST_DONE, HOST_FAILED, HOST_RUNNING)
-            ),
-            done=frozenset(h for h, st in states.items() if st == HOST_DONE),
-            exit_code=result.exit_code,
-            document=result.document,
-            stop_requested=str(stopped.get("reason")) if stopped.get("kind") == STOP_KILL_SWITCH else None,
-            replacements=replacements,
-            # each host's budget is spent from its batch's start, not from when the action was reserved
-            acted={
-                h: float(b["started"])
-                for b in (rollout.batches if rollout is not None else [])
-                if isinstance(b.get("started"), (int, float))
-                for h in b.get("hosts") or []
-            },
-            # no rollout: the remediation's own step found nothing to do on any of them; or it refused some
-            cannot_act=frozenset(names)
-            if rollout is None and is_empty_document(result.document)
-            else frozenset(
-                h for h, out in (rollout.results if rollout is not None else {}).items() if refused(out)
-            ),
-        )
-
-    state_dir = auto_state_dir(request.state_dir)
-    # the schedulers' view of every host's node (cordoned, drained), once per pass: the floors count it
-    kube = next((dict(p) for a, p in request.action_params.items() if get_remediation(a).kubernetes), {})
-    node_states = read_nodes(
-        listing.every, {k: str(v) for k, v in kube.items() if k in ("kubectl", "kubeconfig")}
-    )
-    result = auto_mod.run_pass(
-        auto_mod.PassInputs(
-            policy=policy,
-            policy_source=str(policy_path),
-            scan_report=report_,
-            group_of={h.name: h.group for h in hosts},
-            fleet={h.name: h.group for h in listing.every},
-            fleet_tags=fleet_tags,
-            state_dir=state_dir,
-            apply=request.apply,
-            tags=tags,
-            connection=connection,
-            extra_params=request.action_params,
-            store=open_store(inventories),
-            operator=operator(),
-            nodes=node_states,
-            stopped={
-                h.name: f"EC2 instance {h.hostvars['ec2_state']}"
-                for h in listing.every
-                if h.hostvars.get("ec2_state") not in (None, "", "running")
-            },
-        ),
-        run_action,
-        obs.message,
-        shield=signals.held,
-    )
-    result.fail_on = request.fail_on
-    return AutoResult(result, result.document(), result.exit_code)
-
-
-# ------------------------------------------------------------------------------------------ drift
-
-
-def _read_report(path: Path) -> dict[str, Any]:
-    """A saved ``fleetops.scan/v1`` report, validated: a bad one is a DocumentError (one line, exit 2)."""
-    from fleetops.schemas import load_scan_report
-
-    return load_scan_report(path)
-
-
-def drift(request: DriftRequest, on_host: OnHost | None = None) -> DriftResult:
-    """One scan (or a saved report): the facts that differ between hosts that should be identical."""
-    from fleetops.drift import DIMENSIONS, DRIFT_CHECKS, build_drift, exit_code
-
-    inventories = list(request.inventory)
-    if not inventories and request.from_report is None:
-        inventories = paths.resolve_inventories(inventories)
-    why = check_writable(request.output) if request.output is not None else None
-    if why:
-        raise UsageError(f"cannot write {request.output}: {why}")
-    hostvars = {h.name: h.hostvars for h in load_hosts(inventories, request.limit)} if inventories else {}
-    if request.from_report is not None:
-        report_ = _read_report(request.from_report)
-        if request.limit and hostvars:
-            report_ = {
-                **report_,
-                "hosts": {h: e for h, e in (report_.get("hosts") or {}).items() if h in hostvars},
-            }
-    else:
-        opts = ScanOptions(
-            inventory=inventories,
-            limit=request.limit,
-            checks=list(DRIFT_CHECKS),
-            host_timeout=request.host_timeout,
-        )
-        report_ = run_scan(opts, on_host=on_host)
-    if not report_.get("hosts"):
-        raise UsageError("no hosts matched the inventory and limit")
-    document = build_drift(report_, hostvars, list(request.group_by or DIMENSIONS))
-    result = DriftResult(document, exit_code(document))
-    if request.output is not None:
-        write_report(request.output, result.json() + "\n")
-    return result
-
-
-def default_inventories() -> list[Path]:
-    """The localhost inventory as a list: the checkout's, or the one the package ships."""
-    return [paths.default_inventory()]

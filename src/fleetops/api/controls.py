@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from fleetops import paths
-from fleetops.api.launch import shared_store as open_store
 from fleetops.api.requests import (
     LiftBrakeRequest,
     StopRolloutRequest,
     StopRolloutResult,
     StoreRequest,
     StoreResult,
-    auto_state_dir,
 )
+from fleetops.api.scan_types import auto_state_dir
+from fleetops.api.selection import shared_store as open_store
 from fleetops.errors import UsageError
 from fleetops.exitcodes import ExitCode
 from fleetops.rollout.lease import connection_for

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from fleetops.errors import UsageError
+from fleetops.paths import state_home
 from fleetops.remediations import REMEDIATIONS
 from fleetops.rollout.lease import ROLLOUT_ID
 from fleetops.rollout.locks import HostLocks
-from fleetops.rollout.state import Rollout, state_home
+from fleetops.rollout.state import Rollout
 from fleetops.util import ROLLOUT_CUT_OFF as CUT_OFF
 from fleetops.util import ROLLOUTS_SCHEMA
 

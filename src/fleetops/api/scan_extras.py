@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fleetops.api.requests import ScanRequest, auto_state_dir
+from fleetops.api.scan_types import ScanRequest, auto_state_dir
 
 
 def scan_policy(request: ScanRequest) -> Any:

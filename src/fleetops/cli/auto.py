@@ -137,7 +137,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
     from fleetops import api
     from fleetops.cli.brake import lift
-    from fleetops.cli.progress import ConsoleObserver, QuietObserver
+    from fleetops.cli.observer import ConsoleObserver, QuietObserver
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     if args.lift_brake is not None:

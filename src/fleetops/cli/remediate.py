@@ -121,7 +121,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fleetops import api
-    from fleetops.cli.progress import ConsoleObserver, QuietObserver
+    from fleetops.cli.observer import ConsoleObserver, QuietObserver
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines unbroken (CI, AWX)
     observer = (QuietObserver if args.quiet else ConsoleObserver)(console)

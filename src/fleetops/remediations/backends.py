@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from fleetops.ansible.collection import module_utils
 from fleetops.errors import UsageError
 from fleetops.rollout import guards
+from fleetops.util import BACKEND_VAR, SLURM_BACKEND
 
-BACKEND_VAR = "fleetops_quarantine_backend"
 DEFAULT_BACKEND = "kubernetes"
 # the taint (and annotation) key of fleetops' Kubernetes quarantine (the quarantine playbooks' fleetops_q_key)
 QUARANTINE_KEY = "fleetops.io/quarantine"
@@ -63,15 +63,10 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("kubernetes", "k8s_node_name", _check_k8s, evicts=True),
-        Backend("slurm", "fleetops_slurm_node", _check_slurm, evicts=True),  # --evict: requeue its jobs
+        Backend(SLURM_BACKEND, "fleetops_slurm_node", _check_slurm, evicts=True),  # --evict: requeue its jobs
         Backend("none", None, None, evicts=False),
     )
 }
-
-
-def on_slurm(hostvars: Mapping[str, Any]) -> bool:
-    """Whether the host's hostvars pick the Slurm backend (no check: ``backend_of`` judges the value)."""
-    return hostvars.get(BACKEND_VAR) == BACKENDS["slurm"].name
 
 
 def backend_of(host: str, hostvars: Mapping[str, Any]) -> Backend:

@@ -22,8 +22,9 @@ from typing import Any
 
 from fleetops.errors import FleetopsError
 from fleetops.exitcodes import ExitCode
+from fleetops.paths import state_home
 from fleetops.rollout.outcome import HostOutcome
-from fleetops.rollout.state import Rollout, operator, state_home
+from fleetops.rollout.state import Rollout, operator
 from fleetops.util import open_append, private_dir, redact
 
 

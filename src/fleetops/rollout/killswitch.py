@@ -53,8 +53,8 @@ from typing import Any
 
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.paths import state_home
 from fleetops.rollout.lease import KEY_PREFIX, ROLLOUT_ID
-from fleetops.rollout.state import state_home
 from fleetops.util import iso_utc
 from fleetops.values import CAUSE_MAX
 

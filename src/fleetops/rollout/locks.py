@@ -37,8 +37,9 @@ from typing import Any
 
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.paths import state_home
 from fleetops.rollout import killswitch
-from fleetops.rollout.state import Rollout, state_home
+from fleetops.rollout.state import Rollout
 from fleetops.util import pid_alive, pid_space, same_pid_space
 
 MAX_LOCK_BYTES = 64 * 1024

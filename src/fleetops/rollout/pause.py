@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetops.paths import state_home
 from fleetops.rollout.killswitch import one_line
-from fleetops.rollout.state import state_home
 from fleetops.util import atomic_write, iso_utc, private_dir
 from fleetops.values import CAUSE_MAX
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetops.errors import FleetopsError, UsageError
 from fleetops.exitcodes import ExitCode
+from fleetops.paths import state_home
 from fleetops.rollout.outcome import HostOutcome
 from fleetops.util import atomic_write, digest_value, private_dir, redact
 
@@ -38,16 +39,6 @@ class RolloutError(FleetopsError):
     """The rollout cannot start or continue (bad state file, preflight refused)."""
 
     exit_code = ExitCode.FAILED
-
-
-def state_home() -> Path:
-    """Where rollouts keep state, locks and the audit log ($FLEETOPS_STATE_DIR overrides)."""
-    env = os.environ.get("FLEETOPS_STATE_DIR")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/lib/fleetops")
-    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "fleetops"
 
 
 def operator() -> str:
