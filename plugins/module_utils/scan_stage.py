@@ -180,11 +180,16 @@ def run(folder, params):
     sys.path.insert(0, folder)
     module_utils = __import__(PACKAGE, fromlist=["health", "textfile"])
     health, textfile = module_utils.health, module_utils.textfile
-    params = dict(params, _run=textfile.run_command, _docker=textfile.which("docker"), _open_url=textfile.open_url)
+    bus = textfile.systemd_bus()
+    params = dict(params, _run=textfile.run_command, _docker=textfile.which("docker"), _open_url=textfile.open_url,
+                  _bus=bus)  # fmt: skip
     problem = health.validate(params)
     if problem:
         return {"fleetops_runner": "failed", "msg": "Failed to validate node_health options: %s" % problem}
-    return {"fleetops_runner": "ok", "result": health.run_checks(params)}
+    try:
+        return {"fleetops_runner": "ok", "result": health.run_checks(params)}
+    finally:
+        bus.close()
 
 
 def answer(data):
