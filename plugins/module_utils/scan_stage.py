@@ -34,7 +34,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import contextlib
 import json
 import os
 import stat
@@ -43,7 +42,8 @@ import time
 
 # hashlib, io, shutil, tarfile and tempfile (staging), traceback (a crash) and shlex (the controller's side)
 # are imported where they are used: a scan of a host with its runner staged needs none of them, and every
-# import here is paid by every host on every scan (about 6 ms of the host's CPU for these)
+# import here is paid by every host on every scan (about 6 ms of the host's CPU for these); no contextlib
+# (0.4 ms) for one suppress
 
 CACHE = "~/.ansible/fleetops"
 PREFIX = "runner-"
@@ -116,8 +116,10 @@ def stage(base, sha, blob):
     final = os.path.join(base, PREFIX + sha)
     if os.path.lexists(final):
         _private_dir(final)
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105  (no contextlib import on every scan: 0.4 ms of each host)
             os.utime(final)  # in use: prune() keeps it
+        except OSError:
+            pass
         return final
     if blob is None:
         return None
