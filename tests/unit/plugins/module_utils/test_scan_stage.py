@@ -83,7 +83,16 @@ STAGING_ONLY = ("tarfile", "tempfile", "hashlib", "shutil", "traceback", "shlex"
 # docker's timestamps), socket (sdbus talks to systemd through _socket), each some milliseconds of every host's
 # CPU on every scan; contextlib (a try instead of suppress), signal (_signal's numbers) and resource (only the
 # timer reports its CPU), 0.2-0.4 ms each.
-NOT_FOR_A_SCAN = (*STAGING_ONLY, "subprocess", "threading", "calendar", "socket", "contextlib", "signal", "resource")
+NOT_FOR_A_SCAN = (
+    *STAGING_ONLY,
+    "subprocess",
+    "threading",
+    "calendar",
+    "socket",
+    "contextlib",
+    "signal",
+    "resource",
+)
 
 
 def test_a_scan_with_the_runner_staged_imports_nothing_only_staging_needs(home: Path) -> None:
