@@ -10,6 +10,8 @@ all of them (never one call per unit; ``show`` of every service costs ~1 ms per 
 resets on a manual start and at boot, so a rate needs two samples (``sample_seconds``) or, with
 one sample, the journal's "Scheduled restart job" entries (MESSAGE_ID
 5eb03494b6584870a536b337290809b3) in a window: one ``journalctl`` call for all units.
+From the scan's runner and the host timer (root) the ``list-units`` is its D-Bus call instead
+(``module_utils/sdbus.py``: no systemctl process), systemctl whenever that cannot answer.
 
 Stdlib only; importable on Python >= 3.9.
 """

@@ -29,6 +29,8 @@ What it reads, and what it costs:
   ``module_utils/redact.py``), so a drift report still sees that they differ without printing them.
   (Before, a ``list-unit-files`` for the candidates and a ``show`` for the services: two systemctl
   processes and two calls into PID 1 per scan.)
+  From the scan's runner and the host timer (root) the same properties are asked over D-Bus instead
+  (``module_utils/sdbus.py``: no systemctl process), systemctl whenever that cannot answer as it would.
 - ``host_facts()``: ``os.uname()``, ``/etc/os-release`` and the boot id; no process is run.
 
 Stdlib only; importable on Python >= 3.9.
