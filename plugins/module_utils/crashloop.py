@@ -10,6 +10,8 @@ all of them (never one call per unit; ``show`` of every service costs ~1 ms per 
 resets on a manual start and at boot, so a rate needs two samples (``sample_seconds``) or, with
 one sample, the journal's "Scheduled restart job" entries (MESSAGE_ID
 5eb03494b6584870a536b337290809b3) in a window: one ``journalctl`` call for all units.
+From the scan's runner and the host timer (root) the ``list-units`` is its D-Bus call instead
+(``module_utils/sdbus.py``: no systemctl process), systemctl whenever that cannot answer.
 
 Stdlib only; importable on Python >= 3.9.
 """
@@ -29,6 +31,7 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     make_finding,
     restart_rate_severity,
 )
+from ansible_collections.fleetops.node.plugins.module_utils.sdbus import BusError
 from ansible_collections.fleetops.node.plugins.module_utils.systemd import is_systemd_host, parse_show
 
 CHECK = "crashloop_unit"
@@ -139,10 +142,32 @@ def system_journal_readable(dirs=JOURNAL_DIRS):
     return False if found else None
 
 
+def list_services(run, bus=None):
+    """{unit: (load, active, sub)} of every loaded service: ``systemctl list-units --type=service --all``, or
+    the D-Bus call it makes (``ListUnitsByPatterns``; systemctl keeps the ``.service`` ids itself, the pattern
+    ``*.service`` keeps the same ones in PID 1) when ``bus`` (sdbus.Systemd) answers."""
+    if bus is not None:
+        try:
+            return dict((unit[0], tuple(unit[2:5])) for unit in bus.list_units(["*.service"]))
+        except BusError:
+            pass  # systemctl, as always
+    rc, out, err = run(
+        ["systemctl", "list-units", "--type=service", "--all", "--plain", "--no-legend", "--full"]
+    )
+    if rc != 0:
+        raise CrashloopError("run", "systemctl list-units", (err or out).strip() or "exit %d" % rc)
+    return parse_list_units(out)
+
+
 def collect(
-    run, use_journal=True, window_seconds=600, systemd_dir="/run/systemd/system", journal_dirs=JOURNAL_DIRS
+    run,
+    use_journal=True,
+    window_seconds=600,
+    systemd_dir="/run/systemd/system",
+    journal_dirs=JOURNAL_DIRS,
+    bus=None,
 ):
-    """One sample. ``run(argv) -> (rc, stdout, stderr)``.
+    """One sample. ``run(argv) -> (rc, stdout, stderr)``; ``bus``: list the services over D-Bus.
 
     Cheap at any unit count: one ``list-units`` (a single D-Bus call) and one ``journalctl`` pick
     the candidates (between crashes, failed, activating, or with "Scheduled restart job" entries in
@@ -151,12 +176,7 @@ def collect(
     """
     if not is_systemd_host(systemd_dir):
         return {"systemd": False, "reason": "systemd is not PID 1 on this host", "services": 0, "units": {}}
-    rc, out, err = run(
-        ["systemctl", "list-units", "--type=service", "--all", "--plain", "--no-legend", "--full"]
-    )
-    if rc != 0:
-        raise CrashloopError("run", "systemctl list-units", (err or out).strip() or "exit %d" % rc)
-    listed = parse_list_units(out)
+    listed = list_services(run, bus)
     candidates = set(
         unit
         for unit, (_load, active, sub) in listed.items()

@@ -77,18 +77,18 @@ OTHER_COUNTERS = (
 COUNTERS = RESET_COUNTERS + OTHER_COUNTERS
 # Kernel-log kinds, first match wins
 LOG_KINDS = (
-    ("reset_failed", re.compile(r"Can not reset the device|Reset attempt failed|Device reset failed", re.I)),
-    ("reset_completed", re.compile(r"Device reset completed successfully", re.I)),
-    ("reset_triggered", re.compile(r"Trigger reset is on|Reset the device|Resetting the device", re.I)),
-    ("keep_alive_timeout", re.compile(r"Keep alive watchdog timeout", re.I)),
-    ("missing_tx_completion", re.compile(
+    ("reset_failed", kernlog.LazyPattern(r"Can not reset the device|Reset attempt failed|Device reset failed", re.I)),
+    ("reset_completed", kernlog.LazyPattern(r"Device reset completed successfully", re.I)),
+    ("reset_triggered", kernlog.LazyPattern(r"Trigger reset is on|Reset the device|Resetting the device", re.I)),
+    ("keep_alive_timeout", kernlog.LazyPattern(r"Keep alive watchdog timeout", re.I)),
+    ("missing_tx_completion", kernlog.LazyPattern(
         r"TX hasn't completed|wasn't completed on time|lost tx completions|missing tx completions", re.I)),
-    ("tx_timeout", re.compile(r"Transmit time out|transmit queue \d+ timed out", re.I)),
+    ("tx_timeout", kernlog.LazyPattern(r"Transmit time out|transmit queue \d+ timed out", re.I)),
 )  # fmt: skip
-_ENA_LINE = re.compile(
+_ENA_LINE = kernlog.LazyPattern(
     r"^ena (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?: (?P<iface>[^\s:]+))?: (?P<msg>.*)$"
 )
-_WATCHDOG = re.compile(r"^NETDEV WATCHDOG: (?P<iface>\S+) \(ena\): (?P<msg>.*)$")
+_WATCHDOG = kernlog.LazyPattern(r"^NETDEV WATCHDOG: (?P<iface>\S+) \(ena\): (?P<msg>.*)$")
 DEFAULT_THRESHOLDS = {"ena_resets_critical": 3}
 MAX_RECENT = 10
 

@@ -74,7 +74,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
-import re
 
 from ansible_collections.fleetops.node.plugins.module_utils import kernlog
 from ansible_collections.fleetops.node.plugins.module_utils.findings import (
@@ -130,14 +129,14 @@ RECOVERY_SEVERITY = {
     "node reboot required": "critical",
     "drain and reset": "critical",
 }
-_XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+),\s*(?P<rest>.*)$")
-_PID = re.compile(r"^pid=(?P<pid>'[^']*'|[^,\s]+),\s*")
-_NAME = re.compile(r"^name=(?P<name>'[^']*'|[^,]+?),\s*")
-_RECOVERY = re.compile(
+_XID = kernlog.LazyPattern(r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+),\s*(?P<rest>.*)$")
+_PID = kernlog.LazyPattern(r"^pid=(?P<pid>'[^']*'|[^,\s]+),\s*")
+_NAME = kernlog.LazyPattern(r"^name=(?P<name>'[^']*'|[^,]+?),\s*")
+_RECOVERY = kernlog.LazyPattern(
     r"GPU recovery action changed from (?P<from_code>0x[0-9a-fA-F]+) \((?P<from_name>[^)]*)\) to "
     r"(?P<to_code>0x[0-9a-fA-F]+) \((?P<to_name>[^)]*)\)"
 )
-_FALLEN = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F:.]+)")
+_FALLEN = kernlog.LazyPattern(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F:.]+)")
 MAX_EVENTS = 50
 
 

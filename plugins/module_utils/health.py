@@ -8,7 +8,9 @@
 Here, not in the module, so that two callers run the very same code: the ``node_health`` module (one
 scan, through Ansible) and the host timer's runner (``textfile``, every minute, with no Ansible on the
 host: stdlib only). In-process callers pass ``_run`` (a command runner, ``argv -> (rc, out, err)``),
-``_docker`` (docker's path or None) and ``_open_url`` (an URL opener, for IMDS) in the params.
+``_docker`` (docker's path or None) and ``_open_url`` (an URL opener, for IMDS) in the params, and may pass
+``_bus`` (``sdbus.Systemd``: crashloop_unit and unexpected_unit ask systemd over D-Bus what they would ask
+``systemctl``, and run systemctl whenever it cannot answer).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -82,6 +84,7 @@ def _crashloop_sample(params):
         params.get("_run") or _no_runner,
         use_journal=params["sample_seconds"] <= 0,
         window_seconds=params["journal_window_seconds"],
+        bus=params.get("_bus"),
     )
 
 
@@ -154,7 +157,9 @@ DETECTORS = collections.OrderedDict(
             "unexpected_unit",
             Detector(
                 fact_key="units",
-                sample=lambda params: units.collect(params.get("_run") or _no_runner, params["env_units"]),
+                sample=lambda params: units.collect(
+                    params.get("_run") or _no_runner, params["env_units"], bus=params.get("_bus")
+                ),
                 add_growth=units.add_growth,
                 evaluate=lambda facts, params: units.evaluate(facts, params["unit_allowlist"]),
             ),

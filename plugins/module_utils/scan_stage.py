@@ -34,7 +34,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import contextlib
 import json
 import os
 import stat
@@ -43,7 +42,8 @@ import time
 
 # hashlib, io, shutil, tarfile and tempfile (staging), traceback (a crash) and shlex (the controller's side)
 # are imported where they are used: a scan of a host with its runner staged needs none of them, and every
-# import here is paid by every host on every scan (about 6 ms of the host's CPU for these)
+# import here is paid by every host on every scan (about 6 ms of the host's CPU for these); no contextlib
+# (0.4 ms) for one suppress
 
 CACHE = "~/.ansible/fleetops"
 PREFIX = "runner-"
@@ -116,8 +116,10 @@ def stage(base, sha, blob):
     final = os.path.join(base, PREFIX + sha)
     if os.path.lexists(final):
         _private_dir(final)
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105  (no contextlib import on every scan: 0.4 ms of each host)
             os.utime(final)  # in use: prune() keeps it
+        except OSError:
+            pass
         return final
     if blob is None:
         return None
@@ -180,11 +182,16 @@ def run(folder, params):
     sys.path.insert(0, folder)
     module_utils = __import__(PACKAGE, fromlist=["health", "textfile"])
     health, textfile = module_utils.health, module_utils.textfile
-    params = dict(params, _run=textfile.run_command, _docker=textfile.which("docker"), _open_url=textfile.open_url)
+    bus = textfile.systemd_bus()
+    params = dict(params, _run=textfile.run_command, _docker=textfile.which("docker"), _open_url=textfile.open_url,
+                  _bus=bus)  # fmt: skip
     problem = health.validate(params)
     if problem:
         return {"fleetops_runner": "failed", "msg": "Failed to validate node_health options: %s" % problem}
-    return {"fleetops_runner": "ok", "result": health.run_checks(params)}
+    try:
+        return {"fleetops_runner": "ok", "result": health.run_checks(params)}
+    finally:
+        bus.close()
 
 
 def answer(data):

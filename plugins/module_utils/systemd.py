@@ -243,9 +243,15 @@ def parse_environment(value):
 
     A word without ``NAME=`` continues the previous value.
     """
+    return environment_from_words(parse_words(value))
+
+
+def environment_from_words(words):
+    """{NAME: value} from the words of an ``Environment=`` (parse_words', or the strings systemd's D-Bus
+    property holds, one ``NAME=value`` each); a word without ``NAME=`` continues the previous value."""
     env = {}
     last = None
-    for word in parse_words(value):
+    for word in words:
         name, sep, val = word.partition("=")
         if sep and _ENV_NAME_RE.fullmatch(name):
             env[name] = val

@@ -29,6 +29,8 @@ What it reads, and what it costs:
   ``module_utils/redact.py``), so a drift report still sees that they differ without printing them.
   (Before, a ``list-unit-files`` for the candidates and a ``show`` for the services: two systemctl
   processes and two calls into PID 1 per scan.)
+  From the scan's runner and the host timer (root) the same properties are asked over D-Bus instead
+  (``module_utils/sdbus.py``: no systemctl process), systemctl whenever that cannot answer as it would.
 - ``host_facts()``: ``os.uname()``, ``/etc/os-release`` and the boot id; no process is run.
 
 Stdlib only; importable on Python >= 3.9.
@@ -48,16 +50,19 @@ from ansible_collections.fleetops.node.plugins.module_utils.findings import (
     make_finding,
 )
 from ansible_collections.fleetops.node.plugins.module_utils.redact import redact_env
+from ansible_collections.fleetops.node.plugins.module_utils.sdbus import BusError
 from ansible_collections.fleetops.node.plugins.module_utils.systemd import (
     UnitNameError,
+    environment_from_words,
     is_systemd_host,
     normalize_unit_name,
-    parse_environment,
     parse_show,
+    parse_words,
 )
 
 CHECK = "unexpected_unit"
 ENABLED_STATES = ("enabled", "enabled-runtime")
+SHOW_UNIT_PROPERTIES = ("Id", "UnitFileState", "UnitFilePreset")  # and Environment (services, sockets, ...)
 ENV_UNITS_MAX = 64
 PATTERN_MAX = 256
 # systemd's configuration and runtime directories, where `systemctl enable` (and generators) link units.
@@ -169,6 +174,14 @@ def parse_env_show(text):
         blocks = parse_show(text)
     except ValueError as exc:
         raise UnitsError("parse", "systemctl show output", str(exc))
+    for props in blocks:
+        props["Environment"] = parse_words(props.get("Environment", ""))
+    return env_records(blocks)
+
+
+def env_records(blocks):
+    """parse_env_show's answer from the shown units' properties, ``Environment`` as its words (systemctl's,
+    or the D-Bus property's strings)."""
     result = {}
     for props in blocks:
         unit = props.get("Id")
@@ -177,7 +190,7 @@ def parse_env_show(text):
         result[unit] = {
             "unit_file_state": props["UnitFileState"],
             "unit_file_preset": props.get("UnitFilePreset") or None,
-            "environment": redact_env(parse_environment(props.get("Environment", ""))),
+            "environment": redact_env(environment_from_words(props.get("Environment") or ())),
         }
     return result
 
@@ -235,10 +248,11 @@ def _env_targets(env_units, enabled):
     return targets[:ENV_UNITS_MAX], len(targets) > ENV_UNITS_MAX
 
 
-def collect(run, env_units=None, systemd_dir="/run/systemd/system", config_dirs=CONFIG_DIRS):
+def collect(run, env_units=None, systemd_dir="/run/systemd/system", config_dirs=CONFIG_DIRS, bus=None):
     """One sample: the enabled units, and the Environment= of the key services.
 
-    ``run(argv) -> (rc, stdout, stderr)``. At most one systemctl call, whatever the host has.
+    ``run(argv) -> (rc, stdout, stderr)``. At most one systemctl call, whatever the host has; none when
+    ``bus`` (sdbus.Systemd) answers the same question.
     """
     started = time.monotonic()
     if not is_systemd_host(systemd_dir):
@@ -248,11 +262,7 @@ def collect(run, env_units=None, systemd_dir="/run/systemd/system", config_dirs=
     asked = [normalize_unit_name(u) for u in env_units or ()]
     shown = {}
     if linked or asked:
-        argv = ["systemctl", "show", "-p", "Id,UnitFileState,UnitFilePreset,Environment", "--"]
-        rc, out, err = run(argv + list(dict.fromkeys(linked + asked)))
-        if rc != 0:
-            raise UnitsError("run", "systemctl show", (err or out).strip() or "exit %d" % rc)
-        shown = parse_env_show(out)
+        shown = _show(run, bus, list(dict.fromkeys(linked + asked)))
     unit_files = {}
     for unit in linked:
         data = shown.get(unit)
@@ -273,6 +283,21 @@ def collect(run, env_units=None, systemd_dir="/run/systemd/system", config_dirs=
         "environment_truncated": truncated,
         "collect_ms": round((time.monotonic() - started) * 1000.0, 3),
     }
+
+
+def _show(run, bus, names):
+    """parse_env_show's answer for ``names``: over D-Bus when ``bus`` can (the properties systemctl would
+    print), else from ``systemctl show``."""
+    if bus is not None:
+        try:
+            return env_records(bus.show(names, SHOW_UNIT_PROPERTIES, ("Environment",)))
+        except BusError:
+            pass  # systemctl, as always
+    argv = ["systemctl", "show", "-p", ",".join(SHOW_UNIT_PROPERTIES + ("Environment",)), "--"]
+    rc, out, err = run(argv + names)
+    if rc != 0:
+        raise UnitsError("run", "systemctl show", (err or out).strip() or "exit %d" % rc)
+    return parse_env_show(out)
 
 
 def add_growth(first, second, seconds):
