@@ -115,9 +115,7 @@ molecule: $(STAMP)
 # make test also runs the EE (podman) and VM (QEMU) scenarios in tests/integration: their packages too.
 # tests/run.sh: the cold builds (lab rootfs, VM image, UCX wheels, EE image) in the background while lint,
 # then the unit and package suites (2 xdist workers, a whole file per worker) with sanity and docs beside
-# them run; then the
-# integration suite (labs side by side; beside them the molecule scenarios that may share the machine),
-# then the molecule scenarios that run alone. Every stage runs even when one failed, so that one
+# them run; then the integration suite (labs side by side) and molecule. Every stage runs even when one failed, so that one
 # CI run reports every failure; each prints its slowest tests, and the run ends with a table of the
 # stages' times: where CI's time goes, in CI's log.
 test: deps $(STAMP)

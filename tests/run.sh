@@ -8,11 +8,8 @@
 #   - lint, then the unit and package suites (2 xdist workers, a whole file per worker) with sanity and the
 #     site (make docs: a warning fails) beside them (they use less than a core: their logs and rows are
 #     printed once the unit suites are done);
-#   - the integration suite (tests/integration/run.sh: labs side by side, then the exclusive lane), and
-#     beside its parallel lane the molecule scenarios that may share the machine (tests/molecule/run.sh
-#     --shared, on a lab of their own: mol), in the idle share of its cores;
-#   - the molecule scenarios that must run alone (--alone), after the integration suite: this stage
-#     reports every scenario (the log of those beside the integration suite, then these).
+#   - the integration suite (tests/integration/run.sh: labs side by side, then the exclusive lane);
+#   - the molecule scenarios (tests/molecule/run.sh).
 # Needs root (the lab) and the Debian packages of tools/debian-deps.sh --ee --vm.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -79,26 +76,15 @@ ended sanity
 ended docs
 # shellcheck disable=SC2317  # called through stage
 integration() {  # the integration suite, its summary kept for the end of the log (the trend)
-  FLEETOPS_INTEGRATION_BESIDE="FLEETOPS_LAB=mol bash tests/molecule/run.sh --shared \
-    >$logs/molecule.log 2>&1; echo \$? >$logs/molecule.rc" bash tests/integration/run.sh 2>&1 |
-    tee "$logs/integration.log"
+  bash tests/integration/run.sh 2>&1 | tee "$logs/integration.log"
   return "${PIPESTATUS[0]}"
-}
-# shellcheck disable=SC2317  # called through stage
-molecule() {  # every scenario: the log of those run beside the integration suite (no exit status written:
-  # they did not run, a failure), then those that run alone
-  local code
-  code=$(cat "$logs/molecule.rc" 2>/dev/null || echo "?")
-  cat "$logs/molecule.log" 2>/dev/null
-  echo "== molecule: the scenarios beside the integration suite: $([ "$code" = 0 ] && echo ok || echo "FAILED ($code)")"
-  bash tests/molecule/run.sh --alone && [ "$code" = 0 ]
 }
 stage integration integration  # a test that needs a build still running waits on its lock
 wait
 joined prepare
 joined ee
 joined sanity-venvs
-stage molecule molecule
+stage molecule bash tests/molecule/run.sh
 
 echo "== make test: $((SECONDS - started)) s"
 printf '%s\n' "${table[@]}"

@@ -2,9 +2,7 @@
 # `make integration`: the integration suite in two lanes, then the check that every listed test ran.
 #   1. the parallel lane: every test not marked `exclusive`, on FLEETOPS_TEST_WORKERS (default 3) xdist
 #      workers, each with a lab of its own (gw0, gw1, ...: conftest.py), whole files per worker, the
-#      longest first; beside it, $FLEETOPS_INTEGRATION_BESIDE when set (a command line: make test's
-#      molecule scenarios that may share the machine, on a lab of their own), waited for before lane 2
-#      (its outcome is its caller's: this suite's exit status and summary do not count it);
+#      longest first;
 #   2. the exclusive lane: the tests that read or change machine-wide kernel state (host-wide memcg
 #      counts, drop_caches, timing-sensitive rates), one after another with nothing beside them, on the
 #      default lab;
@@ -35,17 +33,7 @@ started=$SECONDS rc=0
 head -1 /proc/stat >"$cpu_since"  # where the suite's CPU goes, printed at the end (ids.py)
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 [ "$workers" -gt 0 ] || parallel=()
-beside=
-if [ -n "${FLEETOPS_INTEGRATION_BESIDE:-}" ]; then
-  bash -c "$FLEETOPS_INTEGRATION_BESIDE" &
-  beside=$!
-fi
 lane parallel --durations=30 "${parallel[@]}" -m "not exclusive" tests/integration "$@" || rc=1
-if [ -n "$beside" ]; then
-  waited=$SECONDS code=0
-  wait "$beside" || code=$?
-  echo "== integration: waited $((SECONDS - waited)) s for the command beside the parallel lane (exit $code)"
-fi
 lane exclusive --durations=10 -m exclusive tests/integration "$@" || rc=1
 if [ $# -eq 0 ]; then
   "$bin/python" -m tests.integration.ids check "$record" --seconds $((SECONDS - started)) \

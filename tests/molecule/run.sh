@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
 # Run the molecule scenarios under tests/molecule on lab hosts (root: the lab boots nspawn hosts).
-# Usage: run.sh [--shared | --alone] [SCENARIO ...] (default: every scenario). Scenarios run one after another.
-# A scenario whose directory holds a file named alone reads machine-wide kernel state (zombie_reclaim: the
-# kernel's host-wide memcg count, which every lab host shares): --alone runs only those, --shared only the
-# others, which may run beside other labs (make test runs them beside the integration suite's parallel lane,
-# and the alone ones after it, with no lab beside them).
-# Boots two lab hosts, runs the scenarios, and tears the lab down again: the lab $FLEETOPS_LAB (default: the
-# default lab). A scenario whose directory holds a file named lab-vm runs afterwards on one VM lab host
-# instead (`fleetops-lab up 1 --vm`: its own kernel, cgroup v2; QEMU needed, tools/debian-deps.sh --vm),
-# after the nspawn hosts are down.
+# Usage: run.sh [SCENARIO ...] (default: every scenario). Scenarios run one after another, never in
+# parallel: zombie_reclaim reads the kernel's host-wide memcg count, which every lab host shares.
+# Boots two lab hosts, runs the scenarios, and tears the lab down again. A scenario whose directory holds a
+# file named lab-vm runs afterwards on one VM lab host instead (`fleetops-lab up 1 --vm`: its own kernel,
+# cgroup v2; QEMU needed, tools/debian-deps.sh --vm), after the nspawn hosts are down.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$repo/.venv/bin"
 export PATH="$bin:$PATH"
 cd "$repo/tests"
-only=
-case ${1:-} in --shared | --alone) only=$1 && shift ;; esac
 scenarios=("$@")
 if [ "${#scenarios[@]}" -eq 0 ]; then
   for file in molecule/*/molecule.yml; do
@@ -30,9 +24,6 @@ for name in "${scenarios[@]}"; do
 done
 nspawn=() vm=()
 for name in "${scenarios[@]}"; do
-  alone=no
-  [ ! -e "molecule/$name/alone" ] || alone=yes
-  case $only:$alone in --shared:yes | --alone:no) continue ;; esac
   if [ -e "molecule/$name/lab-vm" ]; then vm+=("$name"); else nspawn+=("$name"); fi
 done
 trap '"$bin/fleetops-lab" down >/dev/null' EXIT
