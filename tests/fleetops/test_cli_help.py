@@ -254,3 +254,15 @@ def test_a_command_without_the_collection_says_so_in_one_line(
     assert "the fleetops.node collection is not installed where ansible finds collections" in lines[0]
     assert "ANSIBLE_COLLECTIONS_PATH" in lines[0]
     assert proc.stdout == ""
+
+
+def test_every_name_fleetops_api_lists_resolves_from_where_it_says() -> None:
+    """The facade names its verbs three times (the TYPE_CHECKING imports for mypy, ``_LAZY`` for the runtime,
+    ``__all__``): every listed and every lazy name resolves, each lazy one to its module's own object."""
+    import fleetops.api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    for name, module in api._LAZY.items():
+        assert getattr(api, name) is getattr(importlib.import_module(module), name), name
+    assert set(api._LAZY) <= set(dir(api))
